@@ -10,10 +10,12 @@ go 1.25.1
 toolchain go1.25.4
 
 tool (
+	github.com/airflow-provider-vitess/dev/vitess/vtcombo_auth
 	vitess.io/vitess/go/cmd/mysqlctl
-	vitess.io/vitess/go/cmd/vtcombo
 	vitess.io/vitess/go/cmd/vttestserver
 )
+
+require vitess.io/vitess v0.23.0
 
 require (
 	github.com/AdaLogics/go-fuzz-headers v0.0.0-20240806141605-e8a1dd7889d6 // indirect
@@ -178,5 +180,4 @@ require (
 	gopkg.in/ini.v1 v1.67.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
-	vitess.io/vitess v0.23.0 // indirect
 )
