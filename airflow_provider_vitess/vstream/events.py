@@ -1,0 +1,330 @@
+"""Typed events out of ``binlogdata.VEvent``: what a VStream consumer acts on.
+
+Every event carries ``keyspace``, ``shard``, ``timestamp`` (the binlog event's time, seconds
+since the epoch; 0 when unknown) and ``current_time`` (the sender's clock, nanoseconds; 0 when
+not sent), so lag is ``current_time / 1e9 - timestamp``.
+
+Semantics kept from vtgate (v0.23):
+
+* FIELD and ROW table names are prefixed with the keyspace (``customer.customer``) unless the
+  request set ``exclude_keyspace_from_table_name``. Events here always carry the bare table
+  name and the keyspace separately.
+* GTID and LASTPK events of the tablets are turned into VGTID events by vtgate, so clients see
+  VGTID events (the whole stream's position, the only safe resume point) and, during the copy
+  phase, VGTID events whose shard entries carry the tables' last copied primary keys.
+* COPY_COMPLETED comes once per shard (keyspace/shard set) when that shard's copy is done, and
+  once more, with empty keyspace and shard, when every shard of the stream is done.
+* HEARTBEAT events from vtgate itself (``heartbeat_interval``) have no keyspace or shard.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypedDict
+
+from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.exceptions import VStreamError
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.values import RowDecoder, Value
+
+E = binlogdata_pb2.VEventType
+
+
+class Operation(str, enum.Enum):
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VStreamEvent:
+    """Fields common to every event."""
+
+    keyspace: str
+    shard: str
+    timestamp: int
+    current_time: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FieldEvent(VStreamEvent):
+    """A table's column list; sent before its first ROW event and after each schema change."""
+
+    table: str
+    fields: tuple[query_pb2.Field, ...]
+    column_names: tuple[str, ...]
+    enum_set_string_values: bool = False
+    is_internal_table: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """One changed row: ``before`` only = delete, ``after`` only = insert, both = update.
+
+    With partial row images (``binlog_row_image=NOBLOB``) ``present_columns`` lists the column
+    indexes the after image really has; the others read as None without being NULL. Columns in
+    ``json_partial_columns`` hold a JSON partial-update expression (MySQL), not a document.
+    """
+
+    before: tuple[Value, ...] | None
+    after: tuple[Value, ...] | None
+    present_columns: frozenset[int] | None = None
+    json_partial_columns: frozenset[int] = frozenset()
+
+    @property
+    def operation(self) -> Operation:
+        if self.before is None:
+            return Operation.INSERT
+        return Operation.DELETE if self.after is None else Operation.UPDATE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowEvent(VStreamEvent):
+    """Row changes of one table from one transaction (a transaction may send several)."""
+
+    table: str
+    column_names: tuple[str, ...]
+    changes: tuple[RowChange, ...]
+    flags: int = 0
+    is_internal_table: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgtidEvent(VStreamEvent):
+    """The stream's position after the preceding events; ``keyspace``/``shard`` that moved."""
+
+    vgtid: binlogdata_pb2.VGtid
+
+    def positions(self) -> dict[tuple[str, str], str]:
+        """``(keyspace, shard) -> gtid`` of every shard in the stream."""
+        return {(sg.keyspace, sg.shard): sg.gtid for sg in self.vgtid.shard_gtids}
+
+    def to_vgtid(self) -> Vgtid:
+        return Vgtid.from_proto(self.vgtid)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BeginEvent(VStreamEvent):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitEvent(VStreamEvent):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DdlEvent(VStreamEvent):
+    statement: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatEvent(VStreamEvent):
+    throttled: bool = False
+    throttled_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalEvent(VStreamEvent):
+    """A resharding/MoveTables cut-over: ``participants`` stop, ``shard_gtids`` continue."""
+
+    journal: binlogdata_pb2.Journal
+
+    @property
+    def migration_type(self) -> str:
+        return binlogdata_pb2.MigrationType.Name(self.journal.migration_type)
+
+    @property
+    def participants(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p.keyspace, p.shard) for p in self.journal.participants)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyCompletedEvent(VStreamEvent):
+    """One shard's copy is done, or (empty keyspace and shard) the whole stream's copy."""
+
+    @property
+    def is_stream_complete(self) -> bool:
+        return not self.keyspace and not self.shard
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LastPkEvent(VStreamEvent):
+    """Copy progress of one table (vtgate folds these into VGTID events; kept for tablets)."""
+
+    table: str
+    lastpk: query_pb2.QueryResult | None
+    completed: bool
+
+    def lastpk_values(self) -> tuple[Value, ...] | None:
+        if self.lastpk is None or not self.lastpk.rows:
+            return None
+        return RowDecoder(self.lastpk.fields, self.table).decode(self.lastpk.rows[0])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OtherEvent(VStreamEvent):
+    """Anything else (OTHER, ROLLBACK, SAVEPOINT, GTID, VERSION...): position-only events."""
+
+    type: str
+    statement: str = ""
+    raw: binlogdata_pb2.VEvent | None = None
+
+
+Event = (
+    FieldEvent
+    | RowEvent
+    | VgtidEvent
+    | BeginEvent
+    | CommitEvent
+    | DdlEvent
+    | HeartbeatEvent
+    | JournalEvent
+    | CopyCompletedEvent
+    | LastPkEvent
+    | OtherEvent
+)
+
+
+class _Common(TypedDict):
+    keyspace: str
+    shard: str
+    timestamp: int
+    current_time: int
+
+
+def _bitmap(bitmap: binlogdata_pb2.RowChange.Bitmap) -> list[bool]:
+    # Bit i of the set is bit (i % 8) of byte i // 8, as in MySQL's row events.
+    cols = bitmap.cols
+    return [bool(cols[i >> 3] & (1 << (i & 7))) for i in range(min(bitmap.count, len(cols) * 8))]
+
+
+class EventDecoder:
+    """Turns VEvents into typed events, keeping each table's row decoder from its FIELD event.
+
+    ``keyspace_in_table_names`` mirrors the request: True unless the VStream flags set
+    ``exclude_keyspace_from_table_name``.
+    """
+
+    def __init__(self, keyspace_in_table_names: bool = True) -> None:
+        self._prefixed = keyspace_in_table_names
+        self._decoders: dict[tuple[str, str, str], RowDecoder] = {}
+        self._json_columns: dict[tuple[str, str, str], tuple[int, ...]] = {}
+
+    def decode_all(self, events: Iterable[binlogdata_pb2.VEvent]) -> list[Event]:
+        return [self.decode(ev) for ev in events]
+
+    def decode(self, ev: binlogdata_pb2.VEvent) -> Event:
+        common = _Common(
+            keyspace=ev.keyspace, shard=ev.shard, timestamp=ev.timestamp, current_time=ev.current_time
+        )
+        t = ev.type
+        if t == E.ROW:
+            return self._row(ev)
+        if t == E.VGTID:
+            return VgtidEvent(vgtid=ev.vgtid, **common)
+        if t == E.BEGIN:
+            return BeginEvent(**common)
+        if t == E.COMMIT:
+            return CommitEvent(**common)
+        if t == E.FIELD:
+            return self._field(ev)
+        if t == E.HEARTBEAT:
+            return HeartbeatEvent(throttled=ev.throttled, throttled_reason=ev.throttled_reason, **common)
+        if t == E.DDL:
+            return DdlEvent(statement=ev.statement, **common)
+        if t == E.JOURNAL:
+            return JournalEvent(journal=ev.journal, **common)
+        if t == E.COPY_COMPLETED:
+            return CopyCompletedEvent(**common)
+        if t == E.LASTPK:
+            pk = ev.last_p_k_event.table_last_p_k
+            return LastPkEvent(
+                table=self._bare(pk.table_name, ev.keyspace),
+                lastpk=pk.lastpk if pk.HasField("lastpk") else None,
+                completed=ev.last_p_k_event.completed,
+                **common,
+            )
+        try:
+            name = E.Name(t)
+        except ValueError:  # a type newer than our protos
+            name = str(t)
+        return OtherEvent(type=name, statement=ev.statement, raw=ev, **common)
+
+    def decoder_for(self, keyspace: str, shard: str, table: str) -> RowDecoder | None:
+        return self._decoders.get((keyspace, shard, table))
+
+    def _bare(self, table: str, keyspace: str) -> str:
+        # Strip vtgate's "keyspace." prefix; a bare name (tablet streams) is left alone.
+        if self._prefixed and keyspace and table.startswith(keyspace + "."):
+            return table[len(keyspace) + 1 :]
+        return table
+
+    def _field(self, ev: binlogdata_pb2.VEvent) -> FieldEvent:
+        fe = ev.field_event
+        keyspace, shard = fe.keyspace or ev.keyspace, fe.shard or ev.shard
+        table = self._bare(fe.table_name, keyspace)
+        decoder = RowDecoder(fe.fields, table)
+        key = (keyspace, shard, table)
+        self._decoders[key] = decoder
+        self._json_columns[key] = tuple(
+            i for i, f in enumerate(decoder.fields) if f.type == query_pb2.Type.JSON
+        )
+        return FieldEvent(
+            keyspace=keyspace,
+            shard=shard,
+            timestamp=ev.timestamp,
+            current_time=ev.current_time,
+            table=table,
+            fields=decoder.fields,
+            column_names=decoder.names,
+            enum_set_string_values=fe.enum_set_string_values,
+            is_internal_table=fe.is_internal_table,
+        )
+
+    def _row(self, ev: binlogdata_pb2.VEvent) -> RowEvent:
+        re_ = ev.row_event
+        keyspace, shard = re_.keyspace or ev.keyspace, re_.shard or ev.shard
+        table = self._bare(re_.table_name, keyspace)
+        key = (keyspace, shard, table)
+        decoder = self._decoders.get(key)
+        if decoder is None:
+            raise VStreamError(
+                f"ROW event for table {table!r} (keyspace {keyspace!r}, shard {shard!r}) arrived "
+                "before any FIELD event for it: cannot decode its values"
+            )
+        decode = decoder.decode
+        changes = []
+        for rc in re_.row_changes:
+            present = None
+            if rc.HasField("data_columns"):
+                present = frozenset(i for i, bit in enumerate(_bitmap(rc.data_columns)) if bit)
+            json_partial: frozenset[int] = frozenset()
+            if rc.HasField("json_partial_values"):
+                # That bitmap counts JSON columns only: map its bits back to column indexes.
+                json_cols = self._json_columns[key]
+                bits = _bitmap(rc.json_partial_values)
+                json_partial = frozenset(
+                    json_cols[j] for j, bit in enumerate(bits) if bit and j < len(json_cols)
+                )
+            changes.append(
+                RowChange(
+                    before=decode(rc.before) if rc.HasField("before") else None,
+                    after=decode(rc.after) if rc.HasField("after") else None,
+                    present_columns=present,
+                    json_partial_columns=json_partial,
+                )
+            )
+        return RowEvent(
+            keyspace=keyspace,
+            shard=shard,
+            timestamp=ev.timestamp,
+            current_time=ev.current_time,
+            table=table,
+            column_names=decoder.names,
+            changes=tuple(changes),
+            flags=re_.flags,
+            is_internal_table=re_.is_internal_table,
+        )

@@ -1,0 +1,329 @@
+"""Row values of a VStream ``query.Row``, decoded to Python per ``query.Type``.
+
+A row arrives packed: ``lengths[i]`` is the byte length of column ``i`` (-1 for NULL) and
+``values`` is every non-NULL value's bytes concatenated. Vitess sends every value as MySQL's
+*text* form (numbers in decimal, dates as ``YYYY-MM-DD``...), in both the copy phase and the
+binlog phase.
+
+The contract: a decoded value ``==`` what pymysql (default conversions) returns for ``SELECT``
+of the same column through vtgate's MySQL protocol (vtgate on MariaDB 10.11), so stream rows
+compare directly with source rows. Hence the pymysql quirks kept on purpose:
+
+* DATE/DATETIME/TIMESTAMP that are not real calendar values (``0000-00-00``, ``2020-00-00``,
+  zero datetimes with their fraction digits) come back as the text ``str``, like pymysql.
+* TIME is a ``timedelta`` (it is a duration in MySQL, -838:59:59..838:59:59).
+* FLOAT is rounded the way MariaDB prints it: 6 significant digits, or the column's fixed
+  decimals for ``FLOAT(M,D)``. The stream carries the exact float32, the server prints it
+  rounded, and pymysql parses the rounded text; we round the same way so both sides agree.
+  DOUBLE(M,D) likewise; a plain DOUBLE is printed shortest-round-trip, i.e. exact.
+* TIMESTAMP is naive UTC: vttablet streams in UTC (binlog) and copies with
+  ``time_zone='+00:00'``; a pymysql session must use UTC too for the values to compare equal.
+
+Text versus bytes follows the type, as pymysql does with the charset: TEXT/VARCHAR/CHAR and
+ENUM/SET/JSON are ``str``; BLOB/VARBINARY/BINARY/BIT/GEOMETRY are ``bytes`` (0x00 kept). A
+text column whose ``Field.charset`` is 63 (``binary``) is ``bytes`` too, which is pymysql's rule.
+``Field.charset`` in FIELD events is the column's collation id. UTF-8/utf8mb3/ascii columns
+(and unknown collation ids) decode as strict UTF-8. latin1 columns are special: the copy phase
+reads them through a utf8mb4 connection, but the binlog phase carries the stored latin1 bytes;
+so they decode as UTF-8 and, when that fails, as MySQL's latin1 (cp1252). Other non-UTF-8
+charsets are decoded as UTF-8 and fail loudly (``ValueDecodeError``) if they are not.
+
+Speed matters (millions of rows): :class:`RowDecoder` builds one converter per column once per
+FIELD event and its ``decode`` is a single loop over the columns with a running offset.
+"""
+
+from __future__ import annotations
+
+import codecs
+import datetime
+import re
+import struct
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.exceptions import ValueDecodeError
+
+Value = int | float | Decimal | str | bytes | datetime.date | datetime.datetime | datetime.timedelta | None
+Converter = Callable[[bytes], Value]
+
+T = query_pb2.Type
+BINARY_CHARSET = 63
+# MySQL's latin1 collations (latin1 is really cp1252 in MySQL).
+_LATIN1_COLLATIONS = frozenset({5, 8, 15, 31, 47, 48, 49, 94})
+# MySQL prints floats with fixed decimals only for D in 0..30; 31 means "not fixed".
+_NOT_FIXED_DEC = 31
+_MAX_EXCERPT = 60
+
+_INT_TYPES = (
+    T.INT8,
+    T.UINT8,
+    T.INT16,
+    T.UINT16,
+    T.INT24,
+    T.UINT24,
+    T.INT32,
+    T.UINT32,
+    T.INT64,
+    T.UINT64,
+    T.YEAR,
+)
+_TEXT_TYPES = (T.TEXT, T.VARCHAR, T.CHAR)
+_UTF8_TYPES = (T.ENUM, T.SET, T.JSON, T.EXPRESSION)
+_BYTES_TYPES = (T.BLOB, T.VARBINARY, T.BINARY, T.BIT, T.GEOMETRY, T.VECTOR, T.RAW, T.TUPLE, T.ROW_TUPLE)
+
+# Same shapes pymysql accepts (pymysql.converters), on bytes to skip a decode.
+_DATE_RE = re.compile(rb"(\d{1,4})-(\d{1,2})-(\d{1,2})")
+_DATETIME_RE = re.compile(rb"(\d{1,4})-(\d{1,2})-(\d{1,2})[T ](\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,6}))?")
+_TIME_RE = re.compile(rb"(-)?(\d{1,3}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,6}))?")
+_FIXED_DECIMALS_RE = re.compile(r"\(\s*\d+\s*,\s*(\d+)\s*\)")
+_F32 = struct.Struct("<f")
+
+
+def _type_name(type_: int) -> str:
+    try:
+        return T.Name(type_)
+    except ValueError:
+        return str(type_)
+
+
+def _fraction(digits: bytes | None) -> int:
+    # "5" means 500000 microseconds: pad on the right, as pymysql does.
+    return int(digits.ljust(6, b"0")) if digits else 0
+
+
+def _shape_error(what: str) -> ValueError:
+    return ValueError(f"not a MySQL {what} text")
+
+
+# -- converters: each takes the value's bytes (never NULL) -----------------------------------
+
+
+def _latin1_char(byte: int) -> str:
+    try:
+        return bytes([byte]).decode("cp1252")
+    except UnicodeDecodeError:
+        return chr(byte)  # the 5 bytes cp1252 leaves undefined are C1 controls in MySQL's latin1
+
+
+_MYSQL_LATIN1 = "".join(_latin1_char(b) for b in range(256))
+
+
+def _raw(data: bytes) -> bytes:
+    return data
+
+
+def _utf8(data: bytes) -> str:
+    return data.decode()
+
+
+def _latin1(data: bytes) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        # Binlog-phase bytes of a latin1 column.
+        return codecs.charmap_decode(data, "strict", _MYSQL_LATIN1)[0]
+
+
+def _null(data: bytes) -> None:
+    return None
+
+
+def _decimal(data: bytes) -> Decimal:
+    return Decimal(data.decode("ascii"))
+
+
+def _date(data: bytes) -> datetime.date | str:
+    m = _DATE_RE.fullmatch(data)
+    if m is None:
+        raise _shape_error("DATE")
+    try:
+        return datetime.date(int(m[1]), int(m[2]), int(m[3]))
+    except ValueError:
+        return data.decode("ascii")  # zero or invalid date: pymysql returns the text
+
+
+def _datetime(data: bytes) -> datetime.datetime | str:
+    m = _DATETIME_RE.fullmatch(data)
+    if m is None:
+        raise _shape_error("DATETIME/TIMESTAMP")
+    try:
+        return datetime.datetime(
+            int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), _fraction(m[7])
+        )
+    except ValueError:
+        return data.decode("ascii")  # zero or invalid datetime: pymysql returns the text
+
+
+def _time(data: bytes) -> datetime.timedelta:
+    m = _TIME_RE.fullmatch(data)
+    if m is None:
+        raise _shape_error("TIME")
+    micros = ((int(m[2]) * 60 + int(m[3])) * 60 + int(m[4])) * 1_000_000 + _fraction(m[5])
+    # The sign applies to the whole duration: '-00:00:01.5' is -1.5 s.
+    return datetime.timedelta(microseconds=-micros if m[1] else micros)
+
+
+def _float32(fmt: str) -> Converter:
+    def convert(data: bytes) -> float:
+        # Back to the exact float32 first (the text is its shortest form), then print it the
+        # way the server would and parse that, as pymysql does.
+        exact = _F32.unpack(_F32.pack(float(data)))[0]
+        return float(format(exact, fmt))
+
+    return convert
+
+
+def _fixed_float64(fmt: str) -> Converter:
+    def convert(data: bytes) -> float:
+        return float(format(float(data), fmt))
+
+    return convert
+
+
+def _hexnum(data: bytes) -> bytes:
+    digits = data[2:] if data[:2].lower() == b"0x" else data  # 0x1F
+    return bytes.fromhex((b"0" * (len(digits) % 2) + digits).decode("ascii"))
+
+
+def _hexval(data: bytes) -> bytes:
+    digits = data[2:-1] if data[:2].lower() == b"x'" else data  # X'1F'
+    return bytes.fromhex(digits.decode("ascii"))
+
+
+def _bitnum(data: bytes) -> bytes:
+    digits = data[2:] if data[:2].lower() == b"0b" else data  # 0b101
+    # MySQL's b'...' literal is a binary string of ceil(bits/8) bytes.
+    return int(digits, 2).to_bytes((len(digits) + 7) // 8, "big") if digits else b""
+
+
+_FIXED: dict[int, Converter] = {t: int for t in _INT_TYPES}
+_FIXED.update({t: _raw for t in _BYTES_TYPES})
+_FIXED.update({t: _utf8 for t in _UTF8_TYPES})
+_FIXED.update(
+    {
+        T.NULL_TYPE: _null,
+        T.DECIMAL: _decimal,
+        T.DATE: _date,
+        T.DATETIME: _datetime,
+        T.TIMESTAMP: _datetime,
+        T.TIME: _time,
+        T.HEXNUM: _hexnum,
+        T.HEXVAL: _hexval,
+        T.BITNUM: _bitnum,
+    }
+)
+
+
+def _fixed_decimals(field: query_pb2.Field) -> int | None:
+    """``D`` of ``FLOAT(M,D)``/``DOUBLE(M,D)``, or None when the server prints freely."""
+    if field.column_type:
+        # Trust the declared type: a missing Field.decimals is 0, indistinguishable from D=0.
+        m = _FIXED_DECIMALS_RE.search(field.column_type)
+        return int(m[1]) if m else None
+    return field.decimals if 0 < field.decimals < _NOT_FIXED_DEC else None
+
+
+def converter_for(field: query_pb2.Field) -> Converter:
+    """The function turning one non-NULL value of ``field`` into its Python value."""
+    type_ = field.type
+    if type_ in _TEXT_TYPES:
+        if field.charset == BINARY_CHARSET:
+            return _raw
+        return _latin1 if field.charset in _LATIN1_COLLATIONS else _utf8
+    if type_ == T.FLOAT32:
+        decimals = _fixed_decimals(field)
+        return _float32(".6g" if decimals is None else f".{decimals}f")
+    if type_ == T.FLOAT64:
+        decimals = _fixed_decimals(field)
+        return float if decimals is None else _fixed_float64(f".{decimals}f")
+    # Unknown (newer) types stay bytes rather than failing the stream.
+    return _FIXED.get(type_, _raw)
+
+
+def _excerpt(data: bytes) -> str:
+    if len(data) > _MAX_EXCERPT:
+        return f"{data[:_MAX_EXCERPT]!r}...({len(data)} bytes)"
+    return repr(data)
+
+
+class RowDecoder:
+    """Decodes the rows of one table version (one FIELD event's column list)."""
+
+    __slots__ = ("_converters", "fields", "names", "table")
+
+    def __init__(self, fields: Sequence[query_pb2.Field], table: str = "") -> None:
+        self.fields: tuple[query_pb2.Field, ...] = tuple(fields)
+        self.names: tuple[str, ...] = tuple(f.name for f in self.fields)
+        self.table = table
+        self._converters: tuple[Converter, ...] = tuple(converter_for(f) for f in self.fields)
+
+    def decode(self, row: query_pb2.Row) -> tuple[Value, ...]:
+        lengths = row.lengths
+        values = row.values
+        if len(lengths) != len(self._converters):
+            raise ValueDecodeError(
+                f"{self._where()}row has {len(lengths)} values but the table has "
+                f"{len(self._converters)} columns {list(self.names)}"
+            )
+        out: list[Value] = []
+        append = out.append
+        pos = 0
+        try:
+            for convert, length in zip(self._converters, lengths, strict=True):
+                if length < 0:
+                    append(None)
+                else:
+                    end = pos + length
+                    append(convert(values[pos:end]))
+                    pos = end
+        except Exception as exc:
+            raise self._explain(lengths, values) from exc
+        if pos != len(values):
+            raise ValueDecodeError(
+                f"{self._where()}column lengths add up to {pos} bytes but the row has {len(values)}"
+            )
+        return tuple(out)
+
+    def _where(self) -> str:
+        return f"table {self.table!r}: " if self.table else ""
+
+    def _explain(self, lengths: Sequence[int], values: bytes) -> ValueDecodeError:
+        """Slow path after a failure: find the column to name (keeps ``decode`` lean)."""
+        total = sum(n for n in lengths if n > 0)
+        if total != len(values):
+            return ValueDecodeError(
+                f"{self._where()}column lengths add up to {total} bytes but the row has {len(values)}"
+            )
+        pos = 0
+        for field, convert, length in zip(self.fields, self._converters, lengths, strict=True):
+            if length < 0:
+                continue
+            data = values[pos : pos + length]
+            pos += length
+            try:
+                convert(data)
+            except Exception as exc:
+                return ValueDecodeError(
+                    f"{self._where()}column {field.name!r} ({_type_name(field.type)}): cannot decode "
+                    f"{_excerpt(data)}: {type(exc).__name__}: {exc}"
+                )
+        return ValueDecodeError(f"{self._where()}row could not be decoded")
+
+
+def decode_row(fields: Sequence[query_pb2.Field], row: query_pb2.Row) -> tuple[Value, ...]:
+    """Decode one row; for many rows of the same table keep a :class:`RowDecoder` instead."""
+    return RowDecoder(fields).decode(row)
+
+
+def decode_value(field: query_pb2.Field, data: bytes | None) -> Value:
+    """Decode a single value (``None`` is NULL)."""
+    if data is None:
+        return None
+    try:
+        return converter_for(field)(data)
+    except Exception as exc:
+        raise ValueDecodeError(
+            f"column {field.name!r} ({_type_name(field.type)}): cannot decode {_excerpt(data)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
