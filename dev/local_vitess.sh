@@ -26,6 +26,11 @@ repo="$(cd "$here/.." && pwd)"
 vitess_version="$(grep -oE 'vitess\.io/vitess v[0-9][^ ]*' "$here/vitess/go.mod" | head -n1 | cut -d' ' -f2)"
 go_toolchain="$(awk '$1 == "toolchain" {print $2; exit}' "$here/vitess/go.mod")"
 
+# vtgate reports an 8.x MySQL version by default, and clients (SQLAlchemy among them) then ask
+# for MySQL-8-only variables such as @@transaction_isolation, which the MariaDB behind it does
+# not have. Reporting a 5.7 version makes them use names both servers know.
+vtgate_reported_version="5.7.9-Vitess"
+
 base_port="${VITESS_BASE_PORT:-15300}"
 grpc_port=$((base_port + 1))
 mysql_port=$((base_port + 3))
@@ -214,6 +219,7 @@ start() {
         --vschema-ddl-authorized-users '%' \
         --tablet-refresh-interval 1s \
         --grpc-auth-static-client-creds "$state_dir/auth/grpc_client.json" \
+        --mysql-server-version "$vtgate_reported_version" \
         >"$log_file" 2>&1 </dev/null &
     echo $! >"$pid_file"
     wait_ready

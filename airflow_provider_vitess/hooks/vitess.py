@@ -1,0 +1,246 @@
+"""``VitessHook``: an Airflow connection turned into a gRPC VStream client and a SQL engine.
+
+vtgate speaks two protocols and we need both: gRPC for VStream (the change stream) and the
+MySQL protocol for ``count(*)``, schema and key queries. One connection describes both, so a
+user configures vtgate once. Credentials only ever come from the connection and are never
+logged: they travel as gRPC call metadata (vtgate's static auth reads ``username`` and
+``password``) and as the MySQL handshake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+import grpc
+import pymysql
+import sqlalchemy
+from airflow.sdk.bases.hook import BaseHook
+from sqlalchemy.engine import URL, Engine
+
+from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2_grpc, vtrpc_pb2
+from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks.connection_config import (
+    EXTRA_FIELDS,
+    UI_FIELD_BEHAVIOUR,
+    VitessConnectionConfig,
+)
+
+log = logging.getLogger(__name__)
+
+# MySQL error numbers that mean "you are not who you say" rather than "cannot reach".
+_MYSQL_AUTH_ERRORS = {1044, 1045, 1698}
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise VitessConnectionError(f"cannot read the {what} file {path!r}: {exc.strerror}") from None
+
+
+class VitessHook(BaseHook):
+    """Talks to one vtgate described by an Airflow connection of type ``vitess``.
+
+    :param vitess_conn_id: the connection id (default ``vitess_default``).
+    """
+
+    conn_name_attr = "vitess_conn_id"
+    default_conn_name = "vitess_default"
+    conn_type = "vitess"
+    hook_name = "Vitess"
+
+    def __init__(self, vitess_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vitess_conn_id = vitess_conn_id
+        self._channel: grpc.Channel | None = None
+
+    # ----- configuration -------------------------------------------------------------------
+
+    @cached_property
+    def config(self) -> VitessConnectionConfig:
+        conn = self.get_connection(self.vitess_conn_id)
+        return VitessConnectionConfig.from_parts(
+            host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=conn.extra_dejson
+        )
+
+    # ----- gRPC ----------------------------------------------------------------------------
+
+    def _channel_options(self) -> list[tuple[str, Any]]:
+        cfg = self.config
+        options: list[tuple[str, Any]] = [
+            # VStream responses batch many rows; gRPC's 4 MiB default is too small for wide rows.
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            # A window may sit idle between heartbeats; keepalives detect a dead peer meanwhile.
+            ("grpc.keepalive_time_ms", int(cfg.keepalive_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", int(max(cfg.keepalive_seconds, 10) * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+        if cfg.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
+        return options
+
+    def get_channel(self) -> grpc.Channel:
+        """The hook's gRPC channel to vtgate, opened and checked on first use."""
+        if self._channel is not None:
+            return self._channel
+        cfg = self.config
+        log.info(
+            "Connecting to vtgate gRPC at %s (%s) as %r",
+            cfg.grpc_target,
+            "TLS" if cfg.tls else "plaintext",
+            cfg.user,
+        )
+        if cfg.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
+                private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
+                certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
+            )
+            channel = grpc.secure_channel(cfg.grpc_target, credentials, options=self._channel_options())
+        else:
+            channel = grpc.insecure_channel(cfg.grpc_target, options=self._channel_options())
+        try:
+            grpc.channel_ready_future(channel).result(timeout=cfg.timeout_seconds)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            hint = " (is it TLS-only? set the 'tls' extra)" if not cfg.tls else " (check the TLS CA and name)"
+            raise VitessConnectionError(
+                f"vtgate gRPC at {cfg.grpc_target} did not answer within {cfg.timeout_seconds:g}s{hint}"
+            ) from None
+        self._channel = channel
+        return channel
+
+    def _call_metadata(self) -> list[tuple[str, str]]:
+        cfg = self.config
+        if not cfg.user:
+            return []
+        return [("username", cfg.user), ("password", cfg.password)]
+
+    def vstream_flags(self, **overrides: Any) -> vtgate_pb2.VStreamFlags:
+        """VStreamFlags with the connection's cells; ``overrides`` set any other flag field."""
+        flags = vtgate_pb2.VStreamFlags(**overrides)
+        if self.config.cells and not flags.cells:
+            flags.cells = ",".join(self.config.cells)
+        return flags
+
+    def open_vstream(
+        self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None
+    ) -> Iterator[vtgate_pb2.VStreamResponse]:
+        """Starts one VStream call; the returned iterator is also a gRPC call (``cancel()``).
+
+        ``timeout`` bounds the whole call (a window's max duration), not the connect.
+        """
+        if not request.HasField("caller_id") and self.config.user:
+            request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=self.config.user))
+        stub = vtgateservice_pb2_grpc.VitessStub(self.get_channel())
+        call: Iterator[vtgate_pb2.VStreamResponse] = stub.VStream(
+            request, timeout=timeout, metadata=self._call_metadata()
+        )
+        return call
+
+    def check_grpc_access(self) -> None:
+        """Proves the gRPC credentials with a call that does nothing.
+
+        vtgate authenticates every call before looking at it, and rejects a VStream without a
+        VGTID as invalid: so INVALID_ARGUMENT means "credentials accepted", UNAUTHENTICATED not.
+        """
+        cfg = self.config
+        try:
+            for _ in self.open_vstream(vtgate_pb2.VStreamRequest(), timeout=cfg.timeout_seconds):
+                break
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                return
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise VitessConnectionError(
+                    f"vtgate gRPC at {cfg.grpc_target} refused user {cfg.user!r}: wrong user or password "
+                    f"({code.name})"
+                ) from None
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            raise VitessConnectionError(
+                f"vtgate gRPC at {cfg.grpc_target} failed: {code.name if code else 'error'}: {details}"
+            ) from None
+
+    # ----- MySQL protocol ------------------------------------------------------------------
+
+    @cached_property
+    def engine(self) -> Engine:
+        """A SQLAlchemy engine on vtgate's MySQL port (pymysql driver)."""
+        cfg = self.config
+        connect_args: dict[str, Any] = {"connect_timeout": max(1, round(cfg.timeout_seconds))}
+        if cfg.tls:
+            ssl: dict[str, Any] = {"check_hostname": not cfg.tls_server_name}
+            if cfg.tls_ca:
+                ssl["ca"] = cfg.tls_ca
+            if cfg.tls_cert:
+                ssl["cert"], ssl["key"] = cfg.tls_cert, cfg.tls_key
+            connect_args["ssl"] = ssl
+        url = URL.create(
+            "mysql+pymysql",
+            username=cfg.user or None,
+            password=cfg.password or None,
+            host=cfg.host,
+            port=cfg.mysql_port,
+            query={"charset": "utf8mb4"},
+        )
+        return sqlalchemy.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+
+    def connect_sql(self) -> sqlalchemy.Connection:
+        """A connection to vtgate's MySQL port; failures become errors that say what to fix."""
+        cfg = self.config
+        try:
+            return self.engine.connect()
+        except sqlalchemy.exc.OperationalError as exc:
+            orig = exc.orig
+            code = orig.args[0] if isinstance(orig, pymysql.err.MySQLError) and orig.args else None
+            if code in _MYSQL_AUTH_ERRORS:
+                raise VitessConnectionError(
+                    f"vtgate MySQL at {cfg.mysql_target} refused user {cfg.user!r}: "
+                    f"wrong user or password (MySQL error {code})"
+                ) from None
+            raise VitessConnectionError(
+                f"cannot connect to vtgate MySQL at {cfg.mysql_target}: {orig}"
+            ) from None
+
+    # ----- Airflow UI ----------------------------------------------------------------------
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Checks both protocols and the credentials on each."""
+        try:
+            with self.connect_sql() as conn:
+                version = conn.execute(sqlalchemy.text("SELECT @@version")).scalar()
+            self.check_grpc_access()
+        except VitessConnectionError as exc:
+            return False, str(exc)
+        cfg = self.config
+        return True, f"Connected to vtgate {version} (MySQL {cfg.mysql_target}, gRPC {cfg.grpc_target})"
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The form for Airflow versions before 3.2, which read it from the hook."""
+        from flask_babel import lazy_gettext
+        from wtforms import BooleanField, StringField
+
+        widgets: dict[str, Any] = {}
+        for name, (label, json_type, _default, help_text) in EXTRA_FIELDS.items():
+            field_class = BooleanField if json_type == "boolean" else StringField
+            widgets[name] = field_class(lazy_gettext(label), description=help_text)
+        return widgets
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return UI_FIELD_BEHAVIOUR
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if "engine" in self.__dict__:
+            self.engine.dispose()
