@@ -21,7 +21,9 @@ compare directly with source rows. Hence the pymysql quirks kept on purpose:
 
 Text versus bytes follows the type, as pymysql does with the charset: TEXT/VARCHAR/CHAR and
 ENUM/SET/JSON are ``str``; BLOB/VARBINARY/BINARY/BIT/GEOMETRY are ``bytes`` (0x00 kept). A
-text column whose ``Field.charset`` is 63 (``binary``) is ``bytes`` too, which is pymysql's rule.
+text column whose ``Field.charset`` is 63 (``binary``) is ``bytes`` too, which is pymysql's rule;
+and, by the same rule, BLOB/VARBINARY/BINARY with a text charset are ``str``: Vitess gives those
+types to columns of ``_bin`` collations (``utf8mb4_bin``, so MariaDB's JSON), pymysql text.
 ``Field.charset`` in FIELD events is the column's collation id. UTF-8/utf8mb3/ascii columns
 (and unknown collation ids) decode as strict UTF-8. latin1 columns are special: the copy phase
 reads them through a utf8mb4 connection, but the binlog phase carries the stored latin1 bytes;
@@ -70,6 +72,9 @@ _INT_TYPES = (
 )
 _TEXT_TYPES = (T.TEXT, T.VARCHAR, T.CHAR)
 _UTF8_TYPES = (T.ENUM, T.SET, T.JSON, T.EXPRESSION)
+# Vitess types a column of a ``_bin`` collation (MariaDB's JSON is LONGTEXT utf8mb4_bin) as
+# BLOB/VARBINARY/BINARY from MySQL's BINARY flag; pymysql goes by the charset and returns str.
+_BINARY_STRING_TYPES = (T.BLOB, T.VARBINARY, T.BINARY)
 _BYTES_TYPES = (T.BLOB, T.VARBINARY, T.BINARY, T.BIT, T.GEOMETRY, T.VECTOR, T.RAW, T.TUPLE, T.ROW_TUPLE)
 
 # Same shapes pymysql accepts (pymysql.converters), on bytes to skip a decode.
@@ -227,7 +232,7 @@ def _fixed_decimals(field: query_pb2.Field) -> int | None:
 def converter_for(field: query_pb2.Field) -> Converter:
     """The function turning one non-NULL value of ``field`` into its Python value."""
     type_ = field.type
-    if type_ in _TEXT_TYPES:
+    if type_ in _TEXT_TYPES or (type_ in _BINARY_STRING_TYPES and field.charset not in (0, BINARY_CHARSET)):
         if field.charset == BINARY_CHARSET:
             return _raw
         return _latin1 if field.charset in _LATIN1_COLLATIONS else _utf8

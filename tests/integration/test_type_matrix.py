@@ -1,0 +1,295 @@
+"""Every MySQL column type family decodes from VStream to exactly what a vtgate SELECT returns.
+
+One table with a column per type family, rows at the types' minimums and maximums, a row of
+awkward values (negative fractional TIME, 0x00 bytes, JSON ``null``...) and a row of NULLs.
+The oracle is vtgate's MySQL protocol read with the plain pymysql DBAPI cursor (default
+conversions, no SQLAlchemy result processing): the stream's rows must be equal to it and of
+the same Python type, column by column, in the copy phase and in the streaming (binlog) phase.
+A few values are also checked against literals, so both sides cannot be wrong the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Generator
+from decimal import Decimal
+from typing import Any, cast
+
+import pytest
+import sqlalchemy
+
+from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.events import CopyCompletedEvent, Event, RowEvent, VgtidEvent
+from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
+
+pytestmark = pytest.mark.integration
+
+TABLE = "type_matrix"
+FILTER = binlogdata_pb2.Filter(rules=[binlogdata_pb2.Rule(match=TABLE, filter=f"select * from {TABLE}")])
+STREAM_ID_OFFSET = 100
+Rows = dict[int, tuple[Any, ...]]
+
+COLUMNS: dict[str, str] = {
+    "i8": "TINYINT",
+    "u8": "TINYINT UNSIGNED",
+    "i16": "SMALLINT",
+    "u16": "SMALLINT UNSIGNED",
+    "i24": "MEDIUMINT",
+    "u24": "MEDIUMINT UNSIGNED",
+    "i32": "INT",
+    "u32": "INT UNSIGNED",
+    "i64": "BIGINT",
+    "u64": "BIGINT UNSIGNED",
+    "dec": "DECIMAL(65,30)",
+    "f32": "FLOAT",
+    "f64": "DOUBLE",
+    "d": "DATE",
+    "t": "TIME(6)",
+    "dt": "DATETIME(6)",
+    "ts": "TIMESTAMP(6) NULL",
+    "y": "YEAR",
+    "ch": "CHAR(10)",
+    "vc": "VARCHAR(64)",
+    "tx": "TEXT",
+    "bn": "BINARY(8)",
+    "vb": "VARBINARY(16)",
+    "bl": "BLOB",
+    "js": "JSON",  # MariaDB: LONGTEXT utf8mb4_bin, typed BLOB by Vitess
+    "cb": "CHAR(4) COLLATE utf8mb4_bin",  # typed BINARY by Vitess
+    "vcb": "VARCHAR(16) COLLATE utf8mb4_bin",  # typed VARBINARY by Vitess
+    "en": "ENUM('a','b','c')",
+    "st": "SET('x','y','z')",
+    "b1": "BIT(1)",
+    "b64": "BIT(64)",
+}
+
+# DECIMAL(65,30): 35 integer digits, 30 decimals (spelled out: -DEC_MAX would round to 28 digits)
+DEC_MAX = Decimal("9" * 35 + "." + "9" * 30)
+DEC_MIN = Decimal("-" + "9" * 35 + "." + "9" * 30)
+EMOJI = "😀"
+TIME_MAX = datetime.timedelta(hours=838, minutes=59, seconds=59)
+MIN_ROW: dict[str, Any] = {
+    "id": 1,
+    **{"i8": -128, "i16": -32768, "i24": -8388608, "i32": -(2**31), "i64": -(2**63)},
+    **{c: 0 for c in ("u8", "u16", "u24", "u32", "u64")},
+    "dec": DEC_MIN,
+    "f32": -3.40282e38,
+    "f64": -1.7976931348623157e308,
+    "d": datetime.date(1000, 1, 1),
+    "t": -TIME_MAX,
+    "dt": datetime.datetime(1000, 1, 1),
+    "ts": datetime.datetime(1970, 1, 1, 0, 0, 1),
+    "y": 1901,
+    **{c: "" for c in ("ch", "vc", "tx")},
+    **{c: b"" for c in ("bn", "vb", "bl")},
+    "js": "[]",
+    "cb": "",
+    "vcb": "",
+    "en": "a",
+    "st": "",
+    "b1": 0,
+    "b64": 0,
+}
+MAX_ROW: dict[str, Any] = {
+    "id": 2,
+    **{"i8": 127, "i16": 32767, "i24": 8388607, "i32": 2**31 - 1, "i64": 2**63 - 1},
+    **{"u8": 255, "u16": 65535, "u24": 2**24 - 1, "u32": 2**32 - 1, "u64": 2**64 - 1},
+    "dec": DEC_MAX,
+    "f32": 3.40282e38,
+    "f64": 1.7976931348623157e308,
+    "d": datetime.date(9999, 12, 31),
+    "t": TIME_MAX,
+    "dt": datetime.datetime(9999, 12, 31, 23, 59, 59, 999999),
+    "ts": datetime.datetime(2038, 1, 19, 3, 14, 7, 999999),
+    "y": 2155,
+    "ch": f"{EMOJI}é𝄞中 z",
+    "vc": f"ünïcødé {EMOJI}🚀 中文 ",  # the trailing space stays in a VARCHAR
+    "tx": f"line1\nline2\t'\"\\ {EMOJI * 3}",
+    "bn": b"\x00\xffA\x00",  # padded with 0x00 to 8 bytes
+    "vb": b"a\x00b\x00\x00",
+    "bl": bytes(range(256)),
+    "js": f'{{"k": [1, 2.5, "x", null, {{"n": "{EMOJI}é"}}], "b": true}}',
+    "cb": f"é{EMOJI}z",
+    "vcb": f"{EMOJI} bin ",
+    "en": "c",
+    "st": "x,z",
+    "b1": 1,
+    "b64": 2**64 - 1,
+}
+ODD_ROW: dict[str, Any] = {
+    "id": 3,
+    **{c: -1 for c in ("i8", "i16", "i24", "i32", "i64")},
+    **{c: 1 for c in ("u8", "u16", "u24", "u32", "u64")},
+    "dec": Decimal("-0." + "0" * 29 + "1"),
+    "f32": 123456789.0,  # printed by MariaDB with 6 significant digits
+    "f64": 0.1,
+    "d": datetime.date(2024, 2, 29),
+    "t": -datetime.timedelta(seconds=1.5),
+    "dt": datetime.datetime(2024, 2, 29, 12, 34, 56, 123456),
+    "ts": datetime.datetime(2024, 2, 29, 12, 34, 56, 500000),
+    "y": 2000,
+    "ch": "ab  ",  # CHAR drops trailing spaces
+    "vc": "a\x00b",
+    "tx": "nul\x00inside",
+    "bn": b"\x00" * 8,
+    "vb": b"\x00",
+    "bl": b"\x00\x00x\x00",
+    "js": "null",
+    "cb": "a ",
+    "vcb": "\x00",
+    "en": "b",
+    "st": "x,y,z",
+    "b1": 1,
+    "b64": 2**63 + 1,
+}
+NULL_ROW: dict[str, Any] = {"id": 4, **dict.fromkeys(COLUMNS)}
+ROWS = [MIN_ROW, MAX_ROW, ODD_ROW, NULL_ROW]
+
+
+def create_table(hook: VitessHook) -> None:
+    columns = ",\n".join(f"  `{name}` {type_}" for name, type_ in COLUMNS.items())
+    with hook.connect_sql() as conn:
+        conn.execute(sqlalchemy.text(f"DROP TABLE IF EXISTS commerce.{TABLE}"))
+        conn.execute(
+            sqlalchemy.text(
+                f"CREATE TABLE commerce.{TABLE} (\n  id INT NOT NULL PRIMARY KEY,\n{columns}\n)"
+                " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+            )
+        )
+        conn.commit()
+
+
+def insert_rows(hook: VitessHook, rows: list[dict[str, Any]], id_offset: int = 0) -> None:
+    names = ["id", *COLUMNS]
+    sql = sqlalchemy.text(
+        f"INSERT INTO commerce.{TABLE} ({', '.join(f'`{n}`' for n in names)}) "
+        f"VALUES ({', '.join(f':{n}' for n in names)})"
+    )
+    with hook.connect_sql() as conn:
+        conn.execute(sql, [{**row, "id": row["id"] + id_offset} for row in rows])
+        conn.commit()
+
+
+def select_rows(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
+    """(column names, rows by id) as the raw pymysql cursor returns them through vtgate.
+
+    The server and so the session run in UTC, as the stream does; were it otherwise, TIMESTAMP
+    columns would differ and the literal 1970-01-01 00:00:01 check would fail.
+    """
+    raw = hook.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(f"SELECT * FROM commerce.{TABLE} ORDER BY id")
+        names = tuple(d[0] for d in cursor.description)
+        return names, {row[0]: tuple(row) for row in cursor.fetchall()}
+    finally:
+        raw.close()
+
+
+def reader(hook: VitessHook, gtid: str) -> Generator[Event, None, None]:
+    return VStreamReader(
+        lambda request: hook.open_vstream(request, timeout=60),  # bounds every phase
+        vgtid=Vgtid.for_keyspace("commerce", gtid),
+        filter=FILTER,
+        flags=hook.vstream_flags(heartbeat_interval=1),
+        retry=RetryPolicy(max_attempts=0),
+    ).events()
+
+
+def read_rows(
+    events: Generator[Event, None, None], done: Callable[[Event, Rows], bool]
+) -> tuple[tuple[str, ...], Rows]:
+    """Every row's after image by id, until ``done(event, rows)``; then the stream is closed."""
+    names: tuple[str, ...] = ()
+    rows: Rows = {}
+    for event in events:
+        if isinstance(event, RowEvent) and event.table == TABLE:
+            names = event.column_names
+            for change in event.changes:
+                assert change.after is not None, "only inserts were made"
+                rows[cast(int, change.after[0])] = change.after
+        if done(event, rows):
+            break
+    events.close()
+    return names, rows
+
+
+def copy_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
+    return read_rows(
+        reader(hook, ""), lambda event, _: isinstance(event, CopyCompletedEvent) and event.is_stream_complete
+    )
+
+
+def streaming_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
+    events = reader(hook, "current")
+    # The stream is open and positioned once its first VGTID arrives: only then write.
+    next(event for event in events if isinstance(event, VgtidEvent))
+    insert_rows(hook, ROWS, STREAM_ID_OFFSET)
+    wanted = {row["id"] + STREAM_ID_OFFSET for row in ROWS}
+    return read_rows(events, lambda event, rows: isinstance(event, VgtidEvent) and wanted <= rows.keys())
+
+
+def assert_same(
+    phase: str,
+    names: tuple[str, ...],
+    streamed: Rows,
+    selected: Rows,
+) -> None:
+    for row_id, expected in selected.items():
+        got = streamed[row_id]
+        assert len(got) == len(expected), f"{phase} id={row_id}: column count"
+        for name, a, b in zip(names, got, expected, strict=True):
+            where = f"{phase} id={row_id} column {name!r}"
+            assert a == b, f"{where}: streamed {a!r} != selected {b!r}"
+            assert type(a) is type(b), f"{where}: streamed {type(a)} is not selected {type(b)}"
+
+
+def assert_literals(phase: str, names: tuple[str, ...], rows: Rows, base: int) -> None:
+    """Known values, so a mistake made the same way on both sides still fails."""
+    lo, hi, odd, null = (dict(zip(names, rows[base + i], strict=True)) for i in range(1, 5))
+    where = f"{phase} literal"
+    assert hi["u64"] == 18446744073709551615, where
+    assert lo["i64"] == -9223372036854775808, where
+    assert hi["dec"] == DEC_MAX and lo["dec"] == DEC_MIN, where
+    assert odd["t"] == -datetime.timedelta(seconds=1.5), where
+    assert lo["t"] == -TIME_MAX and hi["t"] == TIME_MAX, where
+    assert hi["dt"] == datetime.datetime(9999, 12, 31, 23, 59, 59, 999999), where
+    assert hi["ts"].microsecond == 999999 and lo["ts"] == datetime.datetime(1970, 1, 1, 0, 0, 1), where
+    assert b"\x00" in hi["bl"] and hi["bl"] == bytes(range(256)), where
+    assert hi["bn"] == b"\x00\xffA\x00\x00\x00\x00\x00" and odd["bn"] == b"\x00" * 8, where
+    assert hi["vb"] == b"a\x00b\x00\x00", where
+    assert EMOJI in hi["ch"] and EMOJI * 3 in hi["tx"] and hi["vc"] == MAX_ROW["vc"], where
+    assert odd["ch"] == "ab" and odd["tx"] == "nul\x00inside", where
+    assert hi["js"] == MAX_ROW["js"] and odd["js"] == "null", where
+    assert hi["cb"] == f"é{EMOJI}z" and odd["cb"] == "a" and hi["vcb"] == MAX_ROW["vcb"], where
+    assert hi["st"] == "x,z" and hi["en"] == "c" and hi["y"] == 2155, where
+    assert hi["b1"] == b"\x01" and lo["b1"] == b"\x00", where
+    assert hi["b64"] == b"\xff" * 8 and odd["b64"] == b"\x80" + b"\x00" * 6 + b"\x01", where
+    assert hi["f64"] == 1.7976931348623157e308 and odd["f64"] == 0.1, where
+    assert odd["f32"] == 123457000.0 and hi["f32"] == 3.40282e38, where
+    assert all(null[c] is None for c in COLUMNS), where
+
+
+def test_type_matrix_copy_and_stream_match_select(vitess_conn_id: str) -> None:
+    hook = VitessHook(vitess_conn_id)
+    try:
+        create_table(hook)
+        insert_rows(hook, ROWS)
+        names, copied = copy_phase(hook)
+        select_names, selected = select_rows(hook)
+        assert names == select_names == ("id", *COLUMNS)
+        assert copied.keys() == selected.keys() == {row["id"] for row in ROWS}
+        assert_same("copy phase", names, copied, selected)
+        assert_literals("copy phase", names, copied, 0)
+
+        names, streamed = streaming_phase(hook)
+        _, selected = select_rows(hook)
+        assert names == select_names
+        stream_ids = {row["id"] + STREAM_ID_OFFSET for row in ROWS}
+        assert streamed.keys() == stream_ids
+        assert_same("streaming phase", names, streamed, {i: selected[i] for i in stream_ids})
+        assert_literals("streaming phase", names, streamed, STREAM_ID_OFFSET)
+    finally:
+        hook.close()
