@@ -314,3 +314,16 @@ def test_unparseable_numbers_name_column_and_type(type_: int, text: bytes) -> No
     decoder = RowDecoder([field(T.INT64, "id"), field(type_, "amount")], table="orders")
     with pytest.raises(ValueDecodeError, match=rf"table 'orders': column 'amount' \({T.Name(type_)}\)"):
         decoder.decode(row(b"1", text))
+
+
+# -- binary-flagged text -------------------------------------------------------------------
+UTF8MB4_BIN = 46
+
+
+@pytest.mark.parametrize("type_", [T.BLOB, T.VARBINARY, T.BINARY])
+def test_bin_collation_text_typed_binary_by_vitess_decodes_as_text(type_: int) -> None:
+    # Vitess types utf8mb4_bin text (and MariaDB JSON) as BINARY/VARBINARY/BLOB from the
+    # column's BINARY flag; pymysql goes by charset and returns str, so must we.
+    assert one(field(type_, charset=UTF8MB4_BIN), '[1, "😀"]'.encode()) == '[1, "😀"]'
+    assert one(field(type_, charset=BINARY), b"\x00a") == b"\x00a"
+    assert one(field(type_, charset=0), b"\x00a") == b"\x00a"
