@@ -1,0 +1,241 @@
+"""Deterministic cross-shard order: per-shard transactions, k-way merged by commit time.
+
+vtgate interleaves shards in arrival order, which differs from run to run. A window must stage
+the same rows in the same order every time it is re-read from the same start (retries are then
+deterministic), so we impose our own order: ``(commit timestamp, shard, position in shard)``.
+
+Two pieces, both pure:
+
+* :class:`TransactionAssembler` groups one stream's events into :class:`ShardTransaction` units:
+  ``BEGIN … COMMIT`` of one shard (large transactions span several responses and may interleave
+  with other shards' events), or a lone position/marker event. Each unit carries its shard's
+  VGTID entry, i.e. the shard's position *after* the unit.
+* :class:`ShardMerger` buffers units per shard and releases them in merged order as soon as no
+  other shard can still produce an earlier unit: its watermark (the commit time of its latest
+  unit, or a vtgate heartbeat when it has nothing open) has passed. Memory is bounded: past
+  ``max_buffered_rows`` the earliest unit is released anyway and counted as *forced*.
+
+Checkpoint positions come from released units only (:meth:`ShardMerger.released_positions`):
+vtgate's own VGTID also covers shards whose units are still buffered here, so checkpointing it
+could skip them after a crash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.vstream.events import (
+    BeginEvent,
+    CommitEvent,
+    CopyCompletedEvent,
+    HeartbeatEvent,
+    JournalEvent,
+    RowEvent,
+    VgtidEvent,
+    VStreamEvent,
+)
+
+ShardKey = tuple[str, str]  # (keyspace, shard)
+
+
+@dataclass(slots=True)
+class ShardTransaction:
+    """One shard's unit of change, in that shard's binlog order."""
+
+    keyspace: str
+    shard: str
+    commit_ts: int  # seconds, as the source stamped it (0 when the stream gives none)
+    order_ts: int  # commit_ts made non-decreasing per shard: what the merge orders by
+    shard_pos: int  # ordinal of this unit within its shard since the merger started
+    events: list[VStreamEvent] = field(default_factory=list)  # FIELD/ROW/DDL/... (no BEGIN/COMMIT/VGTID)
+    position: binlogdata_pb2.ShardGtid | None = None  # the shard's position after this unit
+    rows: int = 0
+
+    @property
+    def key(self) -> ShardKey:
+        return (self.keyspace, self.shard)
+
+    @property
+    def sort_key(self) -> tuple[int, str, str, int]:
+        return (self.order_ts, self.keyspace, self.shard, self.shard_pos)
+
+
+@dataclass(slots=True)
+class _Open:
+    events: list[VStreamEvent] = field(default_factory=list)
+    commit_ts: int = 0
+    rows: int = 0
+    in_transaction: bool = False
+    position: binlogdata_pb2.ShardGtid | None = None
+
+
+class TransactionAssembler:
+    """Turns a stream of events into completed per-shard units (plus stream-level markers).
+
+    ``push`` returns the units completed by the event, and heartbeats are returned as they come
+    (they belong to no shard).
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[ShardKey, _Open] = {}
+
+    def open_shards(self) -> set[ShardKey]:
+        """Shards with a transaction begun and not yet committed."""
+        return {k for k, o in self._open.items() if o.in_transaction}
+
+    def push(self, event: VStreamEvent) -> list[ShardTransaction | HeartbeatEvent]:
+        if isinstance(event, HeartbeatEvent):
+            return [event]
+        key = (event.keyspace, event.shard)
+        unit = self._open.setdefault(key, _Open())
+        if event.timestamp:
+            unit.commit_ts = max(unit.commit_ts, event.timestamp)
+        if isinstance(event, BeginEvent):
+            unit.in_transaction = True
+            return []
+        if isinstance(event, VgtidEvent):
+            for sg in event.vgtid.shard_gtids:
+                if (sg.keyspace, sg.shard) == key:
+                    unit.position = sg
+            # Outside a transaction a VGTID closes a unit of its own (copy batches, DDL, skips).
+            return [] if unit.in_transaction else self._close(key)
+        if isinstance(event, CommitEvent):
+            return self._close(key)
+        unit.events.append(event)
+        if isinstance(event, RowEvent):
+            unit.rows += len(event.changes)
+        if isinstance(event, CopyCompletedEvent | JournalEvent) and not unit.in_transaction:
+            return self._close(key)  # markers: keep them in their shard's order, release promptly
+        return []
+
+    def _close(self, key: ShardKey) -> list[ShardTransaction | HeartbeatEvent]:
+        unit = self._open.pop(key)
+        return [
+            ShardTransaction(
+                keyspace=key[0],
+                shard=key[1],
+                commit_ts=unit.commit_ts,
+                order_ts=unit.commit_ts,  # made monotone by the merger
+                shard_pos=0,
+                events=unit.events,
+                position=unit.position,
+                rows=unit.rows,
+            )
+        ]
+
+
+@dataclass
+class MergeStats:
+    max_skew_seconds: int = 0  # largest gap between the most and least advanced active shard
+    forced_releases: int = 0  # units released before it was provably safe (buffer full)
+    late_units: int = 0  # units that arrived after a later one had been released
+    units_released: int = 0
+    rows_released: int = 0
+
+
+class ShardMerger:
+    """K-way merge of per-shard units by ``(order_ts, keyspace, shard, shard_pos)``.
+
+    :param shards: the shards that must be waited for (``mark_done`` releases one of them).
+    :param max_buffered_rows: memory bound; past it the earliest unit is released anyway.
+    :param heartbeat_grace: seconds a shard may still lag behind a vtgate heartbeat.
+    """
+
+    def __init__(
+        self, shards: Iterable[ShardKey], *, max_buffered_rows: int = 50_000, heartbeat_grace: int = 1
+    ) -> None:
+        self._queues: dict[ShardKey, deque[ShardTransaction]] = {k: deque() for k in shards}
+        self._watermark: dict[ShardKey, int] = {}
+        self._next_pos: dict[ShardKey, int] = {}
+        self._done: set[ShardKey] = set()
+        self._buffered_rows = 0
+        self._max_buffered_rows = max_buffered_rows
+        self._grace = heartbeat_grace
+        self._last_released: tuple[int, str, str, int] | None = None
+        self._released_positions: dict[ShardKey, binlogdata_pb2.ShardGtid] = {}
+        self.stats = MergeStats()
+
+    @property
+    def buffered_rows(self) -> int:
+        return self._buffered_rows
+
+    def released_positions(self) -> dict[ShardKey, binlogdata_pb2.ShardGtid]:
+        """Per shard, the position after its last released unit: a safe resume point."""
+        return dict(self._released_positions)
+
+    def push(self, unit: ShardTransaction) -> Iterator[ShardTransaction]:
+        key = unit.key
+        queue = self._queues.setdefault(key, deque())
+        unit.order_ts = max(unit.commit_ts, self._watermark.get(key, 0))
+        unit.shard_pos = self._next_pos.get(key, 0)
+        self._next_pos[key] = unit.shard_pos + 1
+        self._watermark[key] = unit.order_ts
+        if self._last_released is not None and unit.sort_key < self._last_released:
+            self.stats.late_units += 1
+        queue.append(unit)
+        self._buffered_rows += unit.rows
+        self._note_skew()
+        yield from self._release()
+
+    def heartbeat(self, timestamp: int, open_shards: set[ShardKey]) -> Iterator[ShardTransaction]:
+        """vtgate had nothing to send: shards with no open transaction are caught up to about now."""
+        floor = timestamp - self._grace
+        for key in self._queues:
+            if key not in open_shards and self._watermark.get(key, 0) < floor:
+                self._watermark[key] = floor
+        yield from self._release()
+
+    def mark_done(self, key: ShardKey) -> Iterator[ShardTransaction]:
+        """The shard reached its stop: it no longer holds the others back."""
+        self._done.add(key)
+        yield from self._release()
+
+    def drain(self) -> Iterator[ShardTransaction]:
+        """Everything still buffered, in merged order (end of window)."""
+        while True:
+            head = self._earliest()
+            if head is None:
+                return
+            yield self._pop(head)
+
+    def _earliest(self) -> ShardTransaction | None:
+        heads = [q[0] for q in self._queues.values() if q]
+        return min(heads, key=lambda u: u.sort_key) if heads else None
+
+    def _safe(self, unit: ShardTransaction) -> bool:
+        for key, queue in self._queues.items():
+            if key == unit.key or key in self._done or queue:
+                continue  # a non-empty queue's head is already compared by _earliest
+            mark = self._watermark.get(key)
+            if mark is None or (mark, key) <= (unit.order_ts, unit.key):
+                return False  # that shard may still send a unit that sorts first
+        return True
+
+    def _release(self) -> Iterator[ShardTransaction]:
+        while True:
+            head = self._earliest()
+            if head is None:
+                return
+            if not self._safe(head):
+                if self._buffered_rows <= self._max_buffered_rows:
+                    return
+                self.stats.forced_releases += 1
+            yield self._pop(head)
+
+    def _pop(self, unit: ShardTransaction) -> ShardTransaction:
+        self._queues[unit.key].popleft()
+        self._buffered_rows -= unit.rows
+        self._last_released = unit.sort_key
+        if unit.position is not None:
+            self._released_positions[unit.key] = unit.position
+        self.stats.units_released += 1
+        self.stats.rows_released += unit.rows
+        return unit
+
+    def _note_skew(self) -> None:
+        active = [ts for key, ts in self._watermark.items() if key not in self._done]
+        if len(active) > 1:
+            self.stats.max_skew_seconds = max(self.stats.max_skew_seconds, max(active) - min(active))

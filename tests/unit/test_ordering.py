@@ -1,0 +1,124 @@
+"""The cross-shard merge releases units in (commit time, shard, position) order, bounded."""
+
+from __future__ import annotations
+
+import random
+
+from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.vstream.events import (
+    BeginEvent,
+    CommitEvent,
+    HeartbeatEvent,
+    RowChange,
+    RowEvent,
+    VgtidEvent,
+)
+from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction, TransactionAssembler
+
+A, B = ("ks", "-80"), ("ks", "80-")
+
+
+def unit(key: tuple[str, str], ts: int, rows: int = 1, gtid: str = "") -> ShardTransaction:
+    position = binlogdata_pb2.ShardGtid(keyspace=key[0], shard=key[1], gtid=gtid) if gtid else None
+    return ShardTransaction(key[0], key[1], ts, ts, 0, [], position, rows)
+
+
+def common(key: tuple[str, str], ts: int) -> dict[str, object]:
+    return {"keyspace": key[0], "shard": key[1], "timestamp": ts, "current_time": 0}
+
+
+def test_assembler_groups_interleaved_transactions_per_shard() -> None:
+    asm = TransactionAssembler()
+    row = RowEvent(**common(A, 10), table="t", column_names=("id",), changes=(RowChange(None, (1,)),))
+    vg = binlogdata_pb2.VGtid(
+        shard_gtids=[binlogdata_pb2.ShardGtid(keyspace="ks", shard="-80", gtid="MariaDB/0-1-5")]
+    )
+    out = []
+    for event in [
+        BeginEvent(**common(A, 10)),
+        BeginEvent(**common(B, 11)),  # another shard interleaves mid-transaction
+        row,
+        CommitEvent(**common(B, 11)),
+        row,
+        VgtidEvent(**common(A, 0), vgtid=vg),
+        CommitEvent(**common(A, 10)),
+        HeartbeatEvent(**common(("", ""), 12)),
+    ]:
+        out.extend(asm.push(event))
+    b_unit, a_unit, beat = out
+    assert isinstance(b_unit, ShardTransaction) and (b_unit.key, b_unit.rows, b_unit.commit_ts) == (B, 0, 11)
+    assert isinstance(a_unit, ShardTransaction) and (a_unit.key, a_unit.rows, a_unit.commit_ts) == (A, 2, 10)
+    assert a_unit.events == [row, row] and a_unit.position is not None
+    assert a_unit.position.gtid == "MariaDB/0-1-5"
+    assert isinstance(beat, HeartbeatEvent)
+
+
+def test_merge_waits_for_the_other_shard_then_orders_by_time_then_shard() -> None:
+    merger = ShardMerger([A, B])
+    assert list(merger.push(unit(B, 5))) == []  # A has said nothing yet: it may still send ts < 5
+    released = list(merger.push(unit(A, 5)))
+    # Equal times: -80 sorts before 80-; B's unit still waits for A to pass ts 5.
+    assert [(u.key, u.order_ts) for u in released] == [(A, 5)]
+    released = list(merger.push(unit(A, 7)))
+    assert [(u.key, u.order_ts) for u in released] == [(B, 5)]
+    assert [(u.key, u.order_ts) for u in merger.drain()] == [(A, 7)]
+
+
+def test_heartbeat_unblocks_an_idle_shard_and_done_shards_stop_blocking() -> None:
+    merger = ShardMerger([A, B])
+    assert list(merger.push(unit(A, 100))) == []
+    assert list(merger.heartbeat(100, open_shards=set())) == []  # B may lag up to the grace
+    assert [u.order_ts for u in merger.heartbeat(102, open_shards=set())] == [100]
+    assert list(merger.push(unit(A, 200))) == []
+    assert [u.order_ts for u in merger.mark_done(B)] == [200]
+
+
+def test_random_interleavings_release_the_same_order_and_positions() -> None:
+    rng = random.Random(7)
+    per_shard = {
+        A: [unit(A, ts, gtid=f"a{i}") for i, ts in enumerate([1, 1, 2, 4, 4, 9])],
+        B: [unit(B, ts, gtid=f"b{i}") for i, ts in enumerate([1, 3, 4, 4, 8])],
+    }
+    orders = set()
+    for _ in range(50):
+        merger = ShardMerger([A, B])
+        queues = {
+            k: [ShardTransaction(u.keyspace, u.shard, u.commit_ts, 0, 0, [], u.position, 1) for u in v]
+            for k, v in per_shard.items()
+        }
+        released: list[ShardTransaction] = []
+        while any(queues.values()):
+            key = rng.choice([k for k, q in queues.items() if q])
+            released.extend(merger.push(queues[key].pop(0)))
+        released.extend(merger.drain())
+        orders.add(tuple((u.key, u.position.gtid if u.position else "") for u in released))
+        assert merger.stats.forced_releases == 0 and merger.stats.late_units == 0
+    (order,) = orders  # every interleaving gives one and the same order
+    assert [g for _, g in order] == ["a0", "a1", "b0", "a2", "b1", "a3", "a4", "b2", "b3", "b4", "a5"]
+
+
+def test_buffer_bound_forces_release_and_counts_it() -> None:
+    merger = ShardMerger([A, B], max_buffered_rows=10)
+    assert list(merger.push(unit(A, 1, rows=6))) == []
+    released = list(merger.push(unit(A, 2, rows=6)))  # 12 rows buffered > 10: release earliest
+    assert [u.order_ts for u in released] == [1]
+    assert merger.stats.forced_releases == 1 and merger.buffered_rows == 6
+
+
+def test_released_positions_never_include_buffered_units() -> None:
+    merger = ShardMerger([A, B])
+    list(merger.push(unit(A, 1, gtid="a1")))
+    list(merger.push(unit(B, 2, gtid="b1")))  # releases A's unit only
+    assert {k: p.gtid for k, p in merger.released_positions().items()} == {A: "a1"}
+    list(merger.drain())
+    assert {k: p.gtid for k, p in merger.released_positions().items()} == {A: "a1", B: "b1"}
+
+
+def test_times_are_made_monotone_per_shard_and_skew_is_reported() -> None:
+    merger = ShardMerger([A, B])
+    list(merger.push(unit(A, 10)))
+    zero = unit(A, 0)  # copy-phase units carry no time: they keep their shard's order
+    list(merger.push(zero))
+    assert zero.order_ts == 10 and zero.shard_pos == 1
+    list(merger.push(unit(B, 13)))
+    assert merger.stats.max_skew_seconds == 3
