@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2
 from airflow_provider_vitess.vstream.events import (
@@ -23,7 +24,7 @@ def unit(key: tuple[str, str], ts: int, rows: int = 1, gtid: str = "") -> ShardT
     return ShardTransaction(key[0], key[1], ts, ts, 0, [], position, rows)
 
 
-def common(key: tuple[str, str], ts: int) -> dict[str, object]:
+def common(key: tuple[str, str], ts: int) -> dict[str, Any]:
     return {"keyspace": key[0], "shard": key[1], "timestamp": ts, "current_time": 0}
 
 
