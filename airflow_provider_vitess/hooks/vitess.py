@@ -42,6 +42,17 @@ def _read(path: str, what: str) -> bytes:
         raise VitessConnectionError(f"cannot read the {what} file {path!r}: {exc.strerror}") from None
 
 
+def _disable_autocommit(dbapi_connection: Any, _record: Any) -> None:
+    """Makes SQLAlchemy transactions real transactions on vtgate.
+
+    vtgate's handshake does not report autocommit as on, so pymysql believes it is already off
+    and never says so; vtgate then autocommits every statement and a "transaction" of several
+    statements reaches the binlog as several transactions.
+    """
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET autocommit = 0")
+
+
 class VitessHook(BaseHook):
     """Talks to one vtgate described by an Airflow connection of type ``vitess``.
 
@@ -190,7 +201,9 @@ class VitessHook(BaseHook):
             port=cfg.mysql_port,
             query={"charset": "utf8mb4"},
         )
-        return sqlalchemy.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        engine = sqlalchemy.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        sqlalchemy.event.listen(engine, "connect", _disable_autocommit)
+        return engine
 
     def connect_sql(self) -> sqlalchemy.Connection:
         """A connection to vtgate's MySQL port; failures become errors that say what to fix."""
