@@ -26,3 +26,32 @@ class VStreamError(VitessProviderError):
 
 class ValueDecodeError(VitessProviderError, ValueError):
     """A row value that does not parse as its declared query.Type."""
+
+
+class CheckpointError(VitessProviderError):
+    """The checkpoint store refused an operation (illegal window transition, unknown sync/window).
+
+    Refusing is the point: the committed position must never move past a window whose merge
+    is not durable, so the message names the sync, the window seq and the states involved.
+    """
+
+
+class SyncLockedError(CheckpointError):
+    """Another holder (Airflow dag/run/try) holds the sync's lock and its heartbeat is fresh."""
+
+
+class StagingError(VitessProviderError):
+    """Changes that cannot be staged: a value its column's Parquet type cannot hold, a row for a
+    table without a schema, or a staging location that cannot be written."""
+
+
+class CorruptStagedDataError(StagingError):
+    """A staged window whose manifest or part files do not match what was written."""
+
+
+class UnknownKeyspaceError(VitessProviderError, LookupError):
+    """A keyspace vtgate does not serve."""
+
+
+class UnknownTableError(VitessProviderError, LookupError):
+    """A table that does not exist in the keyspace."""

@@ -1,0 +1,33 @@
+"""The metadata/checkpoint store: window states, staged parts, progress, committed VGTID, lock."""
+
+from __future__ import annotations
+
+from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
+from airflow_provider_vitess.checkpoints.schema import head_revision
+from airflow_provider_vitess.checkpoints.states import (
+    LockInfo,
+    Part,
+    Phase,
+    TableProgress,
+    Window,
+    WindowKind,
+    WindowState,
+    check_transition,
+)
+from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_url
+
+__all__ = [
+    "DEFAULT_STALE_AFTER",
+    "CheckpointStore",
+    "LockInfo",
+    "Part",
+    "Phase",
+    "SyncLock",
+    "TableProgress",
+    "Window",
+    "WindowKind",
+    "WindowState",
+    "check_transition",
+    "default_url",
+    "head_revision",
+]

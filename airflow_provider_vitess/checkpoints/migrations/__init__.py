@@ -1,0 +1,1 @@
+"""Alembic environment of the checkpoint store; run through ``CheckpointStore.migrate()``."""

@@ -1,0 +1,1 @@
+"""Versioned schema migrations of the checkpoint store (one module per revision)."""

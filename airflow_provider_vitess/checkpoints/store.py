@@ -1,0 +1,451 @@
+"""``CheckpointStore``: window states, staged parts, per-table progress, the committed VGTID and
+the per-sync lock, in any SQLAlchemy database (SQLite, MariaDB/MySQL, PostgreSQL).
+
+Correctness rests on two rules (DESIGN.md, "Window state machine"):
+- every state change is a conditional ``UPDATE ... WHERE state = <the state we read>`` whose row
+  count is checked, so two racing processes can never both move the same window;
+- ``commit`` moves the window MERGED -> COMMITTED and the checkpoint in one transaction, so the
+  committed position never passes a window whose Delta merge is not durable.
+
+Only portable SQL is used (no upserts, no ``SELECT ... FOR UPDATE``, no advisory locks): the
+lock is a row whose primary key makes the second INSERT fail on every database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy import Engine, Row, Table, create_engine, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from airflow_provider_vitess.checkpoints import locking, models, progress, schema
+from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
+from airflow_provider_vitess.checkpoints.states import (
+    OPEN_STATES,
+    LockInfo,
+    Part,
+    Phase,
+    TableProgress,
+    Window,
+    WindowKind,
+    WindowState,
+    check_transition,
+    window_from_row,
+)
+from airflow_provider_vitess.exceptions import CheckpointError
+from airflow_provider_vitess.vgtid import Vgtid
+
+log = logging.getLogger(__name__)
+
+_SYNC = cast(Table, models.SyncRow.__table__)
+_WINDOW = cast(Table, models.WindowRow.__table__)
+_PART = cast(Table, models.WindowPartRow.__table__)
+_CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
+
+
+def default_url() -> str:
+    """A SQLite file next to Airflow's own files: works out of the box on a single machine."""
+    home = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+    return f"sqlite:///{home / 'vitess_sync.db'}"
+
+
+class CheckpointStore:
+    """The metadata/checkpoint store of one database; call :meth:`migrate` once before use."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        clock: Callable[[], datetime] = models.utcnow,
+    ) -> None:
+        if engine is not None and url is not None:
+            raise ValueError("pass either a database URL or an engine, not both")
+        self._owns_engine = engine is None
+        self.engine = (
+            engine if engine is not None else create_engine(url or default_url(), pool_pre_ping=True)
+        )
+        # Injected so tests can age a lock without sleeping; must return aware UTC times.
+        self._clock = clock
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def migrate(self, wait_seconds: float = 60.0) -> str:
+        """Upgrade the schema to the newest revision (idempotent, safe to race); returns it."""
+        return schema.migrate(self.engine, wait_seconds)
+
+    def schema_revision(self) -> str | None:
+        return schema.schema_revision(self.engine)
+
+    # -- syncs and the committed position -----------------------------------------------------
+
+    def ensure_sync(
+        self, sync_id: str, keyspace: str, tables: Sequence[str], config: Mapping[str, Any]
+    ) -> None:
+        """Create the sync, or update its tables and config; its keyspace can never change."""
+        now, values = self._clock(), {"tables": list(tables), "config": dict(config)}
+        for _ in range(2):
+            with self.engine.begin() as conn:
+                row = conn.execute(select(_SYNC).where(_SYNC.c.sync_id == sync_id)).first()
+                if row is not None:
+                    if row.keyspace != keyspace:
+                        raise CheckpointError(
+                            f"sync {sync_id!r} belongs to keyspace {row.keyspace!r}, not {keyspace!r}: "
+                            "use a new sync id for another keyspace"
+                        )
+                    if row.tables != values["tables"] or row.config != values["config"]:
+                        conn.execute(
+                            update(_SYNC).where(_SYNC.c.sync_id == sync_id).values(updated_at=now, **values)
+                        )
+                    return
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        insert(_SYNC).values(
+                            sync_id=sync_id, keyspace=keyspace, created_at=now, updated_at=now, **values
+                        )
+                    )
+                return
+            except IntegrityError:
+                continue  # created concurrently: the next round compares and updates it
+        raise CheckpointError(f"sync {sync_id!r} could not be created or read")
+
+    def committed(self, sync_id: str) -> tuple[Vgtid | None, int]:
+        """The committed VGTID and window seq; ``(None, 0)`` before the first commit."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+        if row is None:
+            return None, 0
+        return Vgtid.from_json(row.committed_vgtid), row.committed_seq
+
+    # -- windows ------------------------------------------------------------------------------
+
+    def window(self, sync_id: str, seq: int) -> Window:
+        with self.engine.connect() as conn:
+            return window_from_row(self._window_row(conn, sync_id, seq))
+
+    def open_window(self, sync_id: str) -> Window | None:
+        """The unfinished (PLANNED, STAGED or MERGED) window to resume, if any; at most one."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(_WINDOW)
+                .where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.state.in_([s.value for s in OPEN_STATES]))
+                .order_by(_WINDOW.c.seq.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else window_from_row(row)
+
+    def plan_window(
+        self, sync_id: str, kind: WindowKind | str, start_vgtid: Vgtid, stop_vgtid: Vgtid | None = None
+    ) -> int:
+        """Record a new PLANNED window and return its seq (1, 2, ...).
+
+        Refused while another window is unfinished (resume that one via :meth:`open_window`),
+        and for a catch-up that does not start at the committed VGTID: either would leave a gap
+        or an overlap between windows.
+        """
+        kind = WindowKind(kind)
+        now, start, seq = self._clock(), start_vgtid.to_json(), 0
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(select(_SYNC.c.sync_id).where(_SYNC.c.sync_id == sync_id)).first() is None:
+                    raise CheckpointError(f"unknown sync {sync_id!r}: call ensure_sync first")
+                # Only the latest window can be open (earlier ones are final), so one read gives
+                # both the check and the next seq. Two racing planners read the same latest
+                # window and collide on the (sync_id, seq) key: no isolation level needed.
+                seq = self._refuse_if_open(conn, sync_id) + 1
+                checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+                if kind is WindowKind.CATCHUP and checkpoint and checkpoint.committed_vgtid != start:
+                    raise CheckpointError(
+                        f"sync {sync_id!r}: a catch-up window must start at the committed VGTID of "
+                        f"window {checkpoint.committed_seq} ({checkpoint.committed_vgtid}), not {start}"
+                    )
+                conn.execute(
+                    insert(_WINDOW).values(
+                        sync_id=sync_id,
+                        seq=seq,
+                        kind=kind.value,
+                        state=WindowState.PLANNED.value,
+                        start_vgtid=start,
+                        stop_vgtid=None if stop_vgtid is None else stop_vgtid.to_json(),
+                        stats={},
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+            return seq
+        except IntegrityError as exc:
+            with self.engine.connect() as conn:
+                self._refuse_if_open(conn, sync_id)  # names the window planned concurrently
+            raise CheckpointError(f"sync {sync_id!r}: window {seq} was planned concurrently") from exc
+
+    def _refuse_if_open(self, conn: Connection, sync_id: str) -> int:
+        """The latest window's seq (0 if none); raises if that window is unfinished."""
+        latest = conn.execute(
+            select(_WINDOW.c.seq, _WINDOW.c.state)
+            .where(_WINDOW.c.sync_id == sync_id)
+            .order_by(_WINDOW.c.seq.desc())
+            .limit(1)
+        ).first()
+        if latest is None:
+            return 0
+        if WindowState(latest.state) in OPEN_STATES:
+            raise CheckpointError(
+                f"sync {sync_id!r}: window {latest.seq} is {latest.state}, not COMMITTED; resume it "
+                "(open_window) instead of planning a new window"
+            )
+        return int(latest.seq)
+
+    def mark_staged(
+        self,
+        sync_id: str,
+        seq: int,
+        end_vgtid: Vgtid,
+        manifest_path: str,
+        stats: Mapping[str, Any] | None = None,
+    ) -> None:
+        """PLANNED -> STAGED once the manifest exists; repeating it with the same values is a no-op."""
+        end = end_vgtid.to_json()
+
+        def same(row: Row[Any]) -> None:
+            if (row.end_vgtid, row.manifest_path) != (end, manifest_path):
+                raise CheckpointError(
+                    f"sync {sync_id!r} window {seq} is already STAGED with manifest {row.manifest_path!r} "
+                    f"ending at {row.end_vgtid}; staged windows are immutable"
+                )
+
+        with self.engine.begin() as conn:
+            self._transition(
+                conn,
+                sync_id,
+                seq,
+                WindowState.STAGED,
+                {"end_vgtid": end, "manifest_path": manifest_path, "stats": dict(stats or {})},
+                same,
+            )
+
+    def mark_merged(self, sync_id: str, seq: int) -> None:
+        """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable."""
+        with self.engine.begin() as conn:
+            self._transition(conn, sync_id, seq, WindowState.MERGED)
+
+    def mark_failed(self, sync_id: str, seq: int, error: str) -> None:
+        """Abandon an unmerged window; the next window starts again from the committed VGTID."""
+        with self.engine.begin() as conn:
+            self._transition(conn, sync_id, seq, WindowState.FAILED, {"error": error})
+
+    def commit(self, sync_id: str, seq: int) -> Vgtid:
+        """MERGED -> COMMITTED and advance the checkpoint to the window's end, atomically.
+
+        Returns the committed VGTID (also on an idempotent repeat, for the XCom push).
+        """
+        with self.engine.begin() as conn:
+            row = self._window_row(conn, sync_id, seq)
+            changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
+            end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
+            if changed:
+                self._advance_checkpoint(conn, sync_id, seq, end)
+        return Vgtid.from_json(end)
+
+    def _advance_checkpoint(self, conn: Connection, sync_id: str, seq: int, end: str) -> None:
+        now = self._clock()
+        moved = conn.execute(
+            update(_CHECKPOINT)
+            .where(_CHECKPOINT.c.sync_id == sync_id, _CHECKPOINT.c.committed_seq < seq)
+            .values(committed_vgtid=end, committed_seq=seq, updated_at=now)
+        ).rowcount
+        if moved == 1:
+            return
+        current = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+        if current is not None:
+            # Raising rolls back the window's state change too: nothing moves backwards.
+            raise CheckpointError(
+                f"sync {sync_id!r}: cannot commit window {seq}, the checkpoint is already at window "
+                f"{current.committed_seq}"
+            )
+        conn.execute(
+            insert(_CHECKPOINT).values(
+                sync_id=sync_id, committed_vgtid=end, committed_seq=seq, updated_at=now
+            )
+        )
+
+    def _window_row(self, conn: Connection, sync_id: str, seq: int) -> Row[Any]:
+        row = conn.execute(select(_WINDOW).where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq)).first()
+        if row is None:
+            raise CheckpointError(f"sync {sync_id!r} has no window {seq}")
+        return row
+
+    def _transition(
+        self,
+        conn: Connection,
+        sync_id: str,
+        seq: int,
+        requested: WindowState,
+        values: Mapping[str, Any] | None = None,
+        on_repeat: Callable[[Row[Any]], None] | None = None,
+    ) -> bool:
+        """Move the window to ``requested``; False (and no write) on an idempotent repeat."""
+        row = self._window_row(conn, sync_id, seq)
+        current = WindowState(row.state)
+        if not check_transition(sync_id, seq, current, requested):
+            if on_repeat is not None:
+                on_repeat(row)
+            return False
+        changed = conn.execute(
+            update(_WINDOW)
+            .where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq, _WINDOW.c.state == current.value)
+            .values(state=requested.value, updated_at=self._clock(), **(values or {}))
+        ).rowcount
+        if changed != 1:
+            raise CheckpointError(
+                f"sync {sync_id!r} window {seq}: left {current.value} concurrently while moving to "
+                f"{requested.value}; re-read the window and retry"
+            )
+        return True
+
+    # -- staged parts -------------------------------------------------------------------------
+
+    def record_parts(self, sync_id: str, seq: int, parts: Sequence[Part], resume_vgtid: Vgtid) -> int:
+        """Record staged files and the VGTID at which they end, in one transaction.
+
+        A killed window resumes streaming from :meth:`resume_vgtid` and keeps these parts.
+        Re-recording an identical part is a no-op (a retried batch); a different file under a
+        known path is refused. Returns the number of parts newly recorded.
+        """
+        resume, now = resume_vgtid.to_json(), self._clock()
+        with self.engine.begin() as conn:
+            state = WindowState(self._window_row(conn, sync_id, seq).state)
+            if state is not WindowState.PLANNED:
+                raise CheckpointError(
+                    f"sync {sync_id!r} window {seq} is {state.value}: parts can only be recorded while "
+                    "PLANNED (a window's files are immutable once its manifest exists)"
+                )
+            known = {p.path: p for p in self._parts(conn, sync_id, seq)}
+            last = conn.execute(
+                select(func.max(_PART.c.part_no)).where(_PART.c.sync_id == sync_id, _PART.c.seq == seq)
+            ).scalar()
+            rows: list[dict[str, Any]] = []
+            for part in parts:
+                if part.path in known:
+                    if known[part.path] != part:
+                        raise CheckpointError(
+                            f"sync {sync_id!r} window {seq}: part {part.path!r} is already recorded as "
+                            f"{known[part.path]}, refusing {part}"
+                        )
+                    continue
+                known[part.path] = part
+                rows.append(
+                    {
+                        "sync_id": sync_id,
+                        "seq": seq,
+                        "part_no": (last or 0) + len(rows) + 1,
+                        "path": part.path,
+                        "table_name": part.table,
+                        "row_count": part.rows,
+                        "byte_count": part.bytes,
+                        "sha256": part.sha256,
+                        "resume_vgtid": resume,
+                        "detail": part.detail,
+                        "created_at": now,
+                    }
+                )
+            try:
+                if rows:
+                    conn.execute(insert(_PART), rows)
+            except IntegrityError as exc:
+                # Same part numbers taken by another writer: only one may hold the sync's lock.
+                raise CheckpointError(f"sync {sync_id!r} window {seq}: parts recorded concurrently") from exc
+            self._set_resume(conn, sync_id, seq, resume)
+        return len(rows)
+
+    def _set_resume(self, conn: Connection, sync_id: str, seq: int, resume: str) -> None:
+        changed = conn.execute(
+            update(_WINDOW)
+            .where(
+                _WINDOW.c.sync_id == sync_id,
+                _WINDOW.c.seq == seq,
+                _WINDOW.c.state == WindowState.PLANNED.value,
+            )
+            .values(resume_vgtid=resume, updated_at=self._clock())
+        ).rowcount
+        if changed != 1:
+            raise CheckpointError(f"sync {sync_id!r} window {seq} left PLANNED while its parts were recorded")
+
+    def parts(self, sync_id: str, seq: int) -> list[Part]:
+        with self.engine.connect() as conn:
+            return self._parts(conn, sync_id, seq)
+
+    def _parts(self, conn: Connection, sync_id: str, seq: int) -> list[Part]:
+        rows = conn.execute(
+            select(_PART).where(_PART.c.sync_id == sync_id, _PART.c.seq == seq).order_by(_PART.c.part_no)
+        )
+        return [Part(r.path, r.table_name, r.row_count, r.byte_count, r.sha256, r.detail or {}) for r in rows]
+
+    def resume_vgtid(self, sync_id: str, seq: int) -> Vgtid | None:
+        """Where a resumed window streams from; None if it never recorded parts."""
+        return self.window(sync_id, seq).resume_vgtid
+
+    # -- progress -----------------------------------------------------------------------------
+
+    def update_progress(
+        self,
+        sync_id: str,
+        seq: int,
+        table: str,
+        rows_known: int | None = None,
+        rows_copied: int | None = None,
+        phase: Phase | str | None = None,
+        key_columns: Sequence[str] | None = None,
+        key_source: str | None = None,
+    ) -> None:
+        """Set the given fields of one table's progress; None leaves a field as it is."""
+        values = progress.changes(rows_known, rows_copied, phase, key_columns, key_source)
+        progress.save(self.engine, self._clock(), sync_id, seq, table, values)
+
+    def progress(self, sync_id: str, seq: int) -> list[TableProgress]:
+        """Every table's progress in the window, by table name; ``.percent`` when count is known."""
+        return progress.load(self.engine, sync_id, seq)
+
+    # -- the per-sync lock --------------------------------------------------------------------
+
+    def lock_holder(self, sync_id: str) -> LockInfo | None:
+        return locking.lock_holder(self.engine, sync_id)
+
+    def acquire_lock(
+        self, sync_id: str, holder: str, stale_after: timedelta = DEFAULT_STALE_AFTER
+    ) -> SyncLock:
+        """Take the sync's lock (or a stale one over); SyncLockedError names the current holder."""
+        return locking.acquire(self.engine, self._clock, sync_id, holder, stale_after)
+
+    def heartbeat(self, sync_id: str, holder: str) -> None:
+        """Refresh ``holder``'s lock; SyncLockedError if it was taken over meanwhile."""
+        locking.heartbeat(self.engine, self._clock(), sync_id, holder)
+
+    def release_lock(self, sync_id: str, holder: str) -> bool:
+        return locking.release(self.engine, sync_id, holder)
+
+    @contextmanager
+    def lock(
+        self, sync_id: str, holder: str, stale_after: timedelta = DEFAULT_STALE_AFTER
+    ) -> Iterator[SyncLock]:
+        """Hold the sync's lock for the block; released on exit, exceptions included.
+
+        ``holder`` should say who to wait for, e.g. ``"dag_id/run_id/try 2"``.
+        """
+        handle = self.acquire_lock(sync_id, holder, stale_after)
+        try:
+            yield handle
+        finally:
+            if not handle.release():
+                log.warning("%r no longer held the lock of sync %r at release", holder, sync_id)
