@@ -1,0 +1,130 @@
+"""The staging location's files: layout, atomic writes, hashing, clean-up (fsspec I/O only).
+
+Layout under a staging location (a local path or any fsspec URL)::
+
+    {location}/{sync_id}/window={window_seq:010d}/_manifest.json
+    {location}/{sync_id}/window={window_seq:010d}/{table}/part-{n:05d}.parquet
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import fsspec
+
+from airflow_provider_vitess.exceptions import StagingError
+
+MANIFEST_NAME = "_manifest.json"
+# Filesystems whose rename is atomic; on the others (object stores) a file is one PUT.
+_RENAME_ATOMIC = frozenset({"file", "local", "hdfs", "viewfs", "arrow_hdfs"})
+_TMP_PREFIX = "._tmp-"
+_CHUNK = 4 << 20
+
+
+def check_name(what: str, name: str) -> str:
+    """A sync id or table name becomes a path component: refuse what would escape it."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise StagingError(f"{what} {name!r} cannot be used as a staging directory name")
+    return name
+
+
+def window_dir(root: str, sync_id: str, window_seq: int) -> str:
+    if window_seq < 0:
+        raise StagingError(f"window seq must be >= 0, got {window_seq}")
+    return f"{root.rstrip('/')}/{check_name('sync id', sync_id)}/window={window_seq:010d}"
+
+
+def open_location(location: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """``(filesystem, root path)`` of a local path or fsspec URL."""
+    fs, root = fsspec.core.url_to_fs(location, **dict(storage_options or {}))
+    return fs, root
+
+
+class HashingSink:
+    """File wrapper handed to ParquetWriter: hashes and counts the bytes as they are written,
+    so a part's sha256 costs no second read."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self._f.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._f.close()
+
+
+def write_atomically(fs: Any, path: str, data: bytes) -> None:
+    """Readers see no file or the whole file: a rename where renames are atomic, else one PUT
+    (S3, GCS and Azure make an object visible all at once or not at all)."""
+    directory = path.rsplit("/", 1)[0]
+    fs.makedirs(directory, exist_ok=True)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if not _RENAME_ATOMIC.intersection(protocols):
+        fs.pipe_file(path, data)
+        return
+    tmp = f"{directory}/{_TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}"
+    fs.pipe_file(tmp, data)
+    try:
+        fs.mv(tmp, path)
+    except BaseException:
+        fs.rm(tmp)
+        raise
+
+
+def next_part_number(fs: Any, table_dir: str) -> int:
+    """One more than the highest ``part-NNNNN`` in ``table_dir`` (1 if none): after a resume the
+    kept parts are there, and a name is never reused."""
+    fs.makedirs(table_dir, exist_ok=True)
+    try:
+        names = [os.path.basename(p) for p in fs.ls(table_dir, detail=False)]
+    except FileNotFoundError:  # object stores have no empty directories
+        names = []
+    numbers = [int(n[5:10]) for n in names if n.startswith("part-") and n[5:10].isdigit()]
+    return max(numbers, default=0) + 1
+
+
+def delete_except(fs: Any, directory: str, keep: Iterable[str]) -> list[str]:
+    """Delete every file under ``directory`` whose relative path is not in ``keep``."""
+    if not fs.exists(directory):
+        return []
+    kept = set(keep)
+    prefix = directory.rstrip("/") + "/"
+    deleted = []
+    for path in sorted(fs.find(directory)):
+        rel = path[len(prefix) :] if path.startswith(prefix) else path
+        if rel not in kept:
+            fs.rm(path)
+            deleted.append(rel)
+    return deleted
+
+
+def sha256_of(fs: Any, path: str) -> tuple[str, int]:
+    """``(hex digest, size)`` of a file, streamed: memory stays small whatever its size."""
+    digest, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size

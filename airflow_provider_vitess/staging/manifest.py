@@ -1,0 +1,455 @@
+"""The staged window's manifest: what a window holds, and the checks and reads built on it.
+
+A window without a manifest does not exist (DESIGN.md): the stager writes its Parquet parts
+first and the manifest last, atomically, so a reader either finds no manifest (nothing to
+merge) or a complete one. Every part is listed with its size, row count and sha256, so
+:func:`verify` can tell a complete window from a damaged one before anything is merged.
+
+The layout of a window's files is in :mod:`airflow_provider_vitess.staging.files`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.exceptions import CorruptStagedDataError, InvalidVgtidError, StagingError
+from airflow_provider_vitess.staging import arrow_types
+from airflow_provider_vitess.staging.files import MANIFEST_NAME, open_location, sha256_of, window_dir
+from airflow_provider_vitess.vgtid import Vgtid
+
+FORMAT_VERSION = 1
+
+
+# -- schema records ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnSchema:
+    """One source column as staged: enough of ``query.Field`` to rebuild its Arrow type."""
+
+    name: str
+    type: str  # query.Type name
+    column_type: str
+    nullable: bool
+    arrow: str
+    charset: int = 0
+    decimals: int = 0
+    column_length: int = 0
+
+    @classmethod
+    def from_field(cls, f: query_pb2.Field) -> ColumnSchema:
+        return cls(
+            name=f.name,
+            type=arrow_types.type_name(f.type),
+            column_type=f.column_type,
+            nullable=arrow_types.is_nullable(f),
+            arrow=str(arrow_types.arrow_type(f)),
+            charset=f.charset,
+            decimals=f.decimals,
+            column_length=f.column_length,
+        )
+
+    def to_field(self) -> query_pb2.Field:
+        return query_pb2.Field(
+            name=self.name,
+            type=self.type,  # the enum accepts its value names
+            column_type=self.column_type,
+            charset=self.charset,
+            decimals=self.decimals,
+            column_length=self.column_length,
+            flags=0 if self.nullable else arrow_types.NOT_NULL_FLAG,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ColumnSchema:
+        return cls(
+            name=_str(d, "name"),
+            type=_str(d, "type"),
+            column_type=_str(d, "column_type"),
+            nullable=_typed(d, "nullable", bool),
+            arrow=_str(d, "arrow"),
+            charset=_int(d, "charset"),
+            decimals=_int(d, "decimals"),
+            column_length=_int(d, "column_length"),
+        )
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A table version: its columns and the key columns whose before image is staged."""
+
+    columns: tuple[ColumnSchema, ...]
+    key_columns: tuple[str, ...]
+
+    @classmethod
+    def from_fields(
+        cls, table: str, fields: Sequence[query_pb2.Field], key_columns: Sequence[str] | None
+    ) -> TableSchema:
+        columns = tuple(ColumnSchema.from_field(f) for f in fields)
+        names = [c.name for c in columns]
+        keys = tuple(key_columns) if key_columns else tuple(names)
+        missing = [k for k in keys if k not in names]
+        if missing:
+            raise StagingError(f"table {table!r}: key column(s) {missing} are not among its columns {names}")
+        return cls(columns, keys)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def fields(self) -> list[query_pb2.Field]:
+        return [c.to_field() for c in self.columns]
+
+    def arrow_schema(self, table: str) -> pa.Schema:
+        return arrow_types.staged_schema(table, self.fields(), self.key_columns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"columns": [c.to_dict() for c in self.columns], "key_columns": list(self.key_columns)}
+
+    def to_json(self) -> str:
+        """Canonical text: equal schemas give equal texts (used as the schema's identity)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TableSchema:
+        cols = _typed(d, "columns", list)
+        keys = _typed(d, "key_columns", list)
+        return cls(tuple(ColumnSchema.from_dict(_obj(c, "column")) for c in cols), tuple(map(str, keys)))
+
+    @classmethod
+    def from_json(cls, text: str) -> TableSchema:
+        return cls.from_dict(_obj(json.loads(text), "schema"))
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """One closed Parquet part; JSON-able (:meth:`to_dict`) for the caller's checkpoint store."""
+
+    table: str
+    path: str  # relative to the window directory: "{table}/part-00001.parquet"
+    rows: int
+    bytes: int
+    sha256: str
+    schema_json: str
+    op_counts: Mapping[str, int] = field(default_factory=dict)
+    keyspaces: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "op_counts": dict(self.op_counts), "keyspaces": list(self.keyspaces)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PartInfo:
+        return cls(
+            table=_str(d, "table"),
+            path=_str(d, "path"),
+            rows=_int(d, "rows"),
+            bytes=_int(d, "bytes"),
+            sha256=_str(d, "sha256"),
+            schema_json=_str(d, "schema_json"),
+            op_counts={str(k): int(v) for k, v in _typed(d, "op_counts", dict).items()},
+            keyspaces=tuple(map(str, _typed(d, "keyspaces", list))),
+        )
+
+
+@dataclass(frozen=True)
+class DdlRecord:
+    keyspace: str
+    shard: str
+    statement: str
+    commit_ts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DdlRecord:
+        return cls(_str(d, "keyspace"), _str(d, "shard"), _str(d, "statement"), _int(d, "commit_ts"))
+
+
+@dataclass(frozen=True)
+class TableManifest:
+    """A table's share of the window. ``parts[i]`` was written with ``schemas[part_schema[i]]``."""
+
+    table: str
+    keyspaces: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    schemas: tuple[TableSchema, ...]
+    parts: tuple[PartInfo, ...]
+    op_counts: Mapping[str, int]
+
+    @property
+    def keyspace(self) -> str:
+        """The first keyspace the table came from (several only across a MoveTables cut-over)."""
+        return self.keyspaces[0] if self.keyspaces else ""
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def schema(self) -> TableSchema:
+        """The latest schema."""
+        return self.schemas[-1]
+
+    def schema_of(self, part: PartInfo) -> TableSchema:
+        """The schema ``part`` was written with."""
+        return next(s for s in self.schemas if s.to_json() == part.schema_json)
+
+    def to_dict(self) -> dict[str, Any]:
+        index = {s.to_json(): i for i, s in enumerate(self.schemas)}
+        return {
+            "keyspaces": list(self.keyspaces),
+            "key_columns": list(self.key_columns),
+            "op_counts": dict(self.op_counts),
+            "schemas": [s.to_dict() for s in self.schemas],
+            "parts": [
+                {
+                    "path": p.path,
+                    "rows": p.rows,
+                    "bytes": p.bytes,
+                    "sha256": p.sha256,
+                    "schema": index[p.schema_json],
+                    "op_counts": dict(p.op_counts),
+                    "keyspaces": list(p.keyspaces),
+                }
+                for p in self.parts
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, table: str, d: Mapping[str, Any]) -> TableManifest:
+        schemas = tuple(TableSchema.from_dict(_obj(s, "schema")) for s in _typed(d, "schemas", list))
+        parts = []
+        for raw in _typed(d, "parts", list):
+            p = _obj(raw, "part")
+            i = _int(p, "schema")
+            path = _str(p, "path")
+            if not path.startswith(f"{table}/") or ".." in path.split("/"):
+                raise ValueError(f"part path {path!r} of table {table!r} is not inside the table's directory")
+            if not 0 <= i < len(schemas):
+                raise ValueError(f"part {p.get('path')!r} refers to schema {i} of {len(schemas)}")
+            parts.append(PartInfo.from_dict({**p, "table": table, "schema_json": schemas[i].to_json()}))
+        return cls(
+            table=table,
+            keyspaces=tuple(map(str, _typed(d, "keyspaces", list))),
+            key_columns=tuple(map(str, _typed(d, "key_columns", list))),
+            schemas=schemas,
+            parts=tuple(parts),
+            op_counts={str(k): int(v) for k, v in _typed(d, "op_counts", dict).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A staged window. ``location``/``storage_options`` say where it was read from or written
+    to; they are not part of the JSON (a window can be moved) nor of equality."""
+
+    sync_id: str
+    window_seq: int
+    start_vgtid: Vgtid
+    stop_vgtid: Vgtid | None
+    end_vgtid: Vgtid
+    tables: Mapping[str, TableManifest]
+    ddls: tuple[DdlRecord, ...] = ()
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+    format_version: int = FORMAT_VERSION
+    location: str = field(default="", compare=False)
+    storage_options: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.tables.values())
+
+    @property
+    def path(self) -> str:
+        """Where the manifest file is, spelled as the location was (a path or a URL)."""
+        return f"{window_dir(self.location, self.sync_id, self.window_seq)}/{MANIFEST_NAME}"
+
+    @property
+    def window_name(self) -> str:
+        return f"{self.sync_id}/window={self.window_seq:010d}"
+
+    def window_path(self) -> tuple[Any, str]:
+        fs, root = open_location(self.location, self.storage_options)
+        return fs, window_dir(root, self.sync_id, self.window_seq)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "sync_id": self.sync_id,
+            "window_seq": self.window_seq,
+            "start_vgtid": json.loads(self.start_vgtid.to_json()),
+            "stop_vgtid": None if self.stop_vgtid is None else json.loads(self.stop_vgtid.to_json()),
+            "end_vgtid": json.loads(self.end_vgtid.to_json()),
+            "created_at": self.created_at,
+            "tables": {name: t.to_dict() for name, t in self.tables.items()},
+            "ddls": [d.to_dict() for d in self.ddls],
+            "stats": dict(self.stats),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "manifest") -> Manifest:
+        """Parse; any problem is a :class:`CorruptStagedDataError` naming ``source``."""
+        try:
+            d = _obj(json.loads(text), "manifest")
+            version = _int(d, "format_version")
+            if version != FORMAT_VERSION:
+                raise ValueError(
+                    f"format_version {version} is not {FORMAT_VERSION} (written by a newer provider?)"
+                )
+            stop = d.get("stop_vgtid")
+            return cls(
+                sync_id=_str(d, "sync_id"),
+                window_seq=_int(d, "window_seq"),
+                start_vgtid=Vgtid.from_json(json.dumps(d["start_vgtid"])),
+                stop_vgtid=None if stop is None else Vgtid.from_json(json.dumps(stop)),
+                end_vgtid=Vgtid.from_json(json.dumps(d["end_vgtid"])),
+                tables={
+                    str(name): TableManifest.from_dict(str(name), _obj(t, "table"))
+                    for name, t in _typed(d, "tables", dict).items()
+                },
+                ddls=tuple(DdlRecord.from_dict(_obj(x, "ddl")) for x in _typed(d, "ddls", list)),
+                stats=_typed(d, "stats", dict),
+                created_at=_str(d, "created_at"),
+                format_version=version,
+            )
+        except (ValueError, KeyError, TypeError, InvalidVgtidError) as exc:
+            problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise CorruptStagedDataError(f"{source} is not a valid staging manifest: {problem}") from None
+
+
+def _obj(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"a {what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _typed(d: Mapping[str, Any], key: str, type_: type) -> Any:
+    value = d[key]
+    if not isinstance(value, type_) or (type_ is int and isinstance(value, bool)):
+        raise ValueError(f"{key!r} must be a {type_.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str) -> str:
+    return str(_typed(d, key, str))
+
+
+def _int(d: Mapping[str, Any], key: str) -> int:
+    return int(_typed(d, key, int))
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def load_manifest(
+    location: str, sync_id: str, window_seq: int, *, storage_options: Mapping[str, Any] | None = None
+) -> Manifest | None:
+    """The window's manifest, or None when it has none (the window was never staged)."""
+    fs, root = open_location(location, storage_options)
+    path = f"{window_dir(root, sync_id, window_seq)}/{MANIFEST_NAME}"
+    try:
+        text = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    manifest = Manifest.from_json(text, source=f"manifest {path}")
+    if (manifest.sync_id, manifest.window_seq) != (sync_id, window_seq):
+        raise CorruptStagedDataError(
+            f"manifest {path} is for sync {manifest.sync_id!r} window {manifest.window_seq}, "
+            f"not sync {sync_id!r} window {window_seq}"
+        )
+    return replace(manifest, location=location, storage_options=storage_options)
+
+
+def _corrupt(manifest: Manifest, part: PartInfo, problem: str) -> CorruptStagedDataError:
+    where = part.path
+    if manifest.location:
+        where = f"{window_dir(manifest.location, manifest.sync_id, manifest.window_seq)}/{part.path}"
+    return CorruptStagedDataError(
+        f"staged window {manifest.window_name} table {part.table!r}: part file {where} {problem}"
+    )
+
+
+def _check_bytes(manifest: Manifest, part: PartInfo, size: int, digest: str) -> None:
+    if size != part.bytes:
+        raise _corrupt(manifest, part, f"has {size} bytes, the manifest says {part.bytes}")
+    if digest != part.sha256:
+        raise _corrupt(manifest, part, f"has sha256 {digest}, the manifest says {part.sha256}")
+
+
+def _parts(manifest: Manifest, tables: Iterable[str] | None) -> list[PartInfo]:
+    names = list(manifest.tables) if tables is None else list(tables)
+    for name in names:
+        if name not in manifest.tables:
+            raise StagingError(f"staged window {manifest.window_name} has no table {name!r}")
+    return [p for name in names for p in manifest.tables[name].parts]
+
+
+def verify(manifest: Manifest, tables: Iterable[str] | None = None) -> None:
+    """Recompute size, sha256 and row count of every part (of ``tables``, default all).
+
+    Raises :class:`CorruptStagedDataError` naming the window, table and file on any mismatch.
+    Streams the files, so memory stays small whatever their size.
+    """
+    fs, wdir = manifest.window_path()
+    for part in _parts(manifest, tables):
+        path = f"{wdir}/{part.path}"
+        try:
+            digest, size = sha256_of(fs, path)
+        except FileNotFoundError:
+            raise _corrupt(manifest, part, "is missing") from None
+        _check_bytes(manifest, part, size, digest)
+        try:
+            with fs.open(path, "rb") as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise _corrupt(manifest, part, f"is not readable Parquet: {exc}") from None
+        if rows != part.rows:
+            raise _corrupt(manifest, part, f"has {rows} rows, the manifest says {part.rows}")
+
+
+def read_table(manifest: Manifest, table: str, *, check: bool = True) -> pa.Table:
+    """All staged rows of ``table`` in ``_seq`` order, parts of several schemas unified.
+
+    With ``check`` (default) each part's size and sha256 are verified on the bytes read. Meant
+    for consumers that load a table whole (tests, small windows); Spark reads the files itself.
+    """
+    fs, wdir = manifest.window_path()
+    tm = manifest.tables.get(table)
+    if tm is None:
+        raise StagingError(f"staged window {manifest.window_name} has no table {table!r}")
+    pieces = []
+    for part in tm.parts:
+        try:
+            data = fs.cat_file(f"{wdir}/{part.path}")
+        except FileNotFoundError:
+            raise _corrupt(manifest, part, "is missing") from None
+        if check:
+            _check_bytes(manifest, part, len(data), hashlib.sha256(data).hexdigest())
+        try:
+            piece = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as exc:
+            raise _corrupt(manifest, part, f"is not readable Parquet: {exc}") from None
+        if piece.num_rows != part.rows:
+            raise _corrupt(manifest, part, f"has {piece.num_rows} rows, the manifest says {part.rows}")
+        pieces.append(piece.replace_schema_metadata(None))
+    if not pieces:
+        return tm.schema.arrow_schema(table).empty_table()
+    # A later schema may add columns or widen types; older parts read as NULL for new columns.
+    out = pa.concat_tables(pieces, promote_options="permissive")
+    return out.sort_by(arrow_types.SEQ)

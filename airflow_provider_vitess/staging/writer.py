@@ -1,0 +1,435 @@
+"""Streaming Parquet staging of one window's changes, in bounded memory.
+
+Per table version (one schema) rows go through three stages: ``add_change`` appends them to a
+:class:`~airflow_provider_vitess.staging.buffer.RowBuffer` (no per-value work: the hot path);
+when the buffer's estimated Python footprint passes ``min(row_group_bytes, 16 MiB)`` it becomes
+an Arrow record batch; when the batches pass ``row_group_bytes`` (Arrow's exact ``nbytes``) they
+are written to the table's open part file as one row group. So memory holds at most one Python
+batch and one row group per table version, and a global bound (``max_buffered_bytes``) flushes
+the biggest buffers early when many tables are active.
+
+``checkpoint()`` closes the open part files and returns them (the caller records them with a
+VGTID, so a killed process can resume and keep them); ``finish()`` writes the manifest last.
+The manifest is written atomically: on filesystems with an atomic rename (local, HDFS) to a
+temporary name then renamed; on object stores (S3, GCS, Azure) with a single PUT, which those
+stores make visible all at once or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.exceptions import StagingError
+from airflow_provider_vitess.staging import arrow_types
+from airflow_provider_vitess.staging.buffer import RowBuffer
+from airflow_provider_vitess.staging.files import (
+    MANIFEST_NAME,
+    HashingSink,
+    check_name,
+    delete_except,
+    next_part_number,
+    open_location,
+    window_dir,
+    write_atomically,
+)
+from airflow_provider_vitess.staging.manifest import (
+    DdlRecord,
+    Manifest,
+    PartInfo,
+    TableManifest,
+    TableSchema,
+)
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.events import Operation
+
+_PY_BATCH_MAX = 16 << 20  # Python rows held before they become an Arrow batch
+
+
+@dataclass
+class _OpenPart:
+    path: str  # relative to the window directory
+    sink: HashingSink
+    writer: pq.ParquetWriter
+    rows: int = 0
+
+
+@dataclass
+class _TableState:
+    keyspaces: dict[str, None] = field(default_factory=dict)
+    schemas: dict[str, TableSchema] = field(default_factory=dict)  # json -> schema, first seen first
+    buffers: dict[str, RowBuffer] = field(default_factory=dict)  # schema json -> live buffer
+    next_part: int | None = None  # unknown until the table's directory is listed
+
+
+class WindowStager:
+    """Stages one window's changes as Parquet parts plus a manifest (see the module docstring).
+
+    ``key_columns`` maps table -> the columns whose before image is staged (the unique key);
+    a table not in it gets every column. ``max_buffered_bytes`` (default 4 x
+    ``row_group_bytes``) bounds the rows held in memory over all tables.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        sync_id: str,
+        window_seq: int,
+        *,
+        key_columns: Mapping[str, Sequence[str]] | None = None,
+        row_group_bytes: int = 64 << 20,
+        max_buffered_bytes: int | None = None,
+        compression: str = "snappy",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if row_group_bytes <= 0:
+            raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
+        self.location = location
+        self.sync_id = check_name("sync id", sync_id)
+        self.window_seq = window_seq
+        self._storage_options = storage_options
+        self._fs, root = open_location(location, storage_options)
+        self._dir = window_dir(root, sync_id, window_seq)
+        self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
+        self._row_group_bytes = row_group_bytes
+        self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
+        self._max_buffered = max_buffered_bytes or 4 * row_group_bytes
+        self._compression = compression
+        self._tables: dict[str, _TableState] = {}
+        # table -> keyspace -> shard ("" = every shard) -> buffer. Nested rather than keyed by a
+        # (keyspace, shard, table) tuple: building and hashing that tuple per row costs more.
+        self._routes: dict[str, dict[str, dict[str, RowBuffer]]] = {}
+        self._open: dict[RowBuffer, _OpenPart] = {}
+        self._closed: list[PartInfo] = []  # closed since the last checkpoint
+        self._all_parts: list[PartInfo] = []  # every part this stager closed
+        self._own_files: list[str] = []  # relative paths this stager created
+        self._ddls: list[DdlRecord] = []
+        self._buffered = 0
+        self._manifest: Manifest | None = None
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated bytes of rows held in memory (Python rows plus Arrow batches)."""
+        return self._buffered
+
+    def set_schema(
+        self, keyspace: str, table: str, fields: Sequence[query_pb2.Field], shard: str = ""
+    ) -> None:
+        """A FIELD event: later rows of ``table`` from ``keyspace`` (and ``shard``) use ``fields``.
+
+        Pass the FIELD event's ``shard``: shards switch schema at different moments during a
+        DDL, so each (keyspace, shard) routes to its own table version. Without a shard the
+        schema applies to every shard of the keyspace (and replaces their own). The same
+        schema again is a no-op; a version no shard uses any more has its part file closed,
+        and a new version starts a new part.
+        """
+        self._check_open()
+        check_name("table", table)
+        schema = TableSchema.from_fields(table, fields, self._key_columns.get(table))
+        state = self._tables.setdefault(table, _TableState())
+        state.keyspaces.setdefault(keyspace, None)
+        key = schema.to_json()
+        buf = state.buffers.get(key)
+        if buf is None:
+            state.schemas.setdefault(key, schema)
+            buf = state.buffers[key] = RowBuffer(table, schema)
+        shards = self._routes.setdefault(table, {}).setdefault(keyspace, {})
+        if shards.get(shard) is buf and shard:
+            return
+        if not shard:
+            shards.clear()  # keyspace-wide: replaces the shards' own (and those cached by _route)
+        shards[shard] = buf
+        live = {id(b) for by_shard in self._routes[table].values() for b in by_shard.values()}
+        for k, b in list(state.buffers.items()):
+            if id(b) not in live:
+                self._close_part(b)
+                del state.buffers[k]
+
+    def add_change(
+        self,
+        keyspace: str,
+        table: str,
+        shard: str,
+        op: Operation,
+        commit_ts: int,
+        seq: int,
+        before: tuple[Any, ...] | None,
+        after: tuple[Any, ...] | None,
+    ) -> None:
+        """Buffer one row change; ``seq`` orders it in the window (strictly increasing)."""
+        try:
+            buf = self._routes[table][keyspace][shard]
+        except KeyError:
+            buf = self._route(keyspace, shard, table)
+        flat = buf.flat
+        flat += (
+            op,
+            keyspace,
+            shard,
+            commit_ts,
+            seq,
+            buf.null_after if after is None else after,
+            buf.null_before if before is None else (before if buf.key_all else buf.key_of(before)),
+        )
+        if len(flat) >= buf.next_check:
+            self._check(buf)
+
+    def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None:
+        self._check_open()
+        self._ddls.append(DdlRecord(keyspace, shard, statement, commit_ts))
+
+    def _route(self, keyspace: str, shard: str, table: str) -> RowBuffer:
+        shards = self._routes.get(table, {}).get(keyspace, {})
+        buf = shards.get("")
+        if buf is not None:
+            shards[shard] = buf  # cache the keyspace-wide route under the shard
+            return buf
+        self._check_open()
+        raise StagingError(
+            f"row of table {table!r} (keyspace {keyspace!r}, shard {shard!r}) arrived before its "
+            "schema: call set_schema with the table's FIELD event first"
+        )
+
+    # -- memory bound --------------------------------------------------------------------------
+
+    def _check(self, buf: RowBuffer) -> None:
+        """Sample the buffer's footprint; convert, write or flush when over a bound."""
+        self._buffered += buf.sample(self._py_limit)
+        if buf.py_bytes >= self._py_limit:
+            self._buffered += buf.to_batch()
+            if buf.arrow_bytes >= self._row_group_bytes:
+                self._write_row_group(buf)
+        while self._buffered > self._max_buffered:
+            biggest = max(
+                (b for s in self._tables.values() for b in s.buffers.values()), key=lambda b: b.buffered
+            )
+            if not biggest.buffered:
+                return
+            self._buffered += biggest.to_batch()
+            self._write_row_group(biggest)
+
+    # -- part files ----------------------------------------------------------------------------
+
+    def _write_row_group(self, buf: RowBuffer) -> None:
+        size = buf.arrow_bytes
+        table = buf.take_batches()
+        if table is None:
+            return
+        self._buffered -= size
+        part = self._open.get(buf) or self._open_part(buf)
+        try:
+            part.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        except OSError as exc:
+            raise StagingError(f"cannot write staged part {self._dir}/{part.path}: {exc}") from exc
+        part.rows += table.num_rows
+
+    def _open_part(self, buf: RowBuffer) -> _OpenPart:
+        state = self._tables[buf.table]
+        if state.next_part is None:
+            state.next_part = next_part_number(self._fs, f"{self._dir}/{buf.table}")
+        path = f"{buf.table}/part-{state.next_part:05d}.parquet"
+        state.next_part += 1
+        self._own_files.append(path)
+        meta = {"sync_id": self.sync_id, "window_seq": self.window_seq, "table": buf.table}
+        meta["schema"] = buf.schema.to_dict()
+        try:
+            sink = HashingSink(self._fs.open(f"{self._dir}/{path}", "wb"))
+            writer = pq.ParquetWriter(
+                sink,
+                buf.arrow_schema.with_metadata({b"vitess.staging": json.dumps(meta).encode()}),
+                compression=self._compression,
+                # Dictionaries and statistics on every column cost 3x the write time; keep
+                # them where they pay: repeated values, and the ordering columns.
+                use_dictionary=buf.dictionary_columns,
+                write_statistics=[arrow_types.COMMIT_TS, arrow_types.SEQ],
+            )
+        except OSError as exc:
+            raise StagingError(f"cannot create staged part {self._dir}/{path}: {exc}") from exc
+        part = self._open[buf] = _OpenPart(path, sink, writer)
+        return part
+
+    def _close_part(self, buf: RowBuffer) -> None:
+        """Flush what is buffered and close the part file (the next row opens a new one)."""
+        self._buffered += buf.to_batch()
+        self._write_row_group(buf)
+        part = self._open.pop(buf, None)
+        if part is None:
+            return
+        try:
+            part.writer.close()
+            part.sink.close()
+        except OSError as exc:
+            raise StagingError(f"cannot close staged part {self._dir}/{part.path}: {exc}") from exc
+        info = PartInfo(
+            table=buf.table,
+            path=part.path,
+            rows=part.rows,
+            bytes=part.sink.size,
+            sha256=part.sink.sha.hexdigest(),
+            schema_json=buf.schema_json,
+            op_counts=dict(sorted(buf.op_counts.items())),
+            keyspaces=tuple(buf.keyspaces),
+        )
+        buf.reset_counts()
+        self._closed.append(info)
+        self._all_parts.append(info)
+
+    # -- checkpoint, finish, abort -------------------------------------------------------------
+
+    def checkpoint(self) -> list[PartInfo]:
+        """Close every open part; return the parts closed since the last checkpoint."""
+        self._check_open()
+        for state in self._tables.values():
+            for buf in state.buffers.values():
+                self._close_part(buf)
+        closed, self._closed = self._closed, []
+        return closed
+
+    def finish(
+        self,
+        start_vgtid: Vgtid,
+        stop_vgtid: Vgtid | None,
+        end_vgtid: Vgtid,
+        *,
+        parts: Sequence[PartInfo] = (),
+        ddls: Sequence[DdlRecord] = (),
+        stats: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """Close all parts and write the manifest, last and atomically.
+
+        The manifest lists ``parts`` (committed before a resume, from the caller's checkpoint
+        store) and every part this stager closed; a part given in both is listed once.
+        ``ddls`` are DDLs recorded before a resume, listed before this stager's own.
+        """
+        self.checkpoint()
+        listed: dict[str, PartInfo] = {}
+        for part in (*parts, *self._all_parts):
+            seen = listed.setdefault(part.path, part)
+            if seen.sha256 != part.sha256:
+                raise StagingError(
+                    f"window {self.sync_id}/{self.window_seq}: part {part.path} is listed twice with "
+                    f"different checksums ({seen.sha256} and {part.sha256})"
+                )
+        manifest = Manifest(
+            sync_id=self.sync_id,
+            window_seq=self.window_seq,
+            start_vgtid=start_vgtid,
+            stop_vgtid=stop_vgtid,
+            end_vgtid=end_vgtid,
+            tables=self._table_manifests(list(listed.values())),
+            ddls=(*ddls, *self._ddls),
+            stats=dict(stats or {}),
+            created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            location=self.location,
+            storage_options=self._storage_options,
+        )
+        try:
+            text = manifest.to_json()
+        except (TypeError, ValueError) as exc:
+            raise StagingError(f"window {self.sync_id}/{self.window_seq}: stats are not JSON: {exc}") from exc
+        self._write_manifest(text.encode())
+        self._manifest = manifest
+        self._routes.clear()  # add_change now fails: a staged window is immutable
+        self._own_files = []
+        return manifest
+
+    def _table_manifests(self, parts: Sequence[PartInfo]) -> dict[str, TableManifest]:
+        by_table: dict[str, list[PartInfo]] = {}
+        for p in parts:
+            by_table.setdefault(p.table, []).append(p)
+        for name in self._tables:
+            by_table.setdefault(name, [])
+        out = {}
+        for name in sorted(by_table):
+            tparts = sorted(by_table[name], key=lambda p: p.path)
+            state = self._tables.get(name, _TableState())
+            schemas: dict[str, TableSchema] = {}
+            for p in tparts:
+                if p.schema_json not in schemas:
+                    schemas[p.schema_json] = TableSchema.from_json(p.schema_json)
+            for key, schema in state.schemas.items():
+                schemas.setdefault(key, schema)
+            keyspaces = dict.fromkeys(ks for p in tparts for ks in p.keyspaces)
+            keyspaces.update(state.keyspaces)
+            ops: Counter[str] = Counter()
+            for p in tparts:
+                ops.update(p.op_counts)
+            latest = list(schemas.values())[-1]
+            out[name] = TableManifest(
+                table=name,
+                keyspaces=tuple(keyspaces),
+                key_columns=latest.key_columns,
+                schemas=tuple(schemas.values()),
+                parts=tuple(tparts),
+                op_counts=dict(sorted(ops.items())),
+            )
+        return out
+
+    def _write_manifest(self, data: bytes) -> None:
+        final = f"{self._dir}/{MANIFEST_NAME}"
+        if self._fs.exists(final):
+            raise StagingError(
+                f"window {self.sync_id}/{self.window_seq} already has a manifest ({final}): a staged "
+                "window is immutable; merge it instead of staging it again"
+            )
+        write_atomically(self._fs, final, data)
+
+    def abort(self, *, keep_checkpointed: bool = False) -> None:
+        """Close and delete this stager's files that no manifest lists.
+
+        With ``keep_checkpointed`` the parts already returned by :meth:`checkpoint` stay (the
+        caller recorded them to resume); otherwise they go too. No-op after :meth:`finish`.
+        """
+        if self._manifest is not None:
+            return
+        keep = {p.path for p in self._all_parts if p not in self._closed} if keep_checkpointed else set()
+        for part in self._open.values():
+            for closer in (part.writer, part.sink):
+                with contextlib.suppress(Exception):  # the file is deleted next anyway
+                    closer.close()
+        self._open.clear()
+        for rel in self._own_files:
+            if rel not in keep and self._fs.exists(f"{self._dir}/{rel}"):
+                self._fs.rm(f"{self._dir}/{rel}")
+        self._own_files = [r for r in self._own_files if r in keep]
+        self._tables.clear()
+        self._routes.clear()
+        self._buffered = 0
+
+    @staticmethod
+    def discard_uncommitted(
+        location: str,
+        sync_id: str,
+        window_seq: int,
+        keep: Iterable[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """On resume: delete the window's files not in ``keep`` (paths relative to the window
+        directory, as in :attr:`PartInfo.path`). Returns the deleted relative paths.
+
+        Refuses on a window that has a manifest: its files are immutable.
+        """
+        fs, root = open_location(location, storage_options)
+        wdir = window_dir(root, sync_id, window_seq)
+        if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
+            raise StagingError(
+                f"window {sync_id}/{window_seq} has a manifest: its files are committed, not discarded"
+            )
+        return delete_except(fs, wdir, keep)
+
+    def _check_open(self) -> None:
+        if self._manifest is not None:
+            raise StagingError(
+                f"window {self.sync_id}/{self.window_seq} is finished: its files are immutable"
+            )
