@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 class Stager(Protocol):
     """What a read hands its changes to (``airflow_provider_vitess.staging.WindowStager``)."""
 
-    def set_schema(self, keyspace: str, table: str, fields: Sequence[Any]) -> None: ...
+    def set_schema(self, keyspace: str, table: str, fields: Sequence[Any], shard: str = "") -> None: ...
 
     def add_change(
         self,
@@ -251,7 +251,8 @@ class WindowReader:
             for event in unit.events:
                 if isinstance(event, FieldEvent):
                     if not event.is_internal_table:
-                        self._stager.set_schema(event.keyspace, event.table, event.fields)
+                        # Per shard: during a DDL, shards switch schema at different moments.
+                        self._stager.set_schema(event.keyspace, event.table, event.fields, shard=event.shard)
                 elif isinstance(event, RowEvent):
                     if event.is_internal_table:
                         continue

@@ -80,7 +80,7 @@ class ListStager:
         self.schemas: dict[tuple[str, str], list[str]] = {}
         self.ddls: list[str] = []
 
-    def set_schema(self, keyspace: str, table: str, fields: Sequence[Any]) -> None:
+    def set_schema(self, keyspace: str, table: str, fields: Sequence[Any], shard: str = "") -> None:
         self.schemas[(keyspace, table)] = [f.name for f in fields]
 
     def add_change(

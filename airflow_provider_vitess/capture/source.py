@@ -1,0 +1,60 @@
+"""Questions asked of the source through vtgate's MySQL port: which keyspaces and tables exist,
+and how many rows a table has (the ``rows_known`` of snapshot progress).
+
+Names from users only ever reach SQL text as quoted identifiers.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import sqlalchemy
+
+from airflow_provider_vitess.exceptions import UnknownKeyspaceError, UnknownTableError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+
+_SYSTEM_SCHEMAS = {"information_schema", "mysql", "performance_schema", "sys", "_vt"}
+
+
+def _hint(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def quote(hook: VitessHook, identifier: str) -> str:
+    return str(hook.engine.dialect.identifier_preparer.quote_identifier(identifier))
+
+
+def list_keyspaces(hook: VitessHook) -> list[str]:
+    with hook.connect_sql() as conn:
+        names = [row[0] for row in conn.execute(sqlalchemy.text("SHOW DATABASES"))]
+    return sorted(n for n in names if n not in _SYSTEM_SCHEMAS)
+
+
+def list_tables(hook: VitessHook, keyspace: str) -> list[str]:
+    with hook.connect_sql() as conn:
+        rows = conn.execute(sqlalchemy.text(f"SHOW TABLES FROM {quote(hook, keyspace)}"))
+        return sorted(row[0] for row in rows)
+
+
+def validate(hook: VitessHook, keyspace: str, tables: list[str]) -> None:
+    """Raises an error naming the keyspace or the tables that vtgate does not know."""
+    keyspaces = list_keyspaces(hook)
+    if keyspace not in keyspaces:
+        raise UnknownKeyspaceError(
+            f"keyspace {keyspace!r} does not exist in vtgate {hook.config.mysql_target} "
+            f"(keyspaces: {', '.join(keyspaces) or 'none'}){_hint(keyspace, keyspaces)}"
+        )
+    known = list_tables(hook, keyspace)
+    missing = [t for t in tables if t not in known]
+    if missing:
+        hints = "".join(_hint(t, known) for t in missing[:1])
+        raise UnknownTableError(
+            f"table(s) {', '.join(map(repr, missing))} do not exist in keyspace {keyspace!r}{hints}"
+        )
+
+
+def count_rows(hook: VitessHook, keyspace: str, table: str) -> int:
+    sql = f"SELECT COUNT(*) FROM {quote(hook, keyspace)}.{quote(hook, table)}"
+    with hook.connect_sql() as conn:
+        return int(conn.execute(sqlalchemy.text(sql)).scalar_one())

@@ -1,0 +1,48 @@
+"""Runs one capture (snapshot or catch-up window) in a process of its own, so tests can SIGKILL it.
+
+Usage: python -m tests.integration.capture_child snapshot|catchup <spec json>
+The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
+Prints one JSON line with the outcome when it finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import timedelta
+
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.vstream.window import ReadBounds
+
+
+def main() -> None:
+    kind, raw = sys.argv[1], json.loads(sys.argv[2])
+    os.environ.update(raw["env"])
+    logging.basicConfig(level=logging.INFO)
+    spec = SyncSpec(
+        sync_id=raw["sync_id"],
+        keyspace=raw["keyspace"],
+        tables=tuple(raw["tables"]),
+        staging_location=raw["staging"],
+    )
+    store = CheckpointStore(raw["store_url"])
+    runner = CaptureRunner(
+        VitessHook(raw["conn_id"]),
+        store,
+        spec,
+        holder=f"pid {os.getpid()}",
+        lock_stale_after=timedelta(seconds=raw.get("lock_stale_seconds", 120)),
+    )
+    if kind == "snapshot":
+        outcome = runner.snapshot(checkpoint_every_rows=raw.get("checkpoint_every_rows", 5000))
+    else:
+        outcome = runner.catch_up(ReadBounds(max_events=raw.get("max_events")))
+    print(json.dumps({"seq": outcome.seq, "resumed": outcome.resumed}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
