@@ -201,12 +201,12 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
     assert resumed == [True]
 
     hook = VitessHook("vitess_big")
-    store = CheckpointStore(spec["store_url"])
+    store = CheckpointStore(str(spec["store_url"]))
     window = store.window("snap-kill", 1)
     assert window.state is WindowState.STAGED
     from airflow_provider_vitess.staging import load_manifest
 
-    manifest = load_manifest(spec["staging"], "snap-kill", 1)
+    manifest = load_manifest(str(spec["staging"]), "snap-kill", 1)
     assert manifest is not None
     for table in ("big", "product"):
         staged, n = _staged(manifest, table)
