@@ -31,13 +31,22 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 _ABSOLUTE_IMPORT = re.compile(r"^import (?P<mod>\w+_pb2) as (?P<alias>\w+)$", re.MULTILINE)
 
 
+# protoc also names the module its message classes claim to live in ("query_pb2"); pickle looks
+# classes up by that name, so it must be the real, importable one.
+_MODULE_NAME = re.compile(r"BuildTopDescriptorsAndMessages\(DESCRIPTOR, '(?P<mod>\w+_pb2)', _globals\)")
+PACKAGE = "airflow_provider_vitess._proto"
+
+
 def _relativize(text: str, local_modules: set[str]) -> str:
     def repl(match: re.Match[str]) -> str:
         if match["mod"] not in local_modules:
             return match[0]
         return f"from . import {match['mod']} as {match['alias']}"
 
-    return _ABSOLUTE_IMPORT.sub(repl, text)
+    def module(match: re.Match[str]) -> str:
+        return f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{PACKAGE}.{match['mod']}', _globals)"
+
+    return _MODULE_NAME.sub(module, _ABSOLUTE_IMPORT.sub(repl, text))
 
 
 def generate_protos() -> list[Path]:

@@ -28,7 +28,7 @@ from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgr
 from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest
+from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
@@ -142,6 +142,23 @@ class CaptureRunner:
             )
         return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
 
+    def _adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
+        """A run killed between writing the manifest and recording STAGED left a complete window:
+        the manifest is written last, so its existence means every part is there. Record it."""
+        manifest = load_manifest(
+            self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
+        )
+        if manifest is None:
+            return None
+        verify(manifest)
+        self.store.mark_staged(
+            self.spec.sync_id, seq, manifest.end_vgtid, manifest.path, dict(manifest.stats)
+        )
+        log.info(
+            "sync %r window %d was staged by a run that stopped before recording it", self.spec.sync_id, seq
+        )
+        return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
+
     def _check_keyspace(self, vgtid: Vgtid, what: str) -> None:
         other = sorted(set(vgtid.keyspaces) - {self.spec.keyspace})
         if other:
@@ -176,6 +193,9 @@ class CaptureRunner:
 
     def _run_snapshot(self, seq: int, start: Vgtid, resumed: bool, every: int) -> WindowOutcome:
         spec = self.spec
+        adopted = self._adopt_written_manifest(seq, WindowKind.SNAPSHOT) if resumed else None
+        if adopted is not None:
+            return adopted
         kept = self.store.parts(spec.sync_id, seq)
         WindowStager.discard_uncommitted(
             spec.staging_location,
@@ -287,6 +307,9 @@ class CaptureRunner:
                 if window.stop_vgtid is None:
                     raise CheckpointError(f"sync {spec.sync_id!r} catch-up window {seq} has no stop position")
                 stop = window.stop_vgtid
+            adopted = self._adopt_written_manifest(seq, WindowKind.CATCHUP) if resumed else None
+            if adopted is not None:
+                return adopted
             # A catch-up window is short: a rerun reads it again from its start, whole.
             WindowStager.discard_uncommitted(
                 spec.staging_location, spec.sync_id, seq, [], storage_options=spec.storage_options

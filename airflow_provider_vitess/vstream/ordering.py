@@ -13,7 +13,8 @@ Two pieces, both pure:
 * :class:`ShardMerger` buffers units per shard and releases them in merged order as soon as no
   other shard can still produce an earlier unit: its watermark (the commit time of its latest
   unit, or a vtgate heartbeat when it has nothing open) has passed. Memory is bounded: past
-  ``max_buffered_rows`` the earliest unit is released anyway and counted as *forced*.
+  ``max_buffered_rows`` buffered units (and, in the assembler, large transactions as they arrive)
+  move to temporary files (:mod:`.spill`), so the order never depends on memory.
 
 Checkpoint positions come from released units only (:meth:`ShardMerger.released_positions`):
 vtgate's own VGTID also covers shards whose units are still buffered here, so checkpointing it
@@ -37,6 +38,7 @@ from airflow_provider_vitess.vstream.events import (
     VgtidEvent,
     VStreamEvent,
 )
+from airflow_provider_vitess.vstream.spill import SpillableEvents
 
 ShardKey = tuple[str, str]  # (keyspace, shard)
 
@@ -50,7 +52,8 @@ class ShardTransaction:
     commit_ts: int  # seconds, as the source stamped it (0 when the stream gives none)
     order_ts: int  # commit_ts made non-decreasing per shard: what the merge orders by
     shard_pos: int  # ordinal of this unit within its shard since the merger started
-    events: list[VStreamEvent] = field(default_factory=list)  # FIELD/ROW/DDL/... (no BEGIN/COMMIT/VGTID)
+    # FIELD/ROW/DDL/... in shard order (no BEGIN/COMMIT/VGTID); may live on disk (see spill)
+    events: SpillableEvents = field(default_factory=SpillableEvents)
     position: binlogdata_pb2.ShardGtid | None = None  # the shard's position after this unit
     rows: int = 0
 
@@ -65,7 +68,7 @@ class ShardTransaction:
 
 @dataclass(slots=True)
 class _Open:
-    events: list[VStreamEvent] = field(default_factory=list)
+    events: SpillableEvents = field(default_factory=SpillableEvents)
     commit_ts: int = 0
     rows: int = 0
     in_transaction: bool = False
@@ -79,8 +82,9 @@ class TransactionAssembler:
     (they belong to no shard).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, spill_rows: int = 20_000) -> None:
         self._open: dict[ShardKey, _Open] = {}
+        self._spill_rows = spill_rows  # a transaction larger than this goes to disk as it arrives
 
     def open_shards(self) -> set[ShardKey]:
         """Shards with a transaction begun and not yet committed."""
@@ -104,9 +108,11 @@ class TransactionAssembler:
             return [] if unit.in_transaction else self._close(key)
         if isinstance(event, CommitEvent):
             return self._close(key)
-        unit.events.append(event)
-        if isinstance(event, RowEvent):
-            unit.rows += len(event.changes)
+        rows = len(event.changes) if isinstance(event, RowEvent) else 0
+        unit.events.append(event, rows)
+        unit.rows += rows
+        if unit.events.memory_rows > self._spill_rows:
+            unit.events.spill()
         if isinstance(event, CopyCompletedEvent | JournalEvent) and not unit.in_transaction:
             return self._close(key)  # markers: keep them in their shard's order, release promptly
         return []
@@ -130,7 +136,7 @@ class TransactionAssembler:
 @dataclass
 class MergeStats:
     max_skew_seconds: int = 0  # largest gap between the most and least advanced active shard
-    forced_releases: int = 0  # units released before it was provably safe (buffer full)
+    spilled_units: int = 0  # units moved to disk to keep the buffer under its bound
     late_units: int = 0  # units that arrived after a later one had been released
     units_released: int = 0
     rows_released: int = 0
@@ -140,13 +146,22 @@ class ShardMerger:
     """K-way merge of per-shard units by ``(order_ts, keyspace, shard, shard_pos)``.
 
     :param shards: the shards that must be waited for (``mark_done`` releases one of them).
-    :param max_buffered_rows: memory bound; past it the earliest unit is released anyway.
+    :param max_buffered_rows: rows held in memory; past it, buffered units move to disk (the
+        order is never given up for memory).
     :param heartbeat_grace: seconds a shard may still lag behind a vtgate heartbeat.
+    :param ordered: False passes units through in arrival order (a snapshot's copy: copied keys
+        are disjoint across shards, and each shard's own order is kept anyway).
     """
 
     def __init__(
-        self, shards: Iterable[ShardKey], *, max_buffered_rows: int = 50_000, heartbeat_grace: int = 1
+        self,
+        shards: Iterable[ShardKey],
+        *,
+        max_buffered_rows: int = 50_000,
+        heartbeat_grace: int = 1,
+        ordered: bool = True,
     ) -> None:
+        self._ordered = ordered  # False: units pass straight through, in arrival order
         self._queues: dict[ShardKey, deque[ShardTransaction]] = {k: deque() for k in shards}
         self._watermark: dict[ShardKey, int] = {}
         self._next_pos: dict[ShardKey, int] = {}
@@ -176,8 +191,11 @@ class ShardMerger:
         if self._last_released is not None and unit.sort_key < self._last_released:
             self.stats.late_units += 1
         queue.append(unit)
-        self._buffered_rows += unit.rows
+        self._buffered_rows += unit.events.memory_rows
         self._note_skew()
+        if not self._ordered:
+            yield self._pop(unit)
+            return
         yield from self._release()
 
     def heartbeat(self, timestamp: int, open_shards: set[ShardKey]) -> Iterator[ShardTransaction]:
@@ -217,17 +235,27 @@ class ShardMerger:
     def _release(self) -> Iterator[ShardTransaction]:
         while True:
             head = self._earliest()
-            if head is None:
-                return
-            if not self._safe(head):
-                if self._buffered_rows <= self._max_buffered_rows:
-                    return
-                self.stats.forced_releases += 1
+            if head is None or not self._safe(head):
+                break
             yield self._pop(head)
+        self._spill_over_bound()
+
+    def _spill_over_bound(self) -> None:
+        if self._buffered_rows <= self._max_buffered_rows:
+            return
+        # Largest in-memory units first: fewest files for the most memory.
+        queued = sorted((u for q in self._queues.values() for u in q), key=lambda u: -u.events.memory_rows)
+        for unit in queued:
+            if self._buffered_rows <= self._max_buffered_rows:
+                break
+            moved = unit.events.spill()
+            if moved:
+                self._buffered_rows -= moved
+                self.stats.spilled_units += 1
 
     def _pop(self, unit: ShardTransaction) -> ShardTransaction:
         self._queues[unit.key].popleft()
-        self._buffered_rows -= unit.rows
+        self._buffered_rows -= unit.events.memory_rows
         self._last_released = unit.sort_key
         if unit.position is not None:
             self._released_positions[unit.key] = unit.position

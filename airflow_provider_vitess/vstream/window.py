@@ -150,8 +150,8 @@ class WindowReader:
         )
         shards: list[ShardKey] = [(sg.keyspace, sg.shard) for sg in (stop or start).shard_gtids]
         # A snapshot needs no cross-shard order (copied keys are disjoint), so units pass straight
-        # through; a catch-up window merges.
-        self._merger = ShardMerger(shards, max_buffered_rows=0 if self._snapshot else max_buffered_rows)
+        # through and each shard's resume position keeps moving; a catch-up window merges.
+        self._merger = ShardMerger(shards, max_buffered_rows=max_buffered_rows, ordered=not self._snapshot)
         self._assembler = TransactionAssembler()
         self._done: set[ShardKey] = set()
         self._result = ReadResult(end_vgtid=start)
@@ -278,6 +278,7 @@ class WindowReader:
                 elif isinstance(event, DdlEvent):
                     self._result.ddls.append(event.statement)
                     self._stager.add_ddl(event.keyspace, event.shard, event.statement, unit.commit_ts)
+            unit.events.close()  # frees memory, deletes a spill file
             if (
                 self._checkpoint_every
                 and self._on_checkpoint is not None

@@ -26,6 +26,7 @@ def _rows(hook: VitessHook, sql: str) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     raw = hook.engine.raw_connection()
     try:
         cur = raw.cursor()
+        cur.execute("SET workload = 'olap'")  # OLTP results stop at 10,000 rows
         cur.execute(sql)
         return {(r[0],): tuple(r) for r in cur.fetchall()}
     finally:

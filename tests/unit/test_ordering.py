@@ -15,13 +15,17 @@ from airflow_provider_vitess.vstream.events import (
     VgtidEvent,
 )
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction, TransactionAssembler
+from airflow_provider_vitess.vstream.spill import SpillableEvents
 
 A, B = ("ks", "-80"), ("ks", "80-")
 
 
 def unit(key: tuple[str, str], ts: int, rows: int = 1, gtid: str = "") -> ShardTransaction:
     position = binlogdata_pb2.ShardGtid(keyspace=key[0], shard=key[1], gtid=gtid) if gtid else None
-    return ShardTransaction(key[0], key[1], ts, ts, 0, [], position, rows)
+    events = SpillableEvents()
+    for _ in range(rows):
+        events.append(object(), 1)
+    return ShardTransaction(key[0], key[1], ts, ts, 0, events, position, rows)
 
 
 def common(key: tuple[str, str], ts: int) -> dict[str, Any]:
@@ -49,7 +53,7 @@ def test_assembler_groups_interleaved_transactions_per_shard() -> None:
     b_unit, a_unit, beat = out
     assert isinstance(b_unit, ShardTransaction) and (b_unit.key, b_unit.rows, b_unit.commit_ts) == (B, 0, 11)
     assert isinstance(a_unit, ShardTransaction) and (a_unit.key, a_unit.rows, a_unit.commit_ts) == (A, 2, 10)
-    assert a_unit.events == [row, row] and a_unit.position is not None
+    assert list(a_unit.events) == [row, row] and a_unit.position is not None
     assert a_unit.position.gtid == "MariaDB/0-1-5"
     assert isinstance(beat, HeartbeatEvent)
 
@@ -84,7 +88,7 @@ def test_random_interleavings_release_the_same_order_and_positions() -> None:
     for _ in range(50):
         merger = ShardMerger([A, B])
         queues = {
-            k: [ShardTransaction(u.keyspace, u.shard, u.commit_ts, 0, 0, [], u.position, 1) for u in v]
+            k: [unit(u.key, u.commit_ts, gtid=u.position.gtid if u.position else "") for u in v]
             for k, v in per_shard.items()
         }
         released: list[ShardTransaction] = []
@@ -93,17 +97,40 @@ def test_random_interleavings_release_the_same_order_and_positions() -> None:
             released.extend(merger.push(queues[key].pop(0)))
         released.extend(merger.drain())
         orders.add(tuple((u.key, u.position.gtid if u.position else "") for u in released))
-        assert merger.stats.forced_releases == 0 and merger.stats.late_units == 0
+        assert merger.stats.spilled_units == 0 and merger.stats.late_units == 0
     (order,) = orders  # every interleaving gives one and the same order
     assert [g for _, g in order] == ["a0", "a1", "b0", "a2", "b1", "a3", "a4", "b2", "b3", "b4", "a5"]
 
 
-def test_buffer_bound_forces_release_and_counts_it() -> None:
+def test_over_the_memory_bound_units_spill_to_disk_and_keep_their_order() -> None:
     merger = ShardMerger([A, B], max_buffered_rows=10)
-    assert list(merger.push(unit(A, 1, rows=6))) == []
-    released = list(merger.push(unit(A, 2, rows=6)))  # 12 rows buffered > 10: release earliest
-    assert [u.order_ts for u in released] == [1]
-    assert merger.stats.forced_releases == 1 and merger.buffered_rows == 6
+    first, second = unit(A, 1, rows=6), unit(A, 2, rows=6)
+    assert list(merger.push(first)) == []
+    assert list(merger.push(second)) == []  # 12 rows > 10: spill, but release nothing early
+    assert merger.stats.spilled_units == 1 and merger.buffered_rows <= 10
+    assert first.events.spilled  # the largest (first of equal size) went to disk
+    released = list(merger.mark_done(B))
+    assert [u.order_ts for u in released] == [1, 2]
+    assert [len(list(u.events)) for u in released] == [6, 6]
+
+
+def test_unordered_merge_passes_units_through_in_arrival_order() -> None:
+    merger = ShardMerger([A, B], ordered=False)
+    assert [u.key for u in merger.push(unit(B, 0, gtid="b"))] == [B]
+    assert [u.key for u in merger.push(unit(A, 0, gtid="a"))] == [A]
+    assert {k: p.gtid for k, p in merger.released_positions().items()} == {A: "a", B: "b"}
+
+
+def test_assembler_spills_a_large_transaction_as_it_arrives() -> None:
+    asm = TransactionAssembler(spill_rows=3)
+    changes = (RowChange(None, (1,)),)
+    asm.push(BeginEvent(**common(A, 5)))
+    for _ in range(7):
+        asm.push(RowEvent(**common(A, 5), table="t", column_names=("id",), changes=changes))
+    (done,) = asm.push(CommitEvent(**common(A, 5)))
+    assert isinstance(done, ShardTransaction)
+    assert done.rows == 7 and done.events.spilled and done.events.memory_rows <= 3
+    assert [e.changes[0].after for e in done.events] == [(1,)] * 7
 
 
 def test_released_positions_never_include_buffered_units() -> None:
@@ -123,3 +150,22 @@ def test_times_are_made_monotone_per_shard_and_skew_is_reported() -> None:
     assert zero.order_ts == 10 and zero.shard_pos == 1
     list(merger.push(unit(B, 13)))
     assert merger.stats.max_skew_seconds == 3
+
+
+def test_spilled_events_with_protobuf_fields_read_back_equal() -> None:
+    from airflow_provider_vitess._proto import query_pb2
+    from airflow_provider_vitess.vstream.events import FieldEvent
+
+    field = FieldEvent(
+        **common(A, 1),
+        table="t",
+        fields=(query_pb2.Field(name="id", type=query_pb2.INT64),),
+        column_names=("id",),
+    )
+    events = SpillableEvents()
+    events.append(field)
+    events.spill()
+    events.append("tail")
+    assert list(events) == [field, "tail"]
+    events.close()
+    assert list(events) == []
