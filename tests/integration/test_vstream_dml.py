@@ -53,7 +53,9 @@ def _read_until(
     started = False
     deadline = time.monotonic() + 60
     for event in events:
-        if isinstance(event, VgtidEvent) and not started:
+        # Start writing only once every shard streams: vtgate's first VGTID may still show
+        # "current" for a shard whose stream has not started, which would miss the writes.
+        if isinstance(event, VgtidEvent) and not started and "current" not in event.positions().values():
             started = True
             if on_first_vgtid:
                 on_first_vgtid()
