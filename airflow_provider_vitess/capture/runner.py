@@ -29,7 +29,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, Wi
 from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
-from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,17 @@ class WindowOutcome:
     manifest: Manifest
     resumed: bool
     result: ReadResult | None  # None when the window had already been staged
+
+
+def _lag(stop: Vgtid, reached: Vgtid) -> dict[str, int]:
+    """Per shard, transactions of the stop position not yet read: 0 once a window is complete."""
+    lag = {}
+    for sg in stop.shard_gtids:
+        got = reached.shard(sg.keyspace, sg.shard)
+        lag[f"{sg.keyspace}/{sg.shard}"] = (
+            transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
+        )
+    return lag
 
 
 def _store_part(p: PartInfo) -> Part:
@@ -332,8 +343,16 @@ class CaptureRunner:
             except BaseException:
                 stager.abort()
                 raise
-            manifest = stager.finish(start, stop, result.end_vgtid, stats=self._stats(result))
-            self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, self._stats(result))
+            stats = {**self._stats(result), "shard_lag_transactions": _lag(stop, result.end_vgtid)}
+            if any(stats["shard_lag_transactions"].values()):
+                log.info(
+                    "window %d stopped early (%s); behind stop: %s",
+                    seq,
+                    result.stopped_early,
+                    stats["shard_lag_transactions"],
+                )
+            manifest = stager.finish(start, stop, result.end_vgtid, stats=stats)
+            self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
             return WindowOutcome(seq, WindowKind.CATCHUP, manifest, resumed, result)
 
     @staticmethod

@@ -21,6 +21,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import (
     CorruptStagedDataError,
     InvalidVgtidError,
+    SyncLockedError,
     UnknownKeyspaceError,
     UnknownTableError,
 )
@@ -273,6 +274,11 @@ def test_idle_shard_does_not_hold_the_window(vitess_conn_id: str, tmp_path: Path
     started = time.monotonic()
     outcome = runner.catch_up()
     elapsed = time.monotonic() - started
+    assert outcome.manifest.stats["shard_lag_transactions"] == {"customer/-80": 0, "customer/80-": 0}
+    # A second run of the same sync while this one holds the lock is refused, naming the holder.
+    holder = "dag sync_orders / run manual__1 / try 1"
+    with store.lock("idle", holder), pytest.raises(SyncLockedError, match=rf"sync 'idle'.*{holder}"):
+        runner.catch_up()
     assert outcome.result is not None and outcome.result.rows == 100
     assert {c.shard for c in _changes(outcome.manifest, "corder")} == {"-80"}
     assert elapsed < 1 + 5, f"window took {elapsed:.1f}s"
