@@ -31,17 +31,21 @@ so they decode as UTF-8 and, when that fails, as MySQL's latin1 (cp1252). Other 
 charsets are decoded as UTF-8 and fail loudly (``ValueDecodeError``) if they are not.
 
 Speed matters (millions of rows): :class:`RowDecoder` builds one converter per column once per
-FIELD event and its ``decode`` is a single loop over the columns with a running offset.
+FIELD event, and its ``decode`` is a loop unrolled for the table's column count (compiled once
+per count); integer, text and bytes converters are builtins, and DATE/DATETIME/TIMESTAMP/TIME
+use ``fromisoformat`` on text of exactly vtgate's shape, the pymysql-shaped regexes otherwise.
 """
 
 from __future__ import annotations
 
 import codecs
 import datetime
+import functools
 import re
 import struct
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from typing import Any
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.exceptions import ValueDecodeError
@@ -114,12 +118,10 @@ def _latin1_char(byte: int) -> str:
 _MYSQL_LATIN1 = "".join(_latin1_char(b) for b in range(256))
 
 
-def _raw(data: bytes) -> bytes:
-    return data
-
-
-def _utf8(data: bytes) -> str:
-    return data.decode()
+# Text and raw bytes: C-level callables, so the row loop makes no Python call for them.
+# ``bytes(b)`` of a ``bytes`` value returns that same object (values are always bytes slices).
+_raw: Converter = bytes
+_utf8: Converter = bytes.decode  # strict UTF-8
 
 
 def _latin1(data: bytes) -> str:
@@ -138,7 +140,56 @@ def _decimal(data: bytes) -> Decimal:
     return Decimal(data.decode("ascii"))
 
 
+# Temporal fast paths. ``fromisoformat`` is ~10x cheaper than the regex and int() calls, but it
+# accepts more than MySQL's text (week dates, ``HHMMSS``, ``,`` fractions, time zones; newer
+# Pythons read ``24:00:00`` as the next midnight). So it only sees text of exactly the shape
+# vtgate sends: every digit mapped to ``0`` must give one of these shapes, hours must not be 24.
+# Anything else, and any value ``fromisoformat`` refuses (zero or invalid dates, 3-digit or
+# negative TIME), takes the regex path, which alone decides between a value, the text and an error.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_FRACTIONS = (b"", *(b"." + b"0" * n for n in range(1, 7)))
+_DATE_SHAPE = b"0000-00-00"
+_DATETIME_SHAPES = frozenset(b"0000-00-00 00:00:00" + f for f in _FRACTIONS)
+_TIME_SHAPES = frozenset(b"00:00:00" + f for f in _FRACTIONS)
+_date_fromisoformat = datetime.date.fromisoformat
+_datetime_fromisoformat = datetime.datetime.fromisoformat
+_time_fromisoformat = datetime.time.fromisoformat
+_timedelta = datetime.timedelta
+
+
 def _date(data: bytes) -> datetime.date | str:
+    if data.translate(_DIGITS_TO_ZERO) == _DATE_SHAPE:
+        try:
+            return _date_fromisoformat(data.decode())
+        except ValueError:
+            pass
+    return _date_text(data)
+
+
+def _datetime(data: bytes) -> datetime.datetime | str:
+    if data.translate(_DIGITS_TO_ZERO) in _DATETIME_SHAPES and data[11:13] != b"24":
+        try:
+            return _datetime_fromisoformat(data.decode())
+        except ValueError:
+            pass
+    return _datetime_text(data)
+
+
+def _time(data: bytes) -> datetime.timedelta:
+    if data.translate(_DIGITS_TO_ZERO) in _TIME_SHAPES and data[:2] != b"24":
+        try:
+            t = _time_fromisoformat(data.decode())
+        except ValueError:
+            pass
+        else:
+            return _timedelta(0, (t.hour * 60 + t.minute) * 60 + t.second, t.microsecond)
+    return _time_text(data)
+
+
+# The general parsers (pymysql's shapes), used when the fast path does not apply.
+
+
+def _date_text(data: bytes) -> datetime.date | str:
     m = _DATE_RE.fullmatch(data)
     if m is None:
         raise _shape_error("DATE")
@@ -148,7 +199,7 @@ def _date(data: bytes) -> datetime.date | str:
         return data.decode("ascii")  # zero or invalid date: pymysql returns the text
 
 
-def _datetime(data: bytes) -> datetime.datetime | str:
+def _datetime_text(data: bytes) -> datetime.datetime | str:
     m = _DATETIME_RE.fullmatch(data)
     if m is None:
         raise _shape_error("DATETIME/TIMESTAMP")
@@ -160,7 +211,7 @@ def _datetime(data: bytes) -> datetime.datetime | str:
         return data.decode("ascii")  # zero or invalid datetime: pymysql returns the text
 
 
-def _time(data: bytes) -> datetime.timedelta:
+def _time_text(data: bytes) -> datetime.timedelta:
     m = _TIME_RE.fullmatch(data)
     if m is None:
         raise _shape_error("TIME")
@@ -252,68 +303,113 @@ def _excerpt(data: bytes) -> str:
     return repr(data)
 
 
-class RowDecoder:
-    """Decodes the rows of one table version (one FIELD event's column list)."""
+RowDecode = Callable[[query_pb2.Row], tuple[Value, ...]]
 
-    __slots__ = ("_converters", "fields", "names", "table")
+
+@functools.cache
+def _decode_factory(columns: int) -> Callable[..., RowDecode]:
+    """Compiles the row loop unrolled for ``columns`` columns (once per column count).
+
+    Unrolled, a column costs a length test, a slice and its converter: no zip, no per-column
+    loop overhead, and no Python-level call at all for ``int``/text/``bytes`` columns (their
+    converters are builtins). Measured on a 5-column row it is ~1.35x faster than the best plain
+    loop. Only the column count shapes the source; converters are passed in as arguments, so
+    no name or text from a schema ever reaches ``compile``.
+    """
+    n = columns
+    lines = [
+        "def factory(converters, explain):",
+        f"    ({''.join(f'c{i}, ' for i in range(n))}) = converters",
+        "    def decode(row):",
+        # One list copy of the repeated field: far cheaper than iterating it (upb).
+        "        lengths = row.lengths[:]",
+        "        values = row.values",
+        f"        if len(lengths) != {n}:",
+        "            raise explain(lengths, values)",
+        f"        ({''.join(f'l{i}, ' for i in range(n))}) = lengths",
+        "        p = 0",
+        "        try:",
+        "            pass",  # keeps the block valid for a table without columns
+    ]
+    for i in range(n):
+        lines += [
+            f"            if l{i} < 0:",
+            f"                x{i} = None",
+            "            else:",
+            f"                q = p + l{i}",
+            f"                x{i} = c{i}(values[p:q])",
+            "                p = q",
+        ]
+    lines += [
+        "        except Exception as exc:",
+        "            raise explain(lengths, values) from exc",
+        "        if p != len(values):",
+        "            raise explain(lengths, values)",
+        f"        return ({''.join(f'x{i}, ' for i in range(n))})",
+        "    return decode",
+    ]
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<RowDecoder for {n} columns>", "exec"), namespace)
+    factory: Callable[..., RowDecode] = namespace["factory"]
+    return factory
+
+
+class RowDecoder:
+    """Decodes the rows of one table version (one FIELD event's column list).
+
+    ``decode(row)`` returns the row's values as a tuple, one per column, ``None`` for NULL.
+    """
+
+    __slots__ = ("_converters", "decode", "fields", "names", "table")
 
     def __init__(self, fields: Sequence[query_pb2.Field], table: str = "") -> None:
         self.fields: tuple[query_pb2.Field, ...] = tuple(fields)
         self.names: tuple[str, ...] = tuple(f.name for f in self.fields)
         self.table = table
         self._converters: tuple[Converter, ...] = tuple(converter_for(f) for f in self.fields)
+        # An attribute, not a method: a call per row saved. ``explain`` is a partial, not a
+        # bound method, so decoder and function do not form a reference cycle.
+        explain = functools.partial(_explain, self.fields, self._converters, self.names, table)
+        self.decode: RowDecode = _decode_factory(len(self.fields))(self._converters, explain)
 
-    def decode(self, row: query_pb2.Row) -> tuple[Value, ...]:
-        lengths = row.lengths
-        values = row.values
-        if len(lengths) != len(self._converters):
-            raise ValueDecodeError(
-                f"{self._where()}row has {len(lengths)} values but the table has "
-                f"{len(self._converters)} columns {list(self.names)}"
-            )
-        out: list[Value] = []
-        append = out.append
-        pos = 0
+
+def _where(table: str) -> str:
+    return f"table {table!r}: " if table else ""
+
+
+def _explain(
+    fields: tuple[query_pb2.Field, ...],
+    converters: tuple[Converter, ...],
+    names: tuple[str, ...],
+    table: str,
+    lengths: Sequence[int],
+    values: bytes,
+) -> ValueDecodeError:
+    """Slow path after a failure: find the column to name (keeps ``decode`` lean)."""
+    where = _where(table)
+    if len(lengths) != len(converters):
+        return ValueDecodeError(
+            f"{where}row has {len(lengths)} values but the table has {len(converters)} columns {list(names)}"
+        )
+    total = sum(n for n in lengths if n > 0)
+    if total != len(values):
+        return ValueDecodeError(
+            f"{where}column lengths add up to {total} bytes but the row has {len(values)}"
+        )
+    pos = 0
+    for field, convert, length in zip(fields, converters, lengths, strict=True):
+        if length < 0:
+            continue
+        data = values[pos : pos + length]
+        pos += length
         try:
-            for convert, length in zip(self._converters, lengths, strict=True):
-                if length < 0:
-                    append(None)
-                else:
-                    end = pos + length
-                    append(convert(values[pos:end]))
-                    pos = end
+            convert(data)
         except Exception as exc:
-            raise self._explain(lengths, values) from exc
-        if pos != len(values):
-            raise ValueDecodeError(
-                f"{self._where()}column lengths add up to {pos} bytes but the row has {len(values)}"
-            )
-        return tuple(out)
-
-    def _where(self) -> str:
-        return f"table {self.table!r}: " if self.table else ""
-
-    def _explain(self, lengths: Sequence[int], values: bytes) -> ValueDecodeError:
-        """Slow path after a failure: find the column to name (keeps ``decode`` lean)."""
-        total = sum(n for n in lengths if n > 0)
-        if total != len(values):
             return ValueDecodeError(
-                f"{self._where()}column lengths add up to {total} bytes but the row has {len(values)}"
+                f"{where}column {field.name!r} ({_type_name(field.type)}): cannot decode "
+                f"{_excerpt(data)}: {type(exc).__name__}: {exc}"
             )
-        pos = 0
-        for field, convert, length in zip(self.fields, self._converters, lengths, strict=True):
-            if length < 0:
-                continue
-            data = values[pos : pos + length]
-            pos += length
-            try:
-                convert(data)
-            except Exception as exc:
-                return ValueDecodeError(
-                    f"{self._where()}column {field.name!r} ({_type_name(field.type)}): cannot decode "
-                    f"{_excerpt(data)}: {type(exc).__name__}: {exc}"
-                )
-        return ValueDecodeError(f"{self._where()}row could not be decoded")
+    return ValueDecodeError(f"{where}row could not be decoded")
 
 
 def decode_row(fields: Sequence[query_pb2.Field], row: query_pb2.Row) -> tuple[Value, ...]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import random
+import re
 from collections.abc import Callable
 from decimal import Decimal
 
@@ -11,6 +13,7 @@ from pymysql import converters as pymysql_converters
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.exceptions import ValueDecodeError
+from airflow_provider_vitess.vstream import values as values_module
 from airflow_provider_vitess.vstream.values import RowDecoder, decode_row, decode_value
 
 T = query_pb2.Type
@@ -327,3 +330,197 @@ def test_bin_collation_text_typed_binary_by_vitess_decodes_as_text(type_: int) -
     assert one(field(type_, charset=UTF8MB4_BIN), '[1, "😀"]'.encode()) == '[1, "😀"]'
     assert one(field(type_, charset=BINARY), b"\x00a") == b"\x00a"
     assert one(field(type_, charset=0), b"\x00a") == b"\x00a"
+
+
+# -- fast paths: same results as the general parsers -------------------------------------
+# DATE/DATETIME/TIMESTAMP/TIME try ``fromisoformat`` on text of vtgate's exact shape first; the
+# regex parsers decide everything else. Both paths must agree on every input.
+
+
+def _temporal_samples() -> list[bytes]:
+    rnd = random.Random(20240517)
+    samples = [
+        b"2024-02-29",
+        b"2023-02-29",
+        b"0000-00-00",
+        b"2020-00-00",
+        b"0001-01-01",
+        b"9999-12-31",
+        b"2024-13-01",
+        b"2024-W01-1",  # ISO week date: fromisoformat reads it, MySQL never sends it
+        b"20240101",
+        b"2024-001",
+        b"2024-01-02 03:04:05",
+        b"2024-01-02T03:04:05",
+        b"2024-01-02 03:04:05.5",
+        b"2024-01-02 03:04:05.000001",
+        b"2024-01-02 03:04:05,5",
+        b"2024-01-02 03:04:05Z",
+        b"2024-01-02 03:04:05.1+01:00",
+        b"2024-01-02 030405.1",
+        b"2024-01-02 24:00:00",
+        b"2024-01-02 23:60:00",
+        b"2024-01-02 3:04:05",
+        b"2024-01-02 03:04:05.1234567",
+        b"0000-00-00 00:00:00.000000",
+        b"2024-02-30 00:00:00.00",
+        b"\xd9\xa2024-01-02",  # non-ASCII digit
+        b"12:34:56",
+        b"12:34:56.789",
+        b"00:00:00",
+        b"23:59:59.999999",
+        b"24:00:00",
+        b"99:59:59",
+        b"838:59:59.000000",
+        b"-838:59:59",
+        b"-00:00:01.5",
+        b"123456",
+        b"12:34:56,5",
+        b"12:34:56Z",
+        b"12:60:00",
+    ]
+    for _ in range(2000):
+        y, mo, d = rnd.randint(0, 9999), rnd.randint(0, 13), rnd.randint(0, 32)
+        h, mi, s = rnd.randint(0, 25), rnd.randint(0, 60), rnd.randint(0, 60)
+        frac = rnd.choice(
+            [b""] + [b"." + str(rnd.randint(0, 10**k - 1)).zfill(k).encode() for k in range(1, 7)]
+        )
+        date = f"{y:04d}-{mo:02d}-{d:02d}".encode()
+        samples += [date, date + f" {h:02d}:{mi:02d}:{s:02d}".encode() + frac]
+        sign = rnd.choice([b"", b"-"])
+        samples.append(sign + f"{rnd.randint(0, 850):02d}:{mi:02d}:{s:02d}".encode() + frac)
+    return samples
+
+
+def _outcome(convert: Callable[[bytes], object], data: bytes) -> object:
+    try:
+        value = convert(data)
+    except ValueError as exc:
+        return ("error", str(exc))
+    return (type(value), value)
+
+
+@pytest.mark.parametrize(
+    ("fast", "general"),
+    [
+        (values_module._date, values_module._date_text),
+        (values_module._datetime, values_module._datetime_text),
+        (values_module._time, values_module._time_text),
+    ],
+)
+def test_temporal_fast_path_agrees_with_general_parser(
+    fast: Callable[[bytes], object], general: Callable[[bytes], object]
+) -> None:
+    for data in _temporal_samples():
+        assert _outcome(fast, data) == _outcome(general, data), data
+
+
+@pytest.mark.parametrize(
+    ("type_", "convert"),
+    [
+        (T.DATE, pymysql_converters.convert_date),
+        (T.DATETIME, pymysql_converters.convert_datetime),
+        (T.TIMESTAMP, pymysql_converters.convert_datetime),
+        (T.TIME, pymysql_converters.convert_timedelta),
+    ],
+)
+def test_temporal_server_shapes_equal_pymysql(type_: int, convert: Callable[[str], object]) -> None:
+    # The shapes MariaDB prints (so the ones pymysql parses): regex-valid text of each type.
+    shapes: dict[int, re.Pattern[bytes]] = {
+        T.DATE: values_module._DATE_RE,
+        T.DATETIME: values_module._DATETIME_RE,
+        T.TIMESTAMP: values_module._DATETIME_RE,
+        T.TIME: values_module._TIME_RE,
+    }
+    decoder = RowDecoder([field(type_)])
+    checked = 0
+    for data in _temporal_samples():
+        if not shapes[type_].fullmatch(data) or (type_ == T.DATE and b" " in data):
+            continue
+        expected = convert(data.decode())
+        value = decoder.decode(row(data))[0]
+        assert value == expected, data
+        assert type(value) is type(expected), data
+        checked += 1
+    assert checked > 1000
+
+
+def test_hour_24_is_never_midnight() -> None:
+    # Newer Pythons' fromisoformat read 24:00:00 as the next midnight; MySQL has no such value.
+    assert one(field(T.DATETIME), b"2024-01-02 24:00:00") == "2024-01-02 24:00:00"
+    assert one(field(T.TIME), b"24:00:00") == datetime.timedelta(hours=24)
+
+
+@pytest.mark.parametrize(
+    ("type_", "text"),
+    [
+        (T.DATE, b"2024-W01-1"),
+        (T.DATETIME, b"2024-01-02 03:04:05Z"),
+        (T.DATETIME, b"2024-01-02 030405.1"),
+        (T.TIMESTAMP, b"2024-01-02 03:04:05.1+01:00"),
+        (T.TIME, b"123456"),
+        (T.TIME, b"12:34:56,5"),
+    ],
+)
+def test_iso_forms_mysql_never_sends_stay_errors(type_: int, text: bytes) -> None:
+    with pytest.raises(ValueDecodeError, match=rf"\({T.Name(type_)}\): cannot decode"):
+        RowDecoder([field(type_, name="when")]).decode(row(text))
+
+
+# -- the unrolled row loop -----------------------------------------------------------------
+
+
+def _reference_decode(fields: list[query_pb2.Field], r: query_pb2.Row) -> tuple[object, ...]:
+    """The plain per-column loop, one value at a time."""
+    out: list[object] = []
+    pos = 0
+    for f, length in zip(fields, r.lengths, strict=True):
+        if length < 0:
+            out.append(None)
+            continue
+        out.append(decode_value(f, r.values[pos : pos + length]))
+        pos += length
+    return tuple(out)
+
+
+@pytest.mark.parametrize("columns", [0, 1, 2, 5, 17, 1017])
+def test_row_loop_any_width_with_nulls_anywhere(columns: int) -> None:
+    rnd = random.Random(columns)
+    kinds: list[tuple[query_pb2.Field, Callable[[], bytes]]] = [
+        (field(T.INT64), lambda: str(rnd.randint(-(2**63), 2**63 - 1)).encode()),
+        (field(T.VARCHAR, charset=UTF8MB4_GENERAL_CI), lambda: ("é" * rnd.randint(0, 5) + "x").encode()),
+        (
+            field(T.VARBINARY, charset=BINARY),
+            lambda: bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 4))),
+        ),
+        (field(T.DECIMAL), lambda: f"{rnd.randint(-999, 999)}.{rnd.randint(0, 99):02d}".encode()),
+        (
+            field(T.DATETIME),
+            lambda: f"2024-01-{rnd.randint(1, 31):02d} 01:02:03.{rnd.randint(0, 999)}".encode(),
+        ),
+    ]
+    chosen = [kinds[rnd.randrange(len(kinds))] for _ in range(columns)]
+    fields = [f for f, _ in chosen]
+    decoder = RowDecoder(fields, "wide")
+    assert len(decoder.names) == columns
+    for _ in range(20):
+        data: list[bytes | None] = []
+        for _f, make in chosen:
+            value = make()
+            data.append(None if rnd.random() < 0.3 else value)
+        r = row(*data)
+        assert decoder.decode(r) == _reference_decode(fields, r)
+    assert decoder.decode(row(*([None] * columns))) == (None,) * columns
+
+
+def test_decoders_of_same_width_stay_independent() -> None:
+    # The compiled loop is shared per column count; each decoder binds its own converters.
+    ints = RowDecoder([field(T.INT64, "a"), field(T.INT64, "b")])
+    texts = RowDecoder([field(T.VARCHAR, "a", UTF8MB4_GENERAL_CI), field(T.VARBINARY, "b", BINARY)], "t")
+    r = row(b"12", b"34")
+    assert ints.decode(r) == (12, 34)
+    assert texts.decode(r) == ("12", b"34")
+    with pytest.raises(
+        ValueDecodeError, match=r"table 't': row has 1 values but the table has 2 columns \['a', 'b'\]"
+    ):
+        texts.decode(row(b"1"))
