@@ -55,3 +55,11 @@ class UnknownKeyspaceError(VitessProviderError, LookupError):
 
 class UnknownTableError(VitessProviderError, LookupError):
     """A table that does not exist in the keyspace."""
+
+
+class KeyChoiceError(VitessProviderError, ValueError):
+    """No usable unique key for a table, or key overrides that do not fit its source/target.
+
+    The message names the table and either every key found with why it is ineligible, or the
+    override column that does not exist / cannot be fed from the source.
+    """
