@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
 from airflow_provider_vitess.exceptions import VStreamError
@@ -72,6 +72,10 @@ class RowChange:
     after: tuple[Value, ...] | None
     present_columns: frozenset[int] | None = None
     json_partial_columns: frozenset[int] = frozenset()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Spilled units are pickled row by row; the dataclass default walks fields() per object.
+        return (RowChange, (self.before, self.after, self.present_columns, self.json_partial_columns))
 
     @property
     def operation(self) -> Operation:

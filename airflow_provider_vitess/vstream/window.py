@@ -18,6 +18,7 @@ are ever reported (:meth:`ShardMerger.released_positions`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -174,6 +175,15 @@ class WindowReader:
         return Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=entries))
 
     def run(self) -> ReadResult:
+        # Objects alive now (Airflow's and ours, imported once) never die during the read; frozen,
+        # the collector stops re-walking them on every full collection (~30% of a read's CPU).
+        gc.freeze()
+        try:
+            return self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> ReadResult:
         started = self._clock()
         if self._stop is not None:
             for sg in self._start.shard_gtids:

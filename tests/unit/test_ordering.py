@@ -169,3 +169,10 @@ def test_spilled_events_with_protobuf_fields_read_back_equal() -> None:
     assert list(events) == [field, "tail"]
     events.close()
     assert list(events) == []
+
+
+def test_row_changes_pickle_to_equal_values() -> None:
+    import pickle
+
+    change = RowChange((1, "a"), (1, "b"), frozenset({0, 1}), frozenset({1}))
+    assert pickle.loads(pickle.dumps(change)) == change
