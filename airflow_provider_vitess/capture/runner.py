@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow_provider_vitess.capture import source
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
-from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, Window, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
@@ -142,6 +142,16 @@ class CaptureRunner:
             storage_options=self.spec.storage_options,
         )
 
+    def _unfinished(self, kind: WindowKind) -> Window | None:
+        """The sync's unfinished window, which must be of ``kind``: windows never interleave."""
+        window = self.store.open_window(self.spec.sync_id)
+        if window is not None and window.kind is not kind:
+            raise CheckpointError(
+                f"sync {self.spec.sync_id!r} has an unfinished {window.kind.value} window {window.seq} "
+                f"({window.state.value}); finish it before a {kind.value}"
+            )
+        return window
+
     def _already_staged(self, seq: int, kind: WindowKind) -> WindowOutcome:
         manifest = load_manifest(
             self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
@@ -184,12 +194,7 @@ class CaptureRunner:
         spec = self.spec
         self._prepare()
         with self._locked():
-            window = self.store.open_window(spec.sync_id)
-            if window is not None and window.kind is not WindowKind.SNAPSHOT:
-                raise CheckpointError(
-                    f"sync {spec.sync_id!r} has an unfinished catch-up window {window.seq} "
-                    f"({window.state.value}); finish it before a snapshot"
-                )
+            window = self._unfinished(WindowKind.SNAPSHOT)
             if window is not None and window.state is not WindowState.PLANNED:
                 return self._already_staged(window.seq, WindowKind.SNAPSHOT)
             resumed = window is not None
@@ -294,12 +299,7 @@ class CaptureRunner:
         spec = self.spec
         self._prepare()
         with self._locked():
-            window = self.store.open_window(spec.sync_id)
-            if window is not None and window.kind is not WindowKind.CATCHUP:
-                raise CheckpointError(
-                    f"sync {spec.sync_id!r} has an unfinished snapshot window {window.seq} "
-                    f"({window.state.value}); run the snapshot to completion first"
-                )
+            window = self._unfinished(WindowKind.CATCHUP)
             if window is not None and window.state is not WindowState.PLANNED:
                 return self._already_staged(window.seq, WindowKind.CATCHUP)
             resumed = window is not None

@@ -12,7 +12,7 @@ import sqlalchemy
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader, capture_stop_position
+from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 from tests.integration.replay import ListStager, replay
 
 pytestmark = pytest.mark.integration
@@ -75,6 +75,23 @@ def _workload(hook: VitessHook, seed: int, ids: list[int], rounds: int) -> None:
                     )
 
 
+def _read_window(hook: VitessHook, start: Vgtid) -> tuple[ListStager, ReadResult]:
+    """Reads customer.corder from ``start`` to the keyspace's position now."""
+    stop = capture_stop_position(_open(hook), "customer")
+    stager = ListStager()
+    result = WindowReader(
+        _open(hook),
+        stager,
+        keyspace="customer",
+        tables=["corder"],
+        start=start,
+        stop=stop,
+        flags=hook.vstream_flags(heartbeat_interval=1),
+    ).run()
+    assert result.end_vgtid.has_reached(stop)
+    return stager, result
+
+
 def test_catch_up_windows_replay_to_the_source_with_moves_between_shards(vitess_conn_id: str) -> None:
     hook = VitessHook(vitess_conn_id)
     ids = list(range(30001, 30061))
@@ -97,20 +114,11 @@ def test_catch_up_windows_replay_to_the_source_with_moves_between_shards(vitess_
     state: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     position = start
     windows = 0
-    while writer.is_alive() or windows == 0:
+    writing = True
+    while writing:
+        writing = writer.is_alive()  # one more window after the writer ends catches its tail
         time.sleep(0.3)
-        stop = capture_stop_position(_open(hook), "customer")
-        stager = ListStager()
-        result = WindowReader(
-            _open(hook),
-            stager,
-            keyspace="customer",
-            tables=["corder"],
-            start=position,
-            stop=stop,
-            flags=hook.vstream_flags(heartbeat_interval=1),
-        ).run()
-        assert result.end_vgtid.has_reached(stop)
+        stager, result = _read_window(hook, position)
         seqs = [c.seq for c in stager.changes]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         state = replay([c for c in stager.changes if c.table == "corder"], key_index=[0], initial=state)
@@ -118,18 +126,6 @@ def test_catch_up_windows_replay_to_the_source_with_moves_between_shards(vitess_
         windows += 1
     writer.join()
     assert not failures, failures
-    stop = capture_stop_position(_open(hook), "customer")
-    stager = ListStager()
-    result = WindowReader(
-        _open(hook),
-        stager,
-        keyspace="customer",
-        tables=["corder"],
-        start=position,
-        stop=stop,
-        flags=hook.vstream_flags(heartbeat_interval=1),
-    ).run()
-    state = replay(stager.changes, key_index=[0], initial=state)
 
     source = {k: v for k, v in _rows(hook, "SELECT * FROM customer.corder").items() if k[0] in ids}
     mine = {k: v for k, v in state.items() if k[0] in ids}
