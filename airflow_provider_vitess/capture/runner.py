@@ -272,14 +272,15 @@ class CaptureRunner:
             stager.abort(keep_checkpointed=True)
             raise
         tracker.report()
+        stats = self._stats(result)
         manifest = stager.finish(
-            start, None, result.end_vgtid, parts=[_staged_part(p) for p in kept], stats=self._stats(result)
+            start, None, result.end_vgtid, parts=[_staged_part(p) for p in kept], stats=stats
         )
         for table, progress in tracker.tables.items():
             self.store.update_progress(
                 spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED
             )
-        self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, self._stats(result))
+        self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
         return WindowOutcome(seq, WindowKind.SNAPSHOT, manifest, resumed, result)
 
     def _count_rows(self, seq: int, tracker: ProgressTracker) -> None:
