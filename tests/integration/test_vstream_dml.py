@@ -112,7 +112,11 @@ def test_sharded_inserts_updates_deletes_come_out_with_images_and_shards(vitess_
     reader, events = _stream(hook, "customer", ("customer",))
 
     def done(rows: list[RowEvent]) -> bool:
-        return any(c.operation is Operation.DELETE for r in rows for c in r.changes)
+        # Shards stream independently: the delete on one shard can arrive before the other
+        # shard's inserts, so wait for every expected event, not just the last one written.
+        seen = {(c.operation, _key(c)) for r in rows for c in r.changes}
+        expected = {(Operation.INSERT, i) for i in ids} | {(Operation.UPDATE, 9003), (Operation.DELETE, 9004)}
+        return expected <= seen
 
     rows = _read_until(events, done, on_first_vgtid=workload)
     events.close()
