@@ -1,0 +1,151 @@
+"""What one run of the Spark merge job applies: the contract between Airflow and ``spark_jobs``.
+
+The operator builds a :class:`MergePlan` from the checkpoint store (the STAGED windows of one
+sync, in order) and passes it to ``spark_jobs/merge_cdc.py`` as one JSON argument. The job never
+reads the checkpoint store: it applies what the plan names and reports, per window and table,
+whether it wrote or found the window already applied (Delta transaction identifiers).
+
+Pure data, no I/O: both sides import it, and it has no credentials in it (the staging and
+target file systems take theirs from the Spark/Hadoop configuration).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_vitess.exceptions import VitessProviderError
+
+
+class MergePlanError(VitessProviderError):
+    """A merge plan that cannot be applied as written."""
+
+
+@dataclass(frozen=True)
+class TableTarget:
+    """How one source table lands in Delta.
+
+    ``path`` is the Delta table's location. ``key_columns`` identify a row on the target, in
+    target names; ``key_from_source[i]`` is the source column that feeds ``key_columns[i]`` (its
+    before image is staged, so an update that changes it deletes the old row). ``renames`` maps
+    source column -> target column for the columns named differently on the target.
+    """
+
+    table: str
+    path: str
+    key_columns: tuple[str, ...]
+    key_from_source: tuple[str, ...]
+    renames: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.key_columns:
+            raise MergePlanError(f"table {self.table!r}: the target key has no columns")
+        if len(self.key_columns) != len(self.key_from_source):
+            raise MergePlanError(
+                f"table {self.table!r}: {len(self.key_columns)} target key column(s) "
+                f"{list(self.key_columns)} but {len(self.key_from_source)} source column(s) feeding them"
+            )
+
+    def target_name(self, source_column: str) -> str:
+        return self.renames.get(source_column, source_column)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "path": self.path,
+            "key_columns": list(self.key_columns),
+            "key_from_source": list(self.key_from_source),
+            "renames": dict(self.renames),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TableTarget:
+        return cls(
+            table=str(d["table"]),
+            path=str(d["path"]),
+            key_columns=tuple(map(str, d["key_columns"])),
+            key_from_source=tuple(map(str, d["key_from_source"])),
+            renames={str(k): str(v) for k, v in dict(d.get("renames") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class WindowToMerge:
+    """One staged window. ``replace_tables``: tables whose target is replaced by this window's
+    rows (a snapshot or re-snapshot of them) instead of having the changes merged into it."""
+
+    seq: int
+    manifest_path: str
+    replace_tables: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "manifest_path": self.manifest_path,
+            "replace_tables": list(self.replace_tables),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WindowToMerge:
+        return cls(
+            seq=int(d["seq"]),
+            manifest_path=str(d["manifest_path"]),
+            replace_tables=tuple(map(str, d.get("replace_tables") or ())),
+        )
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """Windows of one sync, applied in ``seq`` order, to the tables in ``targets``.
+
+    Delta transaction identifiers make each (window, table) apply once: app id
+    :meth:`txn_app_id`, version = the window's seq.
+    """
+
+    sync_id: str
+    windows: tuple[WindowToMerge, ...]
+    targets: Mapping[str, TableTarget]
+
+    def __post_init__(self) -> None:
+        seqs = [w.seq for w in self.windows]
+        if seqs != sorted(set(seqs)):
+            raise MergePlanError(f"sync {self.sync_id!r}: windows must be distinct and in order, got {seqs}")
+        for w in self.windows:
+            unknown = sorted(set(w.replace_tables) - set(self.targets))
+            if unknown:
+                raise MergePlanError(f"window {w.seq} replaces table(s) {unknown} that have no target")
+
+    def txn_app_id(self, table: str) -> str:
+        return f"airflow-provider-vitess:{self.sync_id}:{table}"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "sync_id": self.sync_id,
+                "windows": [w.to_dict() for w in self.windows],
+                "targets": {t: target.to_dict() for t, target in self.targets.items()},
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> MergePlan:
+        try:
+            d = json.loads(text)
+            return cls(
+                sync_id=str(d["sync_id"]),
+                windows=tuple(WindowToMerge.from_dict(w) for w in d["windows"]),
+                targets={str(t): TableTarget.from_dict(v) for t, v in dict(d["targets"]).items()},
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MergePlanError(f"not a valid merge plan: {exc!r}") from None
+
+
+def default_targets(
+    tables: Sequence[str], target_location: str, key_columns: Mapping[str, Sequence[str]]
+) -> dict[str, TableTarget]:
+    """One Delta table per source table under ``target_location``, same names, same key."""
+    root = target_location.rstrip("/")
+    return {t: TableTarget(t, f"{root}/{t}", tuple(key_columns[t]), tuple(key_columns[t])) for t in tables}
