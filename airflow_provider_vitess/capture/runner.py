@@ -28,6 +28,7 @@ from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgr
 from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, Window, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
@@ -44,7 +45,11 @@ class SyncSpec:
     tables: tuple[str, ...]
     staging_location: str
     storage_options: Mapping[str, Any] | None = None
+    # Explicit staged key per table (skips the key choice); otherwise the key is chosen by the
+    # VReplication rules from the table's indexes, with ``key_overrides`` applied.
     key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    key_overrides: Mapping[str, KeyOverrides] = field(default_factory=dict)
+    allow_all_columns_key: bool = False
     heartbeat_interval: int = 1
     minimize_skew: bool = False
     stream_timeout: float = 3600.0  # bounds one VStream call (a window's wall time)
@@ -99,6 +104,7 @@ class CaptureRunner:
         self._stale_after = lock_stale_after
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
+        self._keys: dict[str, KeyChoice] = {}
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -128,17 +134,58 @@ class CaptureRunner:
 
     def _prepare(self) -> None:
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
+        self._keys = self.key_choices()
         self.store.migrate()
         self.store.ensure_sync(
-            self.spec.sync_id, self.spec.keyspace, self.spec.tables, {"staging": self.spec.staging_location}
+            self.spec.sync_id,
+            self.spec.keyspace,
+            self.spec.tables,
+            {
+                "staging": self.spec.staging_location,
+                "keys": {t: choice.to_dict() for t, choice in self._keys.items()},
+            },
         )
 
+    def key_choices(self) -> dict[str, KeyChoice]:
+        """Each table's key: given in ``key_columns``, else chosen from its indexes (and overrides)."""
+        choices = {}
+        for table in self.spec.tables:
+            given = self.spec.key_columns.get(table)
+            if given:
+                cols = tuple(given)
+                choices[table] = KeyChoice(table, cols, cols, None, "given as key_columns", cols)
+            else:
+                choices[table] = choose_key(
+                    table_shape(self.hook, self.spec.keyspace, table),
+                    self.spec.key_overrides.get(table),
+                    allow_all_columns_key=self.spec.allow_all_columns_key,
+                )
+        return choices
+
+    def _staged_key_columns(self) -> dict[str, tuple[str, ...]]:
+        """The columns whose before image is staged: the source key, plus the source columns
+        feeding a different target key (an update of those must delete the old target row)."""
+        return {
+            t: tuple(dict.fromkeys(c.source_columns + c.target_from_source)) for t, c in self._keys.items()
+        }
+
+    def _record_keys(self, seq: int) -> None:
+        for table, choice in self._keys.items():
+            self.store.update_progress(
+                self.spec.sync_id,
+                seq,
+                table,
+                key_columns=list(choice.source_columns),
+                key_source=choice.reason,
+            )
+
     def _stager(self, seq: int) -> WindowStager:
+        self._record_keys(seq)
         return WindowStager(
             self.spec.staging_location,
             self.spec.sync_id,
             seq,
-            key_columns=self.spec.key_columns,
+            key_columns=self._staged_key_columns(),
             storage_options=self.spec.storage_options,
         )
 
