@@ -26,7 +26,7 @@ from typing import Any
 from airflow_provider_vitess.capture import source
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, Window, WindowKind, WindowState
-from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError
+from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError, UnknownTableError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
@@ -169,8 +169,9 @@ class CaptureRunner:
             t: tuple(dict.fromkeys(c.source_columns + c.target_from_source)) for t, c in self._keys.items()
         }
 
-    def _record_keys(self, seq: int) -> None:
-        for table, choice in self._keys.items():
+    def _record_keys(self, seq: int, tables: Sequence[str]) -> None:
+        for table in tables:
+            choice = self._keys[table]
             self.store.update_progress(
                 self.spec.sync_id,
                 seq,
@@ -179,8 +180,8 @@ class CaptureRunner:
                 key_source=choice.reason,
             )
 
-    def _stager(self, seq: int) -> WindowStager:
-        self._record_keys(seq)
+    def _stager(self, seq: int, tables: Sequence[str]) -> WindowStager:
+        self._record_keys(seq, tables)
         return WindowStager(
             self.spec.staging_location,
             self.spec.sync_id,
@@ -237,8 +238,22 @@ class CaptureRunner:
 
     # ----- snapshot ------------------------------------------------------------------------
 
-    def snapshot(self, *, checkpoint_every_rows: int = 50_000) -> WindowOutcome:
+    def snapshot(
+        self, *, tables: Sequence[str] | None = None, checkpoint_every_rows: int = 50_000
+    ) -> WindowOutcome:
+        """Copy ``tables`` (default: all the sync's tables) and stage them as one window.
+
+        Once the sync streams, this is a re-snapshot of those tables: committing it leaves the
+        sync's position where the other tables are (see ``CheckpointStore.commit``). A killed
+        snapshot resumes with the tables it was started with, whatever ``tables`` says now.
+        """
         spec = self.spec
+        chosen = tuple(tables) if tables else spec.tables
+        unknown = sorted(set(chosen) - set(spec.tables))
+        if unknown:
+            raise UnknownTableError(
+                f"sync {spec.sync_id!r} cannot snapshot {unknown}: not among its tables {list(spec.tables)}"
+            )
         self._prepare()
         with self._locked():
             window = self._unfinished(WindowKind.SNAPSHOT)
@@ -249,12 +264,18 @@ class CaptureRunner:
                 stop = capture_stop_position(self._open, spec.keyspace)
                 start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
                 seq = self.store.plan_window(spec.sync_id, WindowKind.SNAPSHOT, start, None)
+                for table in chosen:  # the window's tables, for a resume (a kill before this: all)
+                    self.store.update_progress(spec.sync_id, seq, table, phase=Phase.COPYING)
             else:
                 seq, start = window.seq, window.start_vgtid
+                recorded = {p.table for p in self.store.progress(spec.sync_id, seq)}
+                chosen = tuple(t for t in spec.tables if t in recorded) or spec.tables
             self._check_keyspace(start, "the snapshot start")
-            return self._run_snapshot(seq, start, resumed, checkpoint_every_rows)
+            return self._run_snapshot(seq, start, resumed, checkpoint_every_rows, chosen)
 
-    def _run_snapshot(self, seq: int, start: Vgtid, resumed: bool, every: int) -> WindowOutcome:
+    def _run_snapshot(
+        self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...]
+    ) -> WindowOutcome:
         spec = self.spec
         adopted = self._adopt_written_manifest(seq, WindowKind.SNAPSHOT) if resumed else None
         if adopted is not None:
@@ -269,8 +290,8 @@ class CaptureRunner:
         )
         position = self.store.resume_vgtid(spec.sync_id, seq) or start
         previous = {p.table: p for p in self.store.progress(spec.sync_id, seq)}
-        remaining = [t for t in spec.tables if t not in previous or previous[t].phase is not Phase.COPIED]
-        tracker = ProgressTracker(spec.tables, emit=self._emit, interval=self._progress_interval)
+        remaining = [t for t in tables if t not in previous or previous[t].phase is not Phase.COPIED]
+        tracker = ProgressTracker(tables, emit=self._emit, interval=self._progress_interval)
         for table, p in previous.items():
             if table in tracker.tables:
                 tracker.tables[table].rows_copied = p.rows_copied or 0
@@ -278,7 +299,7 @@ class CaptureRunner:
         counter = threading.Thread(target=self._count_rows, args=(seq, tracker), daemon=True)
         counter.start()
 
-        stager = self._stager(seq)
+        stager = self._stager(seq, tables)
         flags = self.hook.vstream_flags(heartbeat_interval=spec.heartbeat_interval)
         if resumed:
             # See the module docstring: without this, Vitess recopies finished tables.
@@ -305,7 +326,7 @@ class CaptureRunner:
             self._open,
             stager,
             keyspace=spec.keyspace,
-            tables=spec.tables,
+            tables=tables,
             start=position,
             stop=None,
             flags=flags,
@@ -332,7 +353,7 @@ class CaptureRunner:
 
     def _count_rows(self, seq: int, tracker: ProgressTracker) -> None:
         """``rows_known`` per table, concurrently with the copy (it may take a while)."""
-        for table in self.spec.tables:
+        for table in tracker.tables:
             try:
                 rows = source.count_rows(self.hook, self.spec.keyspace, table)
             except Exception as exc:  # progress is best effort: the copy goes on without a percent
@@ -373,7 +394,7 @@ class CaptureRunner:
             WindowStager.discard_uncommitted(
                 spec.staging_location, spec.sync_id, seq, [], storage_options=spec.storage_options
             )
-            stager = self._stager(seq)
+            stager = self._stager(seq, spec.tables)
             reader = WindowReader(
                 self._open,
                 stager,

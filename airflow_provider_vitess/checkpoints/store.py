@@ -121,6 +121,14 @@ class CheckpointStore:
                 continue  # created concurrently: the next round compares and updates it
         raise CheckpointError(f"sync {sync_id!r} could not be created or read")
 
+    def sync_config(self, sync_id: str) -> dict[str, Any]:
+        """The sync's stored config (staging location, each table's key choice)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).first()
+        if row is None:
+            raise CheckpointError(f"unknown sync {sync_id!r}: nothing was captured for it yet")
+        return dict(row.config or {})
+
     def committed(self, sync_id: str) -> tuple[Vgtid | None, int]:
         """The committed VGTID and window seq; ``(None, 0)`` before the first commit."""
         with self.engine.connect() as conn:
@@ -254,6 +262,14 @@ class CheckpointStore:
             row = self._window_row(conn, sync_id, seq)
             changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
             end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
+            checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+            if checkpoint is not None and WindowKind(row.kind) is WindowKind.SNAPSHOT:
+                # A re-snapshot (of some tables) while the sync already streams: the other tables
+                # are only at the committed position, so the stream resumes there. Replaying the
+                # changes between it and the re-snapshot's end onto the re-copied tables is
+                # harmless: the merge keeps each key's last change, which is the copied state or
+                # newer.
+                end = cast(str, checkpoint.committed_vgtid)
             if changed:
                 self._advance_checkpoint(conn, sync_id, seq, end)
         return Vgtid.from_json(end)

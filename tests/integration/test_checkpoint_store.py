@@ -269,6 +269,22 @@ def test_happy_path_advances_the_committed_vgtid(store: CheckpointStore) -> None
     assert store.window(SYNC, 2).stop_vgtid == END_2
 
 
+def test_a_resnapshot_keeps_the_sync_position_and_catch_up_resumes_there(store: CheckpointStore) -> None:
+    store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START)
+    store.mark_staged(SYNC, 1, END_1, "m1.json")
+    store.mark_merged(SYNC, 1)
+    assert store.commit(SYNC, 1) == END_1
+    # Re-snapshot of some tables: it ends later (END_2), but the other tables are at END_1.
+    assert store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START) == 2
+    store.mark_staged(SYNC, 2, END_2, "m2.json")
+    store.mark_merged(SYNC, 2)
+    assert store.commit(SYNC, 2) == END_1
+    assert store.commit(SYNC, 2) == END_1  # idempotent repeat
+    assert store.committed(SYNC) == (END_1, 2)
+    assert store.window(SYNC, 2).end_vgtid == END_2  # the window itself keeps what it read
+    assert store.plan_window(SYNC, WindowKind.CATCHUP, END_1, END_2) == 3
+
+
 def test_commit_before_merged_is_refused_and_the_checkpoint_stays(store: CheckpointStore) -> None:
     store.plan_window(SYNC, "snapshot", SNAPSHOT_START)
     with pytest.raises(CheckpointError) as refused:
