@@ -1,4 +1,5 @@
 # Everything a newcomer needs runs from here; each target installs what it uses.
+#   make demo   local Vitess + sample data + the example DAG through Airflow, Delta vs source printed
 #   make test   lint + type-check + unit and integration tests against a real local Vitess
 #   make vitess / make vitess-stop   start (idempotent) / stop the local Vitess cluster
 
@@ -9,7 +10,10 @@ BIN := $(VENV)/bin
 AIRFLOW_VERSION ?= 3.3.2
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)
 
-.PHONY: test lint unit integration vitess vitess-stop protos clean
+.PHONY: demo test lint unit integration vitess vitess-stop protos clean
+
+demo: $(STAMP) protos vitess
+	$(BIN)/python dev/demo.py
 
 test: lint vitess
 	$(BIN)/pytest -q -p no:cacheprovider tests
@@ -17,7 +21,7 @@ test: lint vitess
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]" "apache-airflow==$(AIRFLOW_VERSION)"
+	$(BIN)/pip install -q -e ".[spark,test]" "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
 protos: $(STAMP)

@@ -1,0 +1,154 @@
+"""What the operators share: one sync's settings, its checkpoint store, log groups and metrics.
+
+Kept apart from the operators so they stay thin: each builds a :class:`SyncSettings` from its
+(templated) arguments, opens the store named by an Airflow connection, and calls the capture
+or merge modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_vitess.capture.runner import SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.checkpoints.store import default_url
+from airflow_provider_vitess.exceptions import VitessProviderError
+from airflow_provider_vitess.keys import KeyOverrides
+
+log = logging.getLogger(__name__)
+
+_SYNC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Airflow connection types -> the SQLAlchemy driver the store uses for them.
+_DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mysql+pymysql",
+    "sqlite": "sqlite",
+}
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """One sync as the operators describe it (after template rendering)."""
+
+    sync_id: str
+    keyspace: str
+    tables: tuple[str, ...]
+    staging_location: str
+    storage_options: Mapping[str, Any] | None = None
+    key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    key_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    allow_all_columns_key: bool = False
+
+    def __post_init__(self) -> None:
+        if not _SYNC_ID.match(self.sync_id):
+            raise VitessProviderError(
+                f"sync_id {self.sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
+                "with a letter or digit (it names staging directories and Delta transaction ids)"
+            )
+        if not self.tables:
+            raise VitessProviderError(f"sync {self.sync_id!r}: no tables given")
+
+    def spec(self, **extra: Any) -> SyncSpec:
+        overrides = {}
+        for table, value in self.key_overrides.items():
+            parsed = KeyOverrides.from_mapping(value)
+            if parsed is not None:
+                overrides[table] = parsed
+        return SyncSpec(
+            sync_id=self.sync_id,
+            keyspace=self.keyspace,
+            tables=self.tables,
+            staging_location=self.staging_location,
+            storage_options=self.storage_options,
+            key_columns=dict(self.key_columns),
+            key_overrides=overrides,
+            allow_all_columns_key=self.allow_all_columns_key,
+            **extra,
+        )
+
+
+def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Tables given as a list, or as text (a comma-separated or JSON list, from a template)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            return tuple(str(t) for t in json.loads(text))
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+    return tuple(str(t) for t in value)
+
+
+def store_url(checkpoint_conn_id: str | None) -> str:
+    """The store's SQLAlchemy URL: from an Airflow connection (credentials stay there), else
+    the default SQLite file under ``AIRFLOW_HOME``."""
+    if not checkpoint_conn_id:
+        return default_url()
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(checkpoint_conn_id)
+    uri = conn.get_uri()
+    scheme, _, rest = uri.partition("://")
+    driver = _DRIVERS.get(scheme.split("+")[0], scheme)
+    if conn.conn_type == "sqlite" and conn.host:
+        return f"sqlite:///{conn.host}"
+    return f"{driver}://{rest}"
+
+
+def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
+    store = CheckpointStore(store_url(checkpoint_conn_id))
+    store.migrate()
+    return store
+
+
+def holder(context: Mapping[str, Any]) -> str:
+    """Who holds a sync's lock while a task runs: shown to a concurrent run that is refused."""
+    ti = context.get("ti") or context.get("task_instance")
+    if ti is None:
+        return f"pid on {socket.gethostname()}"
+    return (
+        f"dag {ti.dag_id!r} run {ti.run_id!r} task {ti.task_id!r} try {ti.try_number} "
+        f"on {socket.gethostname()}"
+    )
+
+
+@contextlib.contextmanager
+def log_group(title: str) -> Iterator[None]:
+    """A collapsible group in the Airflow task log (the UI folds ``::group::`` blocks)."""
+    print(f"::group::{title}", flush=True)
+    try:
+        yield
+    finally:
+        print("::endgroup::", flush=True)
+
+
+def _stats() -> Any:
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:  # Airflow 3.0/3.1
+        from airflow.stats import Stats
+    return Stats
+
+
+def emit_metrics(prefix: str, sync_id: str, values: Mapping[str, float], *, timing: bool = False) -> None:
+    """Airflow metrics ``vitess.<prefix>.<name>`` tagged with the sync; never fails the task."""
+    try:
+        stats = _stats()
+        for name, value in values.items():
+            metric = f"vitess.{prefix}.{name}"
+            if timing:
+                stats.timing(metric, value, tags={"sync_id": sync_id})
+            else:
+                stats.gauge(metric, value, tags={"sync_id": sync_id})
+    except Exception as exc:  # metrics are an aid, not part of the result
+        log.debug("could not emit metrics %s: %s", prefix, exc)

@@ -1,0 +1,225 @@
+"""Operators for the read side: a snapshot, and one bounded catch-up window.
+
+Thin by design: they render their arguments, open the checkpoint store named by an Airflow
+connection, run :class:`~airflow_provider_vitess.capture.runner.CaptureRunner`, log progress in
+collapsible groups, emit metrics and return a small JSON-able summary (the XCom value). All the
+state lives in the checkpoint store, so clearing and rerunning a task resumes its window.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_provider_vitess.capture.progress import TableProgress
+from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.operators._sync import (
+    SyncSettings,
+    as_tables,
+    emit_metrics,
+    holder,
+    log_group,
+    open_store,
+)
+from airflow_provider_vitess.vstream.window import ReadBounds
+
+log = logging.getLogger(__name__)
+
+_SYNC_FIELDS = ("sync_id", "keyspace", "tables", "staging_location", "storage_options")
+
+
+class _SyncOperator(BaseOperator):
+    """Arguments every capture operator takes; see the subclasses."""
+
+    ui_color = "#f0e4ff"
+
+    def __init__(
+        self,
+        *,
+        sync_id: str,
+        keyspace: str,
+        tables: str | Sequence[str],
+        staging_location: str,
+        vitess_conn_id: str = VitessHook.default_conn_name,
+        checkpoint_conn_id: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        key_columns: Mapping[str, Sequence[str]] | None = None,
+        key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        allow_all_columns_key: bool = False,
+        heartbeat_interval: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.sync_id = sync_id
+        self.keyspace = keyspace
+        self.tables = tables
+        self.staging_location = staging_location
+        self.vitess_conn_id = vitess_conn_id
+        self.checkpoint_conn_id = checkpoint_conn_id
+        self.storage_options = storage_options
+        self.key_columns = key_columns
+        self.key_overrides = key_overrides
+        self.allow_all_columns_key = allow_all_columns_key
+        self.heartbeat_interval = heartbeat_interval
+
+    def _settings(self) -> SyncSettings:
+        return SyncSettings(
+            sync_id=self.sync_id,
+            keyspace=self.keyspace,
+            tables=as_tables(self.tables),
+            staging_location=self.staging_location,
+            storage_options=self.storage_options,
+            key_columns=dict(self.key_columns or {}),
+            key_overrides=dict(self.key_overrides or {}),
+            allow_all_columns_key=self.allow_all_columns_key,
+        )
+
+    def _runner(self, context: Any, settings: SyncSettings, **spec: Any) -> CaptureRunner:
+        return CaptureRunner(
+            VitessHook(self.vitess_conn_id),
+            open_store(self.checkpoint_conn_id),
+            settings.spec(heartbeat_interval=self.heartbeat_interval, **spec),
+            holder=holder(context),
+            emit_progress=self._progress,
+        )
+
+    def _progress(self, p: TableProgress) -> None:
+        self.log.info("progress %s", p.line())
+        values: dict[str, float] = {f"{p.table}.rows_copied": p.rows_copied}
+        if p.rows_known is not None:
+            values[f"{p.table}.rows_known"] = p.rows_known
+        emit_metrics("snapshot", self.sync_id, values)
+
+
+def summary(outcome: WindowOutcome) -> dict[str, Any]:
+    """The XCom value of a capture task: what was staged, where, and up to which VGTID."""
+    m = outcome.manifest
+    return {
+        "sync_id": m.sync_id,
+        "window_seq": m.window_seq,
+        "kind": outcome.kind.value,
+        "resumed": outcome.resumed,
+        "manifest_path": m.path,
+        "rows": m.rows,
+        "rows_per_table": {t: tm.rows for t, tm in m.tables.items()},
+        "op_counts": {t: dict(tm.op_counts) for t, tm in m.tables.items()},
+        "ddls": [d.to_dict() for d in m.ddls],
+        "end_vgtid": m.end_vgtid.to_json(),
+        "stats": dict(m.stats),
+    }
+
+
+class VitessSnapshotOperator(_SyncOperator):
+    """Snapshot the sync's tables (the first run), or re-snapshot chosen ones.
+
+    :param sync_id: names the sync: its checkpoint, staging directory and Delta transaction ids.
+    :param keyspace: the Vitess keyspace; ``tables`` its tables (list, or comma-separated text).
+    :param staging_location: local path or fsspec URL where windows are staged as Parquet.
+    :param resnapshot_tables: tables to copy again although the sync already streams (e.g. from
+        DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
+    :param only_if_needed: when the sync already has a committed position and no re-snapshot is
+        asked for, do nothing (the normal scheduled run). ``False`` forces a full re-snapshot.
+    :param checkpoint_every_rows: how often a long copy records where to resume.
+
+    Returns (XCom) the staged window's summary, or ``{"snapshot": "not needed", ...}``.
+    """
+
+    template_fields: Sequence[str] = (*_SYNC_FIELDS, "resnapshot_tables")
+
+    def __init__(
+        self,
+        *,
+        resnapshot_tables: str | Sequence[str] | None = None,
+        only_if_needed: bool = True,
+        checkpoint_every_rows: int = 50_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.resnapshot_tables = resnapshot_tables
+        self.only_if_needed = only_if_needed
+        self.checkpoint_every_rows = checkpoint_every_rows
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings = self._settings()
+        runner = self._runner(context, settings)
+        requested = as_tables(self.resnapshot_tables)
+        committed, seq = runner.store.committed(settings.sync_id)
+        open_window = runner.store.open_window(settings.sync_id)
+        resuming = open_window is not None and open_window.kind.value == "snapshot"
+        if committed is not None and not requested and not resuming and self.only_if_needed:
+            self.log.info(
+                "sync %r already streams (committed window %d); no snapshot needed", settings.sync_id, seq
+            )
+            return {"sync_id": settings.sync_id, "snapshot": "not needed", "committed_seq": seq}
+        tables = requested or settings.tables  # a resumed snapshot keeps its own tables
+        what = "re-snapshot of " + ", ".join(tables) if committed is not None else "snapshot"
+        started = time.monotonic()
+        with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):
+            outcome = runner.snapshot(tables=tables, checkpoint_every_rows=self.checkpoint_every_rows)
+        result = summary(outcome)
+        self.log.info(
+            "staged snapshot window %d: %s rows (%s)",
+            outcome.seq,
+            f"{result['rows']:,}",
+            ", ".join(f"{t}: {n:,}" for t, n in result["rows_per_table"].items()),
+        )
+        emit_metrics("snapshot", settings.sync_id, {"rows": result["rows"]})
+        emit_metrics("snapshot", settings.sync_id, {"duration": time.monotonic() - started}, timing=True)
+        return result
+
+
+class VitessCatchUpOperator(_SyncOperator):
+    """Read one bounded catch-up window: from the committed VGTID to the position the keyspace
+    had when the window started (or earlier at a transaction boundary, if ``max_events`` /
+    ``max_seconds`` say so), staged as Parquet with a manifest.
+
+    Returns (XCom) the window's summary: manifest path, per table counts, end VGTID, lag.
+    """
+
+    template_fields: Sequence[str] = (*_SYNC_FIELDS, "max_events", "max_seconds")
+
+    def __init__(
+        self,
+        *,
+        max_events: int | None = None,
+        max_seconds: float | None = None,
+        minimize_skew: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_events = max_events
+        self.max_seconds = max_seconds
+        self.minimize_skew = minimize_skew
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings = self._settings()
+        runner = self._runner(context, settings, minimize_skew=self.minimize_skew)
+        bounds = ReadBounds(
+            max_events=int(self.max_events) if self.max_events else None,
+            max_seconds=float(self.max_seconds) if self.max_seconds else None,
+        )
+        started = time.monotonic()
+        with log_group(f"Vitess catch-up of {settings.keyspace} (sync {settings.sync_id})"):
+            outcome = runner.catch_up(bounds)
+        elapsed = time.monotonic() - started
+        result = summary(outcome)
+        lag = result["stats"].get("shard_lag_transactions", {})
+        self.log.info(
+            "staged catch-up window %d: %s row changes in %.1f s; shards behind the stop: %s",
+            outcome.seq,
+            f"{result['rows']:,}",
+            elapsed,
+            lag or "none",
+        )
+        values: dict[str, float] = {"events": result["rows"]}
+        values.update({f"lag.{shard.replace('/', '.')}": n for shard, n in lag.items()})
+        if outcome.result is not None and elapsed > 0:
+            values["processed_per_second"] = outcome.result.rows / elapsed
+        emit_metrics("catch_up", settings.sync_id, values)
+        emit_metrics("catch_up", settings.sync_id, {"duration": elapsed}, timing=True)
+        return result
