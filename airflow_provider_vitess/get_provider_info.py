@@ -14,7 +14,29 @@ def get_provider_info() -> dict[str, Any]:
         "name": "Vitess",
         "description": "Change data capture from Vitess (vtgate VStream) into lakehouse tables.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Vitess",
+                "external-doc-url": "https://vitess.io/docs/reference/vreplication/vstream/",
+                "tags": ["software"],
+            }
+        ],
         "hooks": [{"integration-name": "Vitess", "python-modules": ["airflow_provider_vitess.hooks.vitess"]}],
+        "operators": [
+            {
+                "integration-name": "Vitess",
+                "python-modules": [
+                    "airflow_provider_vitess.operators.capture",
+                    "airflow_provider_vitess.operators.merge",
+                ],
+            }
+        ],
+        "sensors": [
+            {"integration-name": "Vitess", "python-modules": ["airflow_provider_vitess.sensors.changes"]}
+        ],
+        "triggers": [
+            {"integration-name": "Vitess", "python-modules": ["airflow_provider_vitess.triggers.changes"]}
+        ],
         "connection-types": [
             {
                 "connection-type": "vitess",
