@@ -1,0 +1,103 @@
+"""A throwaway Airflow installation for tests: its own AIRFLOW_HOME, SQLite metadata database,
+dags folder and connections (environment variables), driven through Airflow's own CLI and
+``dag.test()`` in subprocesses, the way a user's deployment runs DAGs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO, LocalVitess, connection_uri_env
+
+BIN = Path(sys.executable).parent
+IVY_CACHE = Path(
+    os.environ.get("VITESS_IVY_CACHE", Path.home() / ".cache" / "airflow-provider-vitess" / "ivy")
+)
+
+
+@dataclass
+class AirflowEnv:
+    home: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dags(self) -> Path:
+        return self.home / "dags"
+
+    def write_dag(self, name: str, source: str) -> Path:
+        path = self.dags / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    def airflow(
+        self, *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "airflow"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            cwd=self.home,
+        )
+
+    def python(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Runs this Python with the installation's environment (Airflow reads it at import)."""
+        return subprocess.run(
+            [sys.executable, *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=True
+        )
+
+    def run_dag(
+        self,
+        dag_id: str,
+        *,
+        conf: Mapping[str, Any] | None = None,
+        logical_date: str | None = None,
+        timeout: float = 900,
+    ) -> dict[str, Any]:
+        """Runs one DAG run through ``dag.test()``; returns its state and each task's state."""
+        args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, json.dumps(dict(conf or {}))]
+        if logical_date:
+            args.append(logical_date)
+        proc = subprocess.run(
+            args, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("DAG_RUN_RESULT ")]
+        if not lines:
+            raise AssertionError(
+                f"dag.test of {dag_id} printed no result:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+            )
+        result: dict[str, Any] = json.loads(lines[-1].removeprefix("DAG_RUN_RESULT "))
+        result["log"] = proc.stdout + proc.stderr
+        return result
+
+
+def make_airflow_env(root: Path, cluster: LocalVitess, *, spark_master: str = "local[2]") -> AirflowEnv:
+    home = root / "airflow"
+    (home / "dags").mkdir(parents=True, exist_ok=True)
+    IVY_CACHE.mkdir(parents=True, exist_ok=True)
+    vitess_name, vitess_value = connection_uri_env("vitess_default", cluster)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PYTEST"))},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(REPO),
+        vitess_name: vitess_value,
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": spark_master}),
+        # Delta's jars come from Maven Central once, then from this cache (CI caches it too).
+        "VITESS_SPARK_IVY": str(IVY_CACHE),
+    }
+    airflow_env = AirflowEnv(home, env)
+    airflow_env.airflow("db", "migrate")
+    return airflow_env

@@ -1,0 +1,72 @@
+"""Read Delta tables and the source through vtgate, for the oracle comparisons of DAG tests."""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_vitess.hooks.vitess import VitessHook
+
+
+def spark_session() -> Any:
+    """This process's SparkSession with Delta (one per process; reused across tests)."""
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_vitess.merge.spark_conf import spark_conf
+
+    builder = SparkSession.builder.master("local[2]").appName("vitess-tests")
+    conf = spark_conf(local=True)
+    ivy = os.environ.get("VITESS_SPARK_IVY")
+    if ivy:
+        conf["spark.jars.ivy"] = ivy
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, Decimal) and value == value.to_integral_value() and value.as_tuple().exponent == 0:
+        return int(value)
+    return value
+
+
+def delta_rows(path: str | Path) -> set[tuple[Any, ...]]:
+    spark = spark_session()
+    df = spark.read.format("delta").load(str(path))
+    return {tuple(_plain(v) for v in row) for row in df.collect()}
+
+
+def delta_history(path: str | Path) -> list[dict[str, Any]]:
+    """The table's commits, oldest first: version, operation and the txn (app id, version)."""
+    spark = spark_session()
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "operation").collect()
+    return sorted(({"version": r[0], "operation": r[1]} for r in rows), key=lambda r: r["version"])
+
+
+def source_rows(hook: VitessHook, keyspace: str, table: str) -> set[tuple[Any, ...]]:
+    raw = hook.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("SET workload = 'olap'")  # OLTP results stop at 10,000 rows
+        cur.execute(f"SELECT * FROM `{keyspace}`.`{table}`")
+        return {tuple(_plain(v) for v in r) for r in cur.fetchall()}
+    finally:
+        raw.close()
+
+
+def delta_txns(path: str | Path) -> list[tuple[str, int, int]]:
+    """(app id, txn version, Delta version) of every commit that carried a transaction id,
+    read from the table's ``_delta_log`` (local tables only): shows each window applied once."""
+    import json
+
+    out = []
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                out.append((action["txn"]["appId"], int(action["txn"]["version"]), int(commit.stem)))
+    return out

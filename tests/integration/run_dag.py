@@ -1,0 +1,35 @@
+"""Runs one DAG run with ``dag.test()`` in this process (started by ``AirflowEnv.run_dag``).
+
+Usage: python -m tests.integration.run_dag DAG_ID CONF_JSON [LOGICAL_DATE]
+Prints ``DAG_RUN_RESULT {"state": ..., "tasks": {task_id: state}}`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+
+
+def main(argv: list[str]) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag_id, conf = argv[0], json.loads(argv[1])
+    logical_date = datetime.fromisoformat(argv[2]) if len(argv) > 2 else None
+    bag = DagBag()
+    if bag.import_errors:
+        raise SystemExit(f"DAG import errors: {bag.import_errors}")
+    dag = bag.get_dag(dag_id)
+    if dag is None:
+        raise SystemExit(f"no DAG {dag_id!r} in {sorted(bag.dag_ids)}")
+    kwargs = {"logical_date": logical_date} if logical_date else {}
+    run = dag.test(run_conf=conf, **kwargs)
+    tasks = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    print(
+        "DAG_RUN_RESULT " + json.dumps({"state": str(run.state), "run_id": run.run_id, "tasks": tasks}),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
