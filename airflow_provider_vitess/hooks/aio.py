@@ -1,0 +1,113 @@
+"""VStream over ``grpc.aio`` for code that runs in an event loop (triggers in the triggerer).
+
+Same connection, same channel options (message size, keepalives, TLS server name), same TLS
+files and the same credentials metadata as :class:`VitessHook`'s blocking client, so a trigger
+reaches vtgate exactly the way the task's hook does. The connection is looked up with Airflow's
+async API (``aget_connection``): a blocking lookup inside the triggerer's loop would stall every
+other trigger of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+
+import grpc
+import grpc.aio
+
+from airflow_provider_vitess._proto import vtgate_pb2, vtrpc_pb2
+from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks.connection_config import VitessConnectionConfig
+from airflow_provider_vitess.hooks.vitess import VitessHook, _read
+
+log = logging.getLogger(__name__)
+
+_VSTREAM_METHOD = "/vtgateservice.Vitess/VStream"
+
+VStreamCall = grpc.aio.UnaryStreamCall[vtgate_pb2.VStreamRequest, vtgate_pb2.VStreamResponse]
+
+
+async def aload_config(hook: VitessHook) -> VitessConnectionConfig:
+    """The hook's connection config, looked up without blocking the loop (then cached on the hook)."""
+    if "config" not in hook.__dict__:
+        conn = await hook.aget_connection(hook.vitess_conn_id)
+        # Fills the hook's cached_property, so its helpers (options, flags, metadata) use it too.
+        hook.__dict__["config"] = VitessConnectionConfig.from_parts(
+            host=conn.host, port=conn.port, login=conn.login, password=conn.password, extra=conn.extra_dejson
+        )
+    return hook.config
+
+
+class AsyncVStreamClient:
+    """One ``grpc.aio`` channel to vtgate; ``async with`` opens and checks it, and closes it.
+
+    :param hook: the ``VitessHook`` of the connection (only its configuration is used).
+    """
+
+    def __init__(self, hook: VitessHook) -> None:
+        self.hook = hook
+        self._channel: grpc.aio.Channel | None = None
+
+    async def __aenter__(self) -> AsyncVStreamClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> grpc.aio.Channel:
+        if self._channel is not None:
+            return self._channel
+        cfg = await aload_config(self.hook)
+        log.info(
+            "Connecting to vtgate gRPC at %s (%s, asyncio) as %r",
+            cfg.grpc_target,
+            "TLS" if cfg.tls else "plaintext",
+            cfg.user,
+        )
+        options = self.hook._channel_options()
+        if cfg.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
+                private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
+                certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
+            )
+            channel = grpc.aio.secure_channel(cfg.grpc_target, credentials, options=options)
+        else:
+            channel = grpc.aio.insecure_channel(cfg.grpc_target, options=options)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout=cfg.timeout_seconds)
+        except asyncio.TimeoutError:
+            await channel.close(None)
+            hint = " (is it TLS-only? set the 'tls' extra)" if not cfg.tls else " (check the TLS CA and name)"
+            raise VitessConnectionError(
+                f"vtgate gRPC at {cfg.grpc_target} did not answer within {cfg.timeout_seconds:g}s{hint}"
+            ) from None
+        except BaseException:
+            await channel.close(None)
+            raise
+        self._channel = channel
+        return channel
+
+    def vstream(self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None) -> VStreamCall:
+        """Starts one VStream call: ``async for`` its responses, ``cancel()`` it when done."""
+        if self._channel is None:
+            raise RuntimeError("AsyncVStreamClient.vstream() before connect()")
+        cfg = self.hook.config
+        if not request.HasField("caller_id") and cfg.user:
+            request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=cfg.user))
+        method = self._channel.unary_stream(
+            _VSTREAM_METHOD,
+            request_serializer=vtgate_pb2.VStreamRequest.SerializeToString,
+            response_deserializer=vtgate_pb2.VStreamResponse.FromString,
+        )
+        call: VStreamCall = method(request, timeout=timeout, metadata=self.hook._call_metadata())
+        return call
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close(None)

@@ -1,0 +1,229 @@
+"""``VitessChangesTrigger``: waits in the triggerer until a sync's tables change in Vitess.
+
+It opens one VStream (``grpc.aio``) from the sync's committed VGTID with the sync's table
+filter and fires on the first change of those tables (:mod:`..vstream.changes`): a ROW event,
+a FIELD or DDL event of one of them, or a JOURNAL (reshard) of the keyspace. vtgate filters
+the stream, so a quiet table costs one idle stream kept alive by vtgate's heartbeats, however
+busy the other tables of the server are. With ``lag_threshold`` set it also fires when some
+shard's current position is more than that many transactions past the committed one.
+
+The trigger holds only the connection id: the triggerer rebuilds the hook and reads the
+connection itself (asynchronously), so no credential is ever serialized. Transient gRPC
+errors reopen the stream from the last VGTID seen (no change before it, so nothing is lost);
+other errors end the trigger with an ``error`` event that the sensor raises. Cancelling the
+trigger (task cleared, timeout, triggerer shutdown) cancels the call and closes the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_vitess._proto import vtgate_pb2
+from airflow_provider_vitess.exceptions import VitessConnectionError, VitessProviderError, VStreamError
+from airflow_provider_vitess.hooks.aio import AsyncVStreamClient
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.vgtid import CURRENT, Vgtid
+from airflow_provider_vitess.vstream.changes import Change, ChangeDetector, lag_verdict, start_verdict
+from airflow_provider_vitess.vstream.events import EventDecoder, VgtidEvent
+from airflow_provider_vitess.vstream.reader import RetryPolicy, is_transient
+from airflow_provider_vitess.vstream.window import table_filter
+
+_AUTH = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+
+class VitessChangesTrigger(BaseTrigger):
+    """Fires once the tables of a sync have changes after ``start_vgtid``.
+
+    :param vitess_conn_id: the ``vitess`` connection (looked up in the triggerer).
+    :param keyspace: the sync's keyspace.
+    :param tables: the sync's tables (bare names).
+    :param start_vgtid: the committed VGTID, as JSON (:meth:`Vgtid.to_json`).
+    :param lag_threshold: also fire when a shard is more than this many transactions behind
+        (its current position vs ``start_vgtid``, whatever tables they touched); None: never.
+    :param heartbeat_interval: seconds between vtgate heartbeats on the idle stream.
+    :param lag_check_interval: seconds between two lag checks (with ``lag_threshold``).
+    :param max_reconnects: reconnects in a row without progress before giving up.
+
+    The event payload is ``{"status": "change", "reason": ..., "table": ..., "shard": ...,
+    "commit_ts": ...}`` (see :meth:`Change.summary`) or ``{"status": "error", "message": ...}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        vitess_conn_id: str,
+        keyspace: str,
+        tables: Sequence[str],
+        start_vgtid: str,
+        lag_threshold: int | None = None,
+        heartbeat_interval: int = 10,
+        lag_check_interval: float = 60.0,
+        max_reconnects: int = 10,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("VitessChangesTrigger needs at least one table")
+        if heartbeat_interval < 1:
+            raise ValueError("heartbeat_interval must be at least 1 second")
+        self.vitess_conn_id = vitess_conn_id
+        self.keyspace = keyspace
+        self.tables = list(tables)
+        self.start_vgtid = start_vgtid
+        self.lag_threshold = lag_threshold
+        self.heartbeat_interval = int(heartbeat_interval)
+        self.lag_check_interval = float(lag_check_interval)
+        self.max_reconnects = int(max_reconnects)
+        self.streams_opened = 0  # for tests and logs: 1 + reconnects
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "vitess_conn_id": self.vitess_conn_id,
+                "keyspace": self.keyspace,
+                "tables": list(self.tables),
+                "start_vgtid": self.start_vgtid,
+                "lag_threshold": self.lag_threshold,
+                "heartbeat_interval": self.heartbeat_interval,
+                "lag_check_interval": self.lag_check_interval,
+                "max_reconnects": self.max_reconnects,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            change = await self.wait_for_change()
+        except (VitessProviderError, grpc.RpcError) as exc:
+            self.log.error("Watching %s for changes failed: %s", self._describe(), exc)
+            yield TriggerEvent({"status": "error", "message": str(exc)})
+            return
+        self.log.info("Change found for %s: %s", self._describe(), change.summary())
+        yield TriggerEvent({"status": "change", **change.summary()})
+
+    def _describe(self) -> str:
+        return f"keyspace {self.keyspace!r} tables {', '.join(self.tables)}"
+
+    # ----- the watch ----------------------------------------------------------------------
+
+    async def wait_for_change(self) -> Change:
+        """Streams until the first change (or lag) and returns it; cancellable at any await."""
+        start = Vgtid.from_json(self.start_vgtid)
+        verdict = start_verdict(start, self.keyspace)
+        if verdict is not None:
+            return verdict
+        hook = VitessHook(self.vitess_conn_id)
+        detector = ChangeDetector(self.keyspace, self.tables)
+        policy = RetryPolicy(max_attempts=self.max_reconnects)
+        async with AsyncVStreamClient(hook) as client:
+            next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
+            failures, first_failure = 0, 0.0
+            while True:
+                resume = detector.resume_from(start)
+                call = client.vstream(self._request(hook, resume.to_proto()))
+                self.streams_opened += 1
+                self.log.info(
+                    "Watching %s from %s (stream %d)", self._describe(), resume.to_json(), self.streams_opened
+                )
+                decoder = EventDecoder()  # a new stream sends its FIELD events again
+                try:
+                    async for response in call:
+                        change = detector.scan(decoder.decode(ev) for ev in response.events)
+                        if change is not None:
+                            return change
+                        failures = 0  # any response proves the stream healthy (heartbeats too)
+                        if time.monotonic() >= next_lag_check:
+                            lag = await self._check_lag(client, hook, start)
+                            if lag is not None:
+                                return lag
+                            next_lag_check = time.monotonic() + self.lag_check_interval
+                    raise VStreamError(f"vtgate ended the VStream of {self._describe()} unexpectedly")
+                except grpc.aio.AioRpcError as err:
+                    code, details = err.code(), err.details() or "no details"
+                    if not is_transient(code, details, policy):
+                        raise self._fatal(code, details) from None
+                    now = time.monotonic()
+                    if failures == 0:
+                        first_failure = now
+                    failures += 1
+                    delay = policy.delay(failures, random.random())
+                    if failures > policy.max_attempts or now - first_failure + delay > policy.max_elapsed:
+                        raise VitessConnectionError(
+                            f"VStream of {self._describe()} gave up after {failures - 1} reconnects: "
+                            f"gRPC status {code.name}: {details}"
+                        ) from None
+                    self.log.warning(
+                        "VStream of %s cut (%s: %s); reconnect %d in %.1fs",
+                        self._describe(),
+                        code.name,
+                        details,
+                        failures,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                finally:
+                    call.cancel()
+
+    def _request(self, hook: VitessHook, vgtid: Any) -> vtgate_pb2.VStreamRequest:
+        request = vtgate_pb2.VStreamRequest(
+            tablet_type=hook.config.tablet_type,
+            filter=table_filter(self.tables),
+            flags=hook.vstream_flags(heartbeat_interval=self.heartbeat_interval),
+        )
+        request.vgtid.CopyFrom(vgtid)
+        return request
+
+    async def _check_lag(self, client: AsyncVStreamClient, hook: VitessHook, start: Vgtid) -> Change | None:
+        current = await current_position(client, hook, self.keyspace, self.tables)
+        change = lag_verdict(start, current, self.lag_threshold)
+        self.log.info(
+            "Lag check for %s: %s",
+            self._describe(),
+            "over the threshold" if change is not None else f"within {self.lag_threshold} transactions",
+        )
+        return change
+
+    def _fatal(self, code: grpc.StatusCode, details: str) -> Exception:
+        message = f"VStream of {self._describe()} failed with gRPC status {code.name}: {details}"
+        if code in _AUTH:
+            return VitessConnectionError(message)
+        return VStreamError(message)
+
+
+async def current_position(
+    client: AsyncVStreamClient,
+    hook: VitessHook,
+    keyspace: str,
+    tables: Sequence[str],
+    timeout: float = 30.0,
+) -> Vgtid:
+    """The keyspace's current position on every shard (the async twin of ``capture_stop_position``)."""
+    request = vtgate_pb2.VStreamRequest(
+        tablet_type=hook.config.tablet_type,
+        filter=table_filter(tables),
+        flags=hook.vstream_flags(heartbeat_interval=1),
+    )
+    request.vgtid.CopyFrom(Vgtid.for_keyspace(keyspace).to_proto())
+    call = client.vstream(request, timeout=timeout)
+    decoder = EventDecoder()
+    try:
+        async for response in call:
+            for ev in response.events:
+                event = decoder.decode(ev)
+                if isinstance(event, VgtidEvent):
+                    vgtid = event.to_vgtid()
+                    if all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
+                        return vgtid
+    except grpc.aio.AioRpcError as err:
+        if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        call.cancel()
+    raise VStreamError(f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s")
