@@ -1,0 +1,232 @@
+"""``VitessChangesSensor``: wait until a sync's tables have changes past its committed VGTID.
+
+Put it in front of a sync's catch-up so a scheduled run with nothing to do ends in seconds
+instead of planning, staging and merging an empty window. "Changes" means changes of the
+sync's tables, found by streaming from the committed VGTID with the sync's table filter
+(:mod:`..vstream.changes`); a GTID position comparison alone would see every write to the
+server, whatever table or keyspace it touched.
+
+* Deferrable (default): the task defers at once to :class:`VitessChangesTrigger`, which holds
+  one idle VStream in the triggerer and fires on the first change; the task resumes and
+  succeeds with a summary of that change.
+* Not deferrable: each poke captures the current position, then reads the stream from the
+  committed VGTID until that position (or a change, or ``poke_read_seconds``). A poke that
+  read part of the way remembers where, so the next poke of the same task goes on from there.
+
+Either way it succeeds at once when there is no committed VGTID yet (never snapshotted: the
+snapshot must run) or the committed VGTID is still in its copy phase.
+
+The summary (the task's XCom ``return_value``) is small: ``reason`` (``row``, ``ddl``,
+``field``, ``journal``, ``lag``, ``no_checkpoint``, ``copy_unfinished``) and, for a change,
+``keyspace``, ``table``, ``shard``, ``commit_ts`` and ``commit_time`` of the first change seen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_url
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.changes import (
+    Change,
+    ChangeDetector,
+    lag_verdict,
+    parse_start_vgtid,
+    start_verdict,
+)
+from airflow_provider_vitess.vstream.events import VgtidEvent
+from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
+from airflow_provider_vitess.vstream.window import capture_stop_position, table_filter
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class VitessChangesSensor(BaseSensorOperator):
+    """Waits until the tables of a sync have changes after its committed VGTID.
+
+    :param keyspace: the sync's keyspace.
+    :param tables: the sync's tables (bare names; one name or a list).
+    :param sync_id: read the committed VGTID of this sync from the checkpoint store...
+    :param checkpoint_store_url: ...at this SQLAlchemy URL (default: the store's default URL).
+    :param start_vgtid: ...or watch from this VGTID (JSON text, templated; empty or ``None``
+        means "no checkpoint"). Give either ``sync_id`` or ``start_vgtid``.
+    :param vitess_conn_id: the ``vitess`` connection.
+    :param lag_threshold: also succeed when a shard's current position is more than this many
+        transactions past the committed one, whatever tables they touched: keeps a quiet sync's
+        checkpoint from falling behind the binlogs the server keeps. None (default): never.
+    :param deferrable: wait in the triggerer (default) instead of poking from a worker slot.
+    :param heartbeat_interval: seconds between vtgate heartbeats on the trigger's idle stream.
+    :param lag_check_interval: seconds between the trigger's lag checks.
+    :param poke_read_seconds: longest stream read of one poke (not deferrable).
+
+    ``poke_interval``, ``timeout``, ``soft_fail`` and ``mode`` are the usual sensor arguments;
+    ``timeout`` also bounds the deferral.
+    """
+
+    template_fields: Sequence[str] = ("keyspace", "tables", "sync_id", "start_vgtid", "checkpoint_store_url")
+    ui_color = "#f3e9ff"
+
+    def __init__(
+        self,
+        *,
+        keyspace: str,
+        tables: str | Sequence[str],
+        sync_id: str | None = None,
+        checkpoint_store_url: str | None = None,
+        start_vgtid: str | None = None,
+        vitess_conn_id: str = VitessHook.default_conn_name,
+        lag_threshold: int | None = None,
+        deferrable: bool = True,
+        heartbeat_interval: int = 10,
+        lag_check_interval: float = 60.0,
+        poke_read_seconds: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (sync_id is None) == (start_vgtid is None):
+            raise ValueError(
+                "VitessChangesSensor needs either sync_id (with the checkpoint store) or start_vgtid"
+            )
+        if lag_threshold is not None and lag_threshold < 0:
+            raise ValueError("lag_threshold must be 0 or more transactions")
+        self.keyspace = keyspace
+        self.tables: list[str] = [tables] if isinstance(tables, str) else list(tables)
+        if not self.tables:
+            raise ValueError("VitessChangesSensor needs at least one table")
+        self.sync_id = sync_id
+        self.checkpoint_store_url = checkpoint_store_url
+        self.start_vgtid = start_vgtid
+        self.vitess_conn_id = vitess_conn_id
+        self.lag_threshold = lag_threshold
+        self.deferrable = deferrable
+        self.heartbeat_interval = heartbeat_interval
+        self.lag_check_interval = lag_check_interval
+        self.poke_read_seconds = poke_read_seconds
+        # committed VGTID (JSON) -> a position read up to without a change (poke mode).
+        self._scanned: dict[str, Vgtid] = {}
+
+    # ----- where to start -----------------------------------------------------------------
+
+    def committed_vgtid(self) -> Vgtid | None:
+        """The VGTID to watch from: ``start_vgtid``, or the sync's committed one (None: none yet)."""
+        if self.sync_id is None:
+            return parse_start_vgtid(self.start_vgtid)
+        store = CheckpointStore(self.checkpoint_store_url or default_url())
+        try:
+            if store.schema_revision() is None:
+                self.log.info("The checkpoint store has no tables yet: sync %r never ran", self.sync_id)
+                return None
+            vgtid, seq = store.committed(self.sync_id)
+        finally:
+            store.close()
+        if vgtid is not None:
+            self.log.info("Sync %r committed window %d at %s", self.sync_id, seq, vgtid.to_json())
+        return vgtid
+
+    def _done(self, change: Change) -> dict[str, Any]:
+        summary = change.summary()
+        self.log.info("Sync %s has work: %s", self.sync_id or self.keyspace, summary)
+        return summary
+
+    # ----- deferrable ---------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        committed = self.committed_vgtid()
+        verdict = start_verdict(committed, self.keyspace)
+        if verdict is not None:
+            return self._done(verdict)
+        assert committed is not None
+        if not self.deferrable:
+            return super().execute(context)
+        self.log.info("Deferring until %s.%s changes", self.keyspace, ",".join(self.tables))
+        self.defer(
+            trigger=VitessChangesTrigger(
+                vitess_conn_id=self.vitess_conn_id,
+                keyspace=self.keyspace,
+                tables=self.tables,
+                start_vgtid=committed.to_json(),
+                lag_threshold=self.lag_threshold,
+                heartbeat_interval=self.heartbeat_interval,
+                lag_check_interval=self.lag_check_interval,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resumed by the trigger: the change it saw becomes the task's result."""
+        if not event or event.get("status") != "change":
+            message = (event or {}).get("message", "the trigger ended without an event")
+            raise AirflowException(f"Watching {self.keyspace} for changes failed: {message}")
+        return self._done(Change.from_summary(event))
+
+    # ----- poke (not deferrable) ----------------------------------------------------------
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        committed = self.committed_vgtid()
+        verdict = start_verdict(committed, self.keyspace)
+        if verdict is not None:
+            return PokeReturnValue(is_done=True, xcom_value=self._done(verdict))
+        assert committed is not None
+        hook = VitessHook(self.vitess_conn_id)
+        try:
+            change = self.read_once(hook, committed)
+        finally:
+            hook.close()
+        if change is None:
+            return False
+        return PokeReturnValue(is_done=True, xcom_value=self._done(change))
+
+    def read_once(self, hook: VitessHook, committed: Vgtid) -> Change | None:
+        """One bounded read: the first change between ``committed`` and now, or None."""
+        cfg = hook.config
+        stop = capture_stop_position(
+            hook.open_vstream, self.keyspace, tablet_type=cfg.tablet_type, timeout=self.poke_read_seconds
+        )
+        lag = lag_verdict(committed, stop, self.lag_threshold)
+        if lag is not None:
+            return lag
+        start = self._scanned.get(committed.to_json(), committed)
+        if start.has_reached(stop):
+            self.log.info("No change: nothing was committed since %s", start.to_json())
+            return None
+        detector = ChangeDetector(self.keyspace, self.tables)
+        reader = VStreamReader(
+            lambda request: hook.open_vstream(request, timeout=self.poke_read_seconds + 30),
+            vgtid=start,
+            filter=table_filter(self.tables),
+            flags=hook.vstream_flags(heartbeat_interval=1),
+            tablet_type=cfg.tablet_type,
+            retry=RetryPolicy(max_attempts=3, max_elapsed=self.poke_read_seconds),
+        )
+        deadline = time.monotonic() + self.poke_read_seconds
+        events = reader.events()
+        try:
+            for event in events:
+                change = detector.push(event)
+                if change is not None:
+                    return change
+                if isinstance(event, VgtidEvent) and detector.resume_from(start).has_reached(stop):
+                    self._scanned[committed.to_json()] = detector.resume_from(start)
+                    self.log.info("No change of the tables up to %s", stop.to_json())
+                    return detector.flush()
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            events.close()
+        self._scanned[committed.to_json()] = detector.resume_from(start)
+        self.log.info(
+            "No change of the tables within %gs of reading (read up to %s); the next poke goes on",
+            self.poke_read_seconds,
+            detector.resume_from(start).to_json(),
+        )
+        return detector.flush()

@@ -1,0 +1,140 @@
+"""The trigger serializes to its class path and kwargs (never credentials); the sensor defers
+to it, succeeds at once without a checkpoint, and turns the trigger's events into results."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.sensors import VitessChangesSensor
+from airflow_provider_vitess.triggers import VitessChangesTrigger
+from airflow_provider_vitess.vgtid import Vgtid
+
+START = Vgtid.from_json(
+    '[{"keyspace":"customer","shard":"-80","gtid":"MariaDB/0-1-5","table_p_ks":[]},'
+    '{"keyspace":"customer","shard":"80-","gtid":"MariaDB/0-1-6","table_p_ks":[]}]'
+)
+CONTEXT: Any = {}
+
+
+def test_trigger_serialize_round_trip_holds_the_conn_id_only() -> None:
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="vitess_prod",
+        keyspace="customer",
+        tables=("orders", "customers"),
+        start_vgtid=START.to_json(),
+        lag_threshold=1000,
+        heartbeat_interval=5,
+        lag_check_interval=30,
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_vitess.triggers.changes.VitessChangesTrigger"
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON: storable by the triggerer
+    assert kwargs["vitess_conn_id"] == "vitess_prod"
+    assert kwargs["tables"] == ["orders", "customers"]
+    assert Vgtid.from_json(kwargs["start_vgtid"]) == START
+    assert not {"password", "login", "host", "extra"} & set(kwargs)
+
+
+def test_trigger_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="at least one table"):
+        VitessChangesTrigger(vitess_conn_id="c", keyspace="k", tables=[], start_vgtid=START.to_json())
+    with pytest.raises(ValueError, match="heartbeat_interval"):
+        VitessChangesTrigger(
+            vitess_conn_id="c", keyspace="k", tables=["t"], start_vgtid=START.to_json(), heartbeat_interval=0
+        )
+
+
+def test_trigger_with_a_copying_start_fires_without_connecting() -> None:
+    copying = Vgtid.from_json('[{"keyspace":"customer","shard":"-80","gtid":"","table_p_ks":[]}]')
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="not_defined_anywhere",
+        keyspace="customer",
+        tables=["orders"],
+        start_vgtid=copying.to_json(),
+    )
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    assert asyncio.run(first()) == {"status": "change", "reason": "copy_unfinished", "keyspace": "customer"}
+
+
+def sensor(**kwargs: Any) -> VitessChangesSensor:
+    args: dict[str, Any] = {"task_id": "wait", "keyspace": "customer", "tables": "orders"} | kwargs
+    return VitessChangesSensor(**args)
+
+
+def test_sensor_needs_exactly_one_start() -> None:
+    with pytest.raises(ValueError, match="either sync_id"):
+        sensor()
+    with pytest.raises(ValueError, match="either sync_id"):
+        sensor(sync_id="s", start_vgtid=START.to_json())
+    with pytest.raises(ValueError, match="lag_threshold"):
+        sensor(sync_id="s", lag_threshold=-1)
+    assert sensor(sync_id="s").tables == ["orders"]
+
+
+def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = CheckpointStore(url)
+    store.migrate()
+    store.ensure_sync("orders", "customer", ["orders"], {})
+    seq = store.plan_window("orders", "snapshot", Vgtid.for_keyspace("customer", ""))
+    store.mark_staged("orders", seq, START, "/x/manifest.json")
+    store.mark_merged("orders", seq)
+    store.commit("orders", seq)
+    store.close()
+    task = sensor(
+        sync_id="orders", checkpoint_store_url=url, vitess_conn_id="vt", lag_threshold=50, timeout=600
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        task.execute(CONTEXT)
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.timeout == timedelta(seconds=600)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, VitessChangesTrigger)
+    _, kwargs = trigger.serialize()
+    assert kwargs["vitess_conn_id"] == "vt" and kwargs["lag_threshold"] == 50
+    assert Vgtid.from_json(kwargs["start_vgtid"]) == START
+
+
+def test_sensor_without_a_checkpoint_succeeds_at_once(tmp_path: Path) -> None:
+    empty = f"sqlite:///{tmp_path / 'never_used.db'}"
+    assert sensor(sync_id="orders", checkpoint_store_url=empty).execute(CONTEXT) == {
+        "reason": "no_checkpoint",
+        "keyspace": "customer",
+    }
+    store = CheckpointStore(empty)
+    store.migrate()
+    store.close()
+    assert sensor(sync_id="orders", checkpoint_store_url=empty).execute(CONTEXT)["reason"] == "no_checkpoint"
+    assert sensor(start_vgtid="None").execute(CONTEXT)["reason"] == "no_checkpoint"
+
+
+def test_sensor_resumes_with_the_change_or_raises_the_error() -> None:
+    task = sensor(start_vgtid=START.to_json())
+    event = {"status": "change", "reason": "row", "keyspace": "customer", "table": "orders", "shard": "-80"}
+    assert task.execute_complete(CONTEXT, event) == {
+        "reason": "row",
+        "keyspace": "customer",
+        "table": "orders",
+        "shard": "-80",
+    }
+    with pytest.raises(AirflowException, match="vtgate said no"):
+        task.execute_complete(CONTEXT, {"status": "error", "message": "vtgate said no"})
+    with pytest.raises(AirflowException, match="without an event"):
+        task.execute_complete(CONTEXT, None)
