@@ -193,7 +193,9 @@ class VitessChangesTrigger(BaseTrigger):
     def _fatal(self, code: grpc.StatusCode, details: str) -> Exception:
         message = f"VStream of {self._describe()} failed with gRPC status {code.name}: {details}"
         if code in _AUTH:
-            return VitessConnectionError(message)
+            return VitessConnectionError(
+                f"{message} (check the user and password of connection {self.vitess_conn_id!r})"
+            )
         return VStreamError(message)
 
 

@@ -230,6 +230,39 @@ def test_trigger_reports_a_refused_stream_as_an_error_event(hook: VitessHook) ->
     assert "c0-" in payload["message"]
 
 
+def test_the_trigger_reaches_vtgate_over_tls_and_reports_wrong_credentials(
+    vitess: LocalVitess, hook: VitessHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same TLS files and credentials metadata as the blocking hook, read asynchronously."""
+    monkeypatch.setenv(*connection_uri_env("vitess_changes_tls", vitess, tls=True, tls_ca=vitess.tls_ca))
+    start = current(hook)
+    row_id = write(hook, f"customer.{WATCHED}")
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="vitess_changes_tls",
+        keyspace="customer",
+        tables=[WATCHED],
+        start_vgtid=start.to_json(),
+    )
+    payload = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=15))
+    assert (payload["reason"], payload["shard"]) == ("row", shard_of(hook, row_id))
+
+    wrong = LocalVitess(
+        vitess.host, vitess.grpc_port, vitess.mysql_port, vitess.user, "not-it", vitess.tls_ca
+    )
+    monkeypatch.setenv(*connection_uri_env("vitess_changes_wrong", wrong))
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="vitess_changes_wrong",
+        keyspace="customer",
+        tables=[WATCHED],
+        start_vgtid=start.to_json(),
+    )
+    payload = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=15))
+    assert payload["status"] == "error", payload
+    assert "PERMISSION_DENIED" in payload["message"] or "UNAUTHENTICATED" in payload["message"]
+    assert "password of connection 'vitess_changes_wrong'" in payload["message"]
+    assert "not-it" not in payload["message"]
+
+
 # ----- the sensor poking (not deferrable) ----------------------------------------------------
 
 
