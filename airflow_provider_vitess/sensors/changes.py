@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_url
+from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
@@ -56,7 +56,8 @@ class VitessChangesSensor(BaseSensorOperator):
     :param keyspace: the sync's keyspace.
     :param tables: the sync's tables (bare names; one name or a list).
     :param sync_id: read the committed VGTID of this sync from the checkpoint store...
-    :param checkpoint_store_url: ...at this SQLAlchemy URL (default: the store's default URL).
+    :param checkpoint_conn_id: ...named by this Airflow connection (default: the SQLite file
+        under ``AIRFLOW_HOME``), as for the capture and merge operators.
     :param start_vgtid: ...or watch from this VGTID (JSON text, templated; empty or ``None``
         means "no checkpoint"). Give either ``sync_id`` or ``start_vgtid``.
     :param vitess_conn_id: the ``vitess`` connection.
@@ -72,7 +73,7 @@ class VitessChangesSensor(BaseSensorOperator):
     ``timeout`` also bounds the deferral.
     """
 
-    template_fields: Sequence[str] = ("keyspace", "tables", "sync_id", "start_vgtid", "checkpoint_store_url")
+    template_fields: Sequence[str] = ("keyspace", "tables", "sync_id", "start_vgtid")
     ui_color = "#f3e9ff"
 
     def __init__(
@@ -81,7 +82,7 @@ class VitessChangesSensor(BaseSensorOperator):
         keyspace: str,
         tables: str | Sequence[str],
         sync_id: str | None = None,
-        checkpoint_store_url: str | None = None,
+        checkpoint_conn_id: str | None = None,
         start_vgtid: str | None = None,
         vitess_conn_id: str = VitessHook.default_conn_name,
         lag_threshold: int | None = None,
@@ -103,7 +104,7 @@ class VitessChangesSensor(BaseSensorOperator):
         if not self.tables:
             raise ValueError("VitessChangesSensor needs at least one table")
         self.sync_id = sync_id
-        self.checkpoint_store_url = checkpoint_store_url
+        self.checkpoint_conn_id = checkpoint_conn_id
         self.start_vgtid = start_vgtid
         self.vitess_conn_id = vitess_conn_id
         self.lag_threshold = lag_threshold
@@ -120,7 +121,9 @@ class VitessChangesSensor(BaseSensorOperator):
         """The VGTID to watch from: ``start_vgtid``, or the sync's committed one (None: none yet)."""
         if self.sync_id is None:
             return parse_start_vgtid(self.start_vgtid)
-        store = CheckpointStore(self.checkpoint_store_url or default_url())
+        from airflow_provider_vitess.operators._sync import store_url
+
+        store = CheckpointStore(store_url(self.checkpoint_conn_id))
         try:
             if store.schema_revision() is None:
                 self.log.info("The checkpoint store has no tables yet: sync %r never ran", self.sync_id)

@@ -324,7 +324,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2025, 1, 1), catchup=Fal
         keyspace="customer",
         tables=[{table!r}],
         sync_id={sync_id!r},
-        checkpoint_store_url={store_url!r},
         heartbeat_interval=1,
         timeout=120,
     )
@@ -363,9 +362,7 @@ def airflow_home(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) 
     store_url = f"sqlite:///{airflow.home / 'vitess_sync.db'}"
     airflow.write_dag(
         "changes_dag",
-        DAG_FILE.format(
-            dag_id=DAG_ID, conn_id="vitess_default", table=WATCHED, sync_id=SYNC_ID, store_url=store_url
-        ),
+        DAG_FILE.format(dag_id=DAG_ID, conn_id="vitess_default", table=WATCHED, sync_id=SYNC_ID),
     )
     (airflow.home / "driver.py").write_text(textwrap.dedent(DRIVER))
     return {**airflow.env, "STORE_URL": store_url}

@@ -88,8 +88,16 @@ def test_sensor_needs_exactly_one_start() -> None:
     assert sensor(sync_id="s").tables == ["orders"]
 
 
-def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+def _store_connection(monkeypatch: pytest.MonkeyPatch, path: Path) -> str:
+    """An Airflow connection naming a SQLite checkpoint store; returns the store's URL."""
+    monkeypatch.setenv("AIRFLOW_CONN_VITESS_STORE", json.dumps({"conn_type": "sqlite", "host": str(path)}))
+    return f"sqlite:///{path}"
+
+
+def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _store_connection(monkeypatch, tmp_path / "store.db")
     store = CheckpointStore(url)
     store.migrate()
     store.ensure_sync("orders", "customer", ["orders"], {})
@@ -99,7 +107,11 @@ def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(tmp_path: Path) -
     store.commit("orders", seq)
     store.close()
     task = sensor(
-        sync_id="orders", checkpoint_store_url=url, vitess_conn_id="vt", lag_threshold=50, timeout=600
+        sync_id="orders",
+        checkpoint_conn_id="vitess_store",
+        vitess_conn_id="vt",
+        lag_threshold=50,
+        timeout=600,
     )
     with pytest.raises(TaskDeferred) as deferred:
         task.execute(CONTEXT)
@@ -112,16 +124,21 @@ def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(tmp_path: Path) -
     assert Vgtid.from_json(kwargs["start_vgtid"]) == START
 
 
-def test_sensor_without_a_checkpoint_succeeds_at_once(tmp_path: Path) -> None:
-    empty = f"sqlite:///{tmp_path / 'never_used.db'}"
-    assert sensor(sync_id="orders", checkpoint_store_url=empty).execute(CONTEXT) == {
+def test_sensor_without_a_checkpoint_succeeds_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = _store_connection(monkeypatch, tmp_path / "never_used.db")
+    assert sensor(sync_id="orders", checkpoint_conn_id="vitess_store").execute(CONTEXT) == {
         "reason": "no_checkpoint",
         "keyspace": "customer",
     }
     store = CheckpointStore(empty)
     store.migrate()
     store.close()
-    assert sensor(sync_id="orders", checkpoint_store_url=empty).execute(CONTEXT)["reason"] == "no_checkpoint"
+    assert (
+        sensor(sync_id="orders", checkpoint_conn_id="vitess_store").execute(CONTEXT)["reason"]
+        == "no_checkpoint"
+    )
     assert sensor(start_vgtid="None").execute(CONTEXT)["reason"] == "no_checkpoint"
 
 

@@ -1,0 +1,115 @@
+"""The operators' pure parts and the DAG factory's shape (no server needed)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
+from airflow_provider_vitess.dag_factory import RESNAPSHOT_PARAM, vitess_sync_dag
+from airflow_provider_vitess.exceptions import VitessProviderError
+from airflow_provider_vitess.keys import KeyChoice
+from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.operators._sync import SyncSettings, as_tables, store_url
+from airflow_provider_vitess.operators.capture import VitessSnapshotOperator
+from airflow_provider_vitess.operators.merge import build_plan
+from airflow_provider_vitess.vgtid import Vgtid
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, ()),
+        ([], ()),
+        (["a", "b"], ("a", "b")),
+        ("a, b", ("a", "b")),
+        ('["a", "b"]', ("a", "b")),
+        ("", ()),
+    ],
+)
+def test_tables_come_as_lists_or_rendered_text(value: object, expected: tuple[str, ...]) -> None:
+    assert as_tables(value) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sync_id", ["", "has space", "../escape", "x" * 129])
+def test_a_sync_id_that_cannot_name_a_directory_is_refused(sync_id: str) -> None:
+    with pytest.raises(VitessProviderError, match="sync_id"):
+        SyncSettings(sync_id=sync_id, keyspace="ks", tables=("t",), staging_location="/tmp/s")
+
+
+def test_the_store_url_comes_from_an_airflow_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_META_PG",
+        json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": "db",
+                "port": 5432,
+                "login": "u",
+                "password": "p@ss",
+                "schema": "m",
+            }
+        ),
+    )
+    assert store_url("meta_pg") == "postgresql+psycopg://u:p%40ss@db:5432/m"
+    monkeypatch.setenv("AIRFLOW_HOME", "/srv/af")
+    assert store_url(None) == "sqlite:////srv/af/vitess_sync.db"
+
+
+def test_the_merge_plan_uses_the_recorded_key_and_replaces_only_the_snapshotted_tables(
+    tmp_path: Path,
+) -> None:
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    keys = {
+        "customer": KeyChoice(
+            "customer", ("customer_id",), ("customer_id",), "PRIMARY", "primary key", ("customer_id",)
+        ),
+        "corder": KeyChoice("corder", ("order_id",), ("id",), "PRIMARY", "renamed", ("order_id",)),
+    }
+    store.ensure_sync(
+        "s1", "customer", ["customer", "corder"], {"keys": {t: k.to_dict() for t, k in keys.items()}}
+    )
+    start = Vgtid.for_keyspace("customer", "")
+    seq = store.plan_window("s1", WindowKind.SNAPSHOT, start)
+    store.update_progress("s1", seq, "customer", rows_copied=0)
+    store.mark_staged("s1", seq, start, "/stage/s1/window=0000000001/_manifest.json")
+
+    plan = build_plan(store, "s1", store.window("s1", seq), "s3a://lake/delta/")
+    assert MergePlan.from_json(plan.to_json()) == plan
+    assert [(w.seq, w.replace_tables) for w in plan.windows] == [(1, ("customer",))]
+    assert plan.targets["customer"].path == "s3a://lake/delta/customer"
+    order = plan.targets["corder"]
+    assert (order.key_columns, order.key_from_source, dict(order.renames)) == (
+        ("id",),
+        ("order_id",),
+        {"order_id": "id"},
+    )
+
+
+def test_the_factory_builds_snapshot_merge_sense_catch_up_merge() -> None:
+    dag = vitess_sync_dag(
+        "sync_x",
+        keyspace="customer",
+        tables=["customer", "corder"],
+        staging_location="/s",
+        target_location="/t",
+    )
+    order = ["snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge"]
+    for upstream, downstream in itertools.pairwise(order):
+        assert dag.get_task(downstream).upstream_task_ids == {upstream}
+    assert dag.max_active_runs == 1
+    assert dag.params[RESNAPSHOT_PARAM] == []
+    schema = dag.params.get_param(RESNAPSHOT_PARAM).schema
+    assert schema["items"]["enum"] == ["customer", "corder"]
+    snapshot = dag.get_task("snapshot")
+    assert isinstance(snapshot, VitessSnapshotOperator)
+    assert snapshot.resnapshot_tables == "{{ params.resnapshot_tables }}"
+
+
+def test_the_factory_refuses_an_empty_table_list() -> None:
+    with pytest.raises(ValueError, match="no tables"):
+        vitess_sync_dag("sync_y", keyspace="k", tables=[], staging_location="/s", target_location="/t")
