@@ -1,0 +1,82 @@
+"""The Spark and Delta settings the merge job runs with: one place for the operator and the tests.
+
+``spark_jobs/merge_cdc.py`` needs the Delta Lake jar on the JVM side and the ``delta-spark``
+Python package (and this provider) in the driver's Python. The jar comes from Maven through
+``spark.jars.packages`` (:data:`DELTA_PACKAGE`), pinned to the same release as the Python
+package, and built for the Scala version of the pinned PySpark (Spark 4 is Scala 2.13 only).
+
+``delta-spark``'s own ``configure_spark_with_delta_pip`` derives the coordinate from the Python
+package's version; we name it ourselves so the jar and the pin stay one decision.
+
+No Spark import here: the operator builds its ``spark-submit`` arguments from these values
+without PySpark installed on the Airflow worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Keep in step with the `spark` extra's pins (pyspark / delta-spark) in pyproject.toml.
+SPARK_VERSION = "4.2.0"
+DELTA_VERSION = "4.4.0"
+SCALA_BINARY_VERSION = "2.13"
+DELTA_PACKAGE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
+
+# What every session of the job needs, whatever the cluster.
+BASE_CONF: Mapping[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # TIMESTAMP columns are instants; the job never depends on the session zone, but UTC keeps
+    # any string rendering (logs, SHOW) equal to what vtgate prints.
+    "spark.sql.session.timeZone": "UTC",
+    # Staged Parquet is written by pyarrow in the proleptic Gregorian calendar (as MySQL's
+    # DATE '1000-01-01' is): never rebase dates or timestamps, reading or writing.
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    # The job sets the transaction identifiers itself around each MERGE and unsets them after.
+    "spark.databricks.delta.write.txnVersion.autoReset.enabled": "true",
+}
+
+# Small-machine settings for tests and local runs (one executor, a few cores).
+LOCAL_CONF: Mapping[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+# Properties of every Delta table the job creates (or replaces):
+# * type widening, so a source column widened by DDL (INT -> BIGINT, DECIMAL(10,2) ->
+#   DECIMAL(12,2)) widens the Delta column in place (Delta >= 4.0 readers);
+# * deletion vectors, so a MERGE that updates or deletes a few rows of a file marks them instead
+#   of rewriting the file (the merge's cost follows the change, not the table).
+TABLE_PROPERTIES: Mapping[str, str] = {
+    "delta.enableTypeWidening": "true",
+    "delta.enableDeletionVectors": "true",
+}
+# Added when a column name needs it: Delta refuses " ,;{}()\n\t=" in names unless columns are
+# mapped by name (Delta >= 1.2 readers).
+COLUMN_MAPPING_PROPERTIES: Mapping[str, str] = {
+    "delta.columnMapping.mode": "name",
+}
+
+
+def spark_conf(*, local: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``--conf`` values of a job run (``extra`` wins), with the Delta package."""
+    conf = {"spark.jars.packages": DELTA_PACKAGE, **BASE_CONF}
+    if local:
+        conf.update(LOCAL_CONF)
+    conf.update(extra or {})
+    return conf
+
+
+def spark_submit_args(*, local: bool = False, extra: Mapping[str, str] | None = None) -> list[str]:
+    """``--packages`` and ``--conf k=v`` arguments for ``spark-submit`` (before the script)."""
+    conf = spark_conf(local=local, extra=extra)
+    args = ["--packages", conf.pop("spark.jars.packages")]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return args

@@ -1,0 +1,104 @@
+"""What the merge job will do, decided before it writes anything (pure).
+
+For every (window, table) of a plan, in window order: skip it (the Delta table's transaction
+version for the sync/table already covers the window), replace the table from the window's rows
+(a snapshot window, or a table that does not exist yet), merge the window into it (after adding
+or widening columns), or nothing (the window has no rows for the table). Every schema problem
+(an incompatible type change, a key that cannot be fed) is found here, for all windows, so a bad
+window fails the run before its first commit.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import types as T
+
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
+from airflow_provider_vitess.merge.schema import (
+    Evolution,
+    WindowColumns,
+    evolve,
+    needs_column_mapping,
+    window_columns,
+)
+from airflow_provider_vitess.staging.manifest import Manifest
+
+
+class Action(str, enum.Enum):
+    ALREADY_APPLIED = "already_applied"
+    NO_CHANGES = "no_changes"
+    REPLACE = "replace"  # create or overwrite from the window's rows
+    TRUNCATE = "truncate"  # a replacing window without a single staged row or schema: empty the table
+    MERGE = "merge"
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A Delta table as found before the run."""
+
+    exists: bool
+    schema: T.StructType = field(default_factory=T.StructType)
+    txn_version: int | None = None  # latest window seq committed by this sync to the table
+    column_mapping: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    seq: int
+    table: str
+    action: Action
+    columns: WindowColumns | None = None
+    evolution: Evolution | None = None
+    schema: T.StructType | None = None  # the Delta schema once the step is done
+
+
+def plan_steps(
+    plan: MergePlan, manifests: Sequence[Manifest], states: Mapping[str, TableState]
+) -> list[Step]:
+    """Steps in execution order (window seq, then table name); raises before any write."""
+    if [m.window_seq for m in manifests] != [w.seq for w in plan.windows]:
+        raise MergePlanError("manifests must be given in the plan's window order")
+    steps: list[Step] = []
+    per_table: dict[str, list[Step]] = {}
+    for table in sorted(plan.targets):
+        per_table[table] = _table_steps(plan, manifests, table, states[table])
+    for i in range(len(plan.windows)):
+        steps += [per_table[t][i] for t in sorted(plan.targets)]
+    return steps
+
+
+def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, state: TableState) -> list[Step]:
+    target = plan.targets[table]
+    schema: T.StructType | None = state.schema if state.exists else None
+    mapping = state.column_mapping
+    out = []
+    for window, manifest in zip(plan.windows, manifests, strict=True):
+        seq = window.seq
+        if state.txn_version is not None and seq <= state.txn_version:
+            out.append(Step(seq, table, Action.ALREADY_APPLIED))
+            continue
+        tm = manifest.tables.get(table)
+        replace = table in window.replace_tables
+        if tm is None or not tm.schemas:
+            if replace and schema is not None:
+                out.append(Step(seq, table, Action.TRUNCATE, schema=schema))
+            else:
+                out.append(Step(seq, table, Action.NO_CHANGES, schema=schema))
+            continue
+        if not tm.parts and not replace:
+            out.append(Step(seq, table, Action.NO_CHANGES, schema=schema))
+            continue
+        wc = window_columns(tm, target)
+        if replace or schema is None:
+            schema = T.StructType([c.struct_field() for c in wc.columns])
+            mapping = mapping or needs_column_mapping(schema.fieldNames())
+            out.append(Step(seq, table, Action.REPLACE, wc, schema=schema))
+            continue
+        evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
+        schema = evolution.result
+        mapping = mapping or evolution.column_mapping
+        out.append(Step(seq, table, Action.MERGE, wc, evolution, schema))
+    return out

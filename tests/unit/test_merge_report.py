@@ -1,0 +1,75 @@
+"""The merge report's JSON and stdout line, the plan's JSON round trip, and the Spark settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.report import (
+    REPORT_PREFIX,
+    MergeReport,
+    TableResult,
+    TableStatus,
+    WindowResult,
+    WriteMode,
+    parse_report_line,
+)
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_conf, spark_submit_args
+
+
+def test_report_round_trip_and_line() -> None:
+    report = MergeReport(
+        "orders",
+        (
+            WindowResult(
+                3,
+                (
+                    TableResult(
+                        "corder",
+                        "/d/corder",
+                        TableStatus.WRITTEN,
+                        WriteMode.MERGE,
+                        10,
+                        2,
+                        7,
+                        ("add column x int",),
+                        3,
+                    ),
+                    TableResult("customer", "/d/customer", TableStatus.ALREADY_APPLIED),
+                ),
+            ),
+        ),
+    )
+    assert MergeReport.from_json(report.to_json()) == report
+    lines = ["noise", "VITESS_MERGE_PROGRESS {}", f"2026 INFO {REPORT_PREFIX}{report.to_json()}"]
+    parsed = parse_report_line(lines)
+    assert parsed == report
+    assert parsed.statuses() == {
+        (3, "corder"): TableStatus.WRITTEN,
+        (3, "customer"): TableStatus.ALREADY_APPLIED,
+    }
+    assert parsed.window(3).table("corder").delta_version == 7
+    assert parse_report_line(["nothing"]) is None
+    with pytest.raises(MergePlanError, match="not a valid merge report"):
+        MergeReport.from_json("{")
+
+
+def test_plan_round_trip_keeps_renames_and_replace_tables() -> None:
+    plan = MergePlan(
+        "sync-1",
+        (WindowToMerge(1, "/s/sync-1/window=0000000001/_manifest.json", ("t",)), WindowToMerge(2, "/s/x")),
+        {"t": TableTarget("t", "/d/t", ("region_code", "id"), ("region", "id"), {"region": "region_code"})},
+    )
+    again = MergePlan.from_json(plan.to_json())
+    assert again == plan
+    assert again.txn_app_id("t") == "airflow-provider-vitess:sync-1:t"
+
+
+def test_spark_settings_name_the_delta_package_and_extensions() -> None:
+    assert DELTA_PACKAGE == "io.delta:delta-spark_2.13:4.4.0"
+    conf = spark_conf(extra={"spark.sql.shuffle.partitions": "8"})
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.shuffle.partitions"] == "8"
+    args = spark_submit_args()
+    assert args[:2] == ["--packages", DELTA_PACKAGE]
+    assert "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog" in args

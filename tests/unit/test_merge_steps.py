@@ -1,0 +1,125 @@
+"""The merge job's plan of steps: already applied, replace, merge with evolution, nothing; errors first."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import types as T
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.schema import MergeSchemaError
+from airflow_provider_vitess.merge.steps import Action, TableState, plan_steps
+from airflow_provider_vitess.staging.manifest import (
+    ColumnSchema,
+    Manifest,
+    PartInfo,
+    TableManifest,
+    TableSchema,
+)
+from airflow_provider_vitess.vgtid import Vgtid
+
+Q = query_pb2.Type
+
+
+def col(name: str, type_: query_pb2.Type, column_type: str) -> ColumnSchema:
+    return ColumnSchema.from_field(
+        query_pb2.Field(name=name, type=type_, column_type=column_type, charset=255)
+    )
+
+
+ID = col("id", Q.INT32, "int")
+ID64 = col("id", Q.INT64, "bigint")
+NAME = col("name", Q.VARCHAR, "varchar(9)")
+NAME_INT = col("name", Q.INT32, "int")
+EXTRA = col("extra", Q.DATE, "date")
+
+
+def table(name: str, *schemas: tuple[ColumnSchema, ...], rows: bool = True) -> TableManifest:
+    ts = tuple(TableSchema(cols, ("id",)) for cols in schemas)
+    parts = tuple(
+        PartInfo(name, f"{name}/part-{i:05d}.parquet", 1, 1, "0" * 64, s.to_json()) for i, s in enumerate(ts)
+    )
+    return TableManifest(name, ("ks",), ("id",), ts, parts if rows else (), {})
+
+
+def manifest(seq: int, *tables: TableManifest) -> Manifest:
+    v = Vgtid.for_keyspace("ks", "")
+    return Manifest("s", seq, v, v, v, {t.table: t for t in tables}, location="/stage")
+
+
+def plan(*windows: WindowToMerge) -> MergePlan:
+    targets = {t: TableTarget(t, f"/delta/{t}", ("id",), ("id",)) for t in ("a", "b")}
+    return MergePlan("s", windows, targets)
+
+
+def w(seq: int, *replace: str) -> WindowToMerge:
+    return WindowToMerge(seq, f"/stage/s/window={seq:010d}/_manifest.json", replace)
+
+
+NEW = TableState(exists=False)
+
+
+def existing(txn: int | None, *fields: tuple[str, T.DataType]) -> TableState:
+    return TableState(True, T.StructType([T.StructField(n, t) for n, t in fields]), txn)
+
+
+def test_first_window_creates_later_windows_merge_and_missing_tables_have_no_changes() -> None:
+    p = plan(w(1, "a", "b"), w(2), w(3))
+    ms = [
+        manifest(1, table("a", (ID, NAME)), table("b", (ID,))),
+        manifest(2, table("a", (ID, NAME), (ID64, NAME, EXTRA))),
+        manifest(3, table("a", (ID64, NAME, EXTRA), rows=False)),
+    ]
+    steps = plan_steps(p, ms, {"a": NEW, "b": NEW})
+    assert [(s.seq, s.table, s.action) for s in steps] == [
+        (1, "a", Action.REPLACE),
+        (1, "b", Action.REPLACE),
+        (2, "a", Action.MERGE),
+        (2, "b", Action.NO_CHANGES),
+        (3, "a", Action.NO_CHANGES),
+        (3, "b", Action.NO_CHANGES),
+    ]
+    merge = steps[2]
+    assert merge.evolution is not None and merge.schema is not None
+    assert merge.evolution.changes == ["add column extra date", "widen column id int -> bigint"]
+    assert merge.schema.fieldNames() == ["id", "name", "extra"]
+
+
+def test_windows_the_table_already_holds_are_skipped_and_not_checked() -> None:
+    p = plan(w(4), w(5), w(6))
+    bad = table("a", (ID, NAME_INT))  # incompatible, but already applied: no error
+    ms = [manifest(4, bad), manifest(5, bad), manifest(6, table("a", (ID, NAME)))]
+    state = existing(5, ("id", T.IntegerType()), ("name", T.StringType()))
+    steps = plan_steps(p, ms, {"a": state, "b": NEW})
+    assert [s.action for s in steps if s.table == "a"] == [
+        Action.ALREADY_APPLIED,
+        Action.ALREADY_APPLIED,
+        Action.MERGE,
+    ]
+
+
+def test_a_bad_later_window_fails_the_plan_before_any_step() -> None:
+    p = plan(w(1), w(2))
+    ms = [manifest(1, table("a", (ID, NAME))), manifest(2, table("a", (ID, NAME_INT)))]
+    state = existing(None, ("id", T.IntegerType()), ("name", T.StringType()))
+    with pytest.raises(MergeSchemaError, match="table 'a' column 'name'"):
+        plan_steps(p, ms, {"a": state, "b": NEW})
+
+
+def test_replace_resets_the_schema_and_an_empty_snapshot_truncates() -> None:
+    p = plan(w(7, "a", "b"), w(8))
+    ms = [manifest(7, table("a", (ID, NAME_INT), rows=False)), manifest(8, table("a", (ID, NAME_INT)))]
+    state = existing(3, ("id", T.IntegerType()), ("name", T.StringType()))
+    steps = plan_steps(p, ms, {"a": state, "b": existing(3, ("id", T.IntegerType()))})
+    assert [(s.seq, s.table, s.action) for s in steps] == [
+        (7, "a", Action.REPLACE),  # a schema and no rows: the table becomes empty, with the new type
+        (7, "b", Action.TRUNCATE),  # nothing staged at all for a replaced table
+        (8, "a", Action.MERGE),
+        (8, "b", Action.NO_CHANGES),
+    ]
+    assert steps[0].schema is not None and steps[0].schema["name"].dataType == T.IntegerType()
+
+
+def test_manifests_must_match_the_plan() -> None:
+    with pytest.raises(MergePlanError, match="window order"):
+        plan_steps(plan(w(1), w(2)), [manifest(2), manifest(1)], {"a": NEW, "b": NEW})
