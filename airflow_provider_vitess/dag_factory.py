@@ -4,9 +4,12 @@ Every run is safe to start at any time, including as a backfill over past interv
 position lives in the checkpoint store, not in the run's logical date, so a run always reads
 from the committed VGTID up to *now* (a CDC source cannot be read "as of" a past interval).
 A backfill run therefore catches up like a scheduled one, or finds nothing to do; it never
-rewinds the checkpoint and never applies a window twice (Delta transaction ids). Runs of one
-DAG never overlap (``max_active_runs=1``), and the sync lock refuses a concurrent run of the
-same sync from anywhere else with the holder's name.
+rewinds the checkpoint and never applies a window twice (Delta transaction ids).
+
+Scheduled runs of one DAG never overlap (``max_active_runs=1``); a backfill has its own
+``max_active_runs`` (Airflow's default is 10), so create backfills with ``max_active_runs=1``:
+otherwise its runs race for the sync, and the sync lock fails all but one of them at once,
+naming the holder (safe, but noisy).
 
 Re-snapshot: trigger the DAG with the param ``resnapshot_tables`` (the trigger form lists the
 sync's tables); that run copies those tables again and replaces their Delta tables.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
+
+_STOP_AT_EXIT: list[Any] = []
 
 
 def spark_session() -> Any:
@@ -23,7 +26,12 @@ def spark_session() -> Any:
         conf["spark.jars.ivy"] = ivy
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if session not in _STOP_AT_EXIT:
+        # Stop the JVM before the interpreter tears down logging (else noise at pytest's exit).
+        _STOP_AT_EXIT.append(session)
+        atexit.register(session.stop)
+    return session
 
 
 def _plain(value: Any) -> Any:
