@@ -41,8 +41,8 @@ BASE_CONF: Mapping[str, str] = {
 
 # Small-machine settings for tests and local runs (one executor, a few cores).
 LOCAL_CONF: Mapping[str, str] = {
-    "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "4",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,400 @@
+"""The Spark side of the merge: staged parts -> the last event of each key -> one Delta commit.
+
+Needs a classic (JVM) SparkSession with Delta Lake (see :mod:`.spark_conf`); executors need only
+PySpark (the one Python function shipped to them, for DECIMAL(p > 38) text, has no imports of
+this provider).
+
+The rule per key (the same as ``tests/integration/replay.py`` and the README): a staged row is an
+event at its after-image key (an upsert; not for deletes) and, for updates and deletes, at its
+before-image key (a delete; skipped for an update that keeps its key). Per key, among the events
+of the key's last commit second: when they come from several shards (a row moved between shards
+is a DELETE on one and an INSERT on the other, often in the same second), each shard's last event
+counts, and the row exists if any of them is an upsert (the latest such upsert wins); otherwise the
+key's last event in staged order (``_seq``; a before-image delete precedes its own row's upsert)
+decides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import reduce
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
+from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
+from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
+from airflow_provider_vitess.merge.steps import TableState
+from airflow_provider_vitess.staging import arrow_types as A
+from airflow_provider_vitess.staging.files import window_dir
+from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
+
+OP = "_op"  # in the per-key frame: "upsert" or "delete" (a name no staged column may have)
+UPSERT, DELETE = "upsert", "delete"
+_TS, _SHARD, _ORD, _UP = "_commit_ts", "_shard", "_ord", "_up"
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+def q(name: str) -> str:
+    """A quoted Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def col(name: str, alias: str | None = None) -> Column:
+    return F.col(f"{alias}.{q(name)}" if alias else q(name))
+
+
+# -- reading a window ------------------------------------------------------------------------------
+
+
+def _decimal_text(scale: int) -> Callable[[Any], str | None]:
+    """Big-endian two's-complement unscaled bytes -> the decimal printed with ``scale`` digits.
+    A closure, so Spark ships it by value: executors need no import of this provider."""
+
+    def convert(raw: Any) -> str | None:
+        if raw is None:
+            return None
+        n = int.from_bytes(bytes(raw), "big", signed=True)
+        digits = tuple(int(c) for c in str(abs(n)))
+        return format(Decimal((1 if n < 0 else 0, digits, -scale)), "f")
+
+    return convert
+
+
+def _value(c: TargetColumn, staged_name: str, unified: T.DataType) -> Column:
+    if c.conversion is Conversion.NULL:
+        return F.lit(None).cast(unified)
+    source = col(staged_name)
+    if c.conversion is Conversion.DECIMAL_TEXT:
+        source = F.udf(_decimal_text(c.scale), T.StringType(), useArrow=False)(source)
+    return source.cast(unified)
+
+
+def staged_path(manifest: Manifest, relative: str) -> str:
+    """Where Spark reads a part: the staging location as given (a path or a Hadoop URL)."""
+    return f"{window_dir(manifest.location, manifest.sync_id, manifest.window_seq)}/{relative}"
+
+
+def read_window(spark: SparkSession, manifest: Manifest, tm: TableManifest, wc: WindowColumns) -> DataFrame:
+    """The table's staged rows: ``_op``, ``_shard``, ``_commit_ts``, ``_seq``, the unified
+    columns (target names, unified types) and ``_before_<target key>`` for each target key."""
+    index = {s.to_json(): i for i, s in enumerate(tm.schemas)}
+    groups: dict[int, list[str]] = {}
+    for part in tm.parts:
+        groups.setdefault(index[part.schema_json], []).append(staged_path(manifest, part.path))
+    key_sources = dict(zip(wc.key_sources, (wc.column(k) for k in _key_names(wc)), strict=True))
+    frames = []
+    for i, paths in sorted(groups.items()):
+        version = wc.versions[i]
+        by_source = {c.source: c for c in version.values()}
+        fields = fields_of_meta()
+        fields += [
+            T.StructField(c.source, c.read_type) for c in version.values() if c.conversion != Conversion.NULL
+        ]
+        fields += [
+            T.StructField(A.BEFORE_PREFIX + s, by_source[s].read_type)
+            for s in wc.key_sources
+            if by_source[s].conversion != Conversion.NULL
+        ]
+        df = spark.read.schema(T.StructType(fields)).parquet(*paths)
+        out = [col(A.OP), col(A.SHARD), col(A.COMMIT_TS), col(A.SEQ)]
+        for c in wc.columns:
+            v = version.get(c.name)
+            out.append((_value(v, v.source, c.type) if v else F.lit(None).cast(c.type)).alias(c.name))
+        for s, unified in key_sources.items():
+            out.append(
+                _value(by_source[s], A.BEFORE_PREFIX + s, unified.type).alias(A.BEFORE_PREFIX + unified.name)
+            )
+        frames.append(df.select(*out))
+    if not frames:  # a snapshot of an empty table: its schema, no rows
+        empty = [*fields_of_meta(), *[T.StructField(c.name, c.type) for c in wc.columns]]
+        empty += [T.StructField(A.BEFORE_PREFIX + c.name, c.type) for c in key_sources.values()]
+        return spark.createDataFrame([], T.StructType(empty))
+    return reduce(DataFrame.unionByName, frames)
+
+
+def fields_of_meta() -> list[T.StructField]:
+    return [
+        T.StructField(A.OP, T.StringType()),
+        T.StructField(A.SHARD, T.StringType()),
+        T.StructField(A.COMMIT_TS, T.LongType()),
+        T.StructField(A.SEQ, T.LongType()),
+    ]
+
+
+def _key_names(wc: WindowColumns) -> list[str]:
+    names = {c.source: c.name for c in wc.columns}
+    return [names[s] for s in wc.key_sources]
+
+
+# -- the last event per key ------------------------------------------------------------------------
+
+
+def last_per_key(staged: DataFrame, keys: Sequence[str], data: Sequence[str]) -> DataFrame:
+    """One row per key: ``_op`` (upsert/delete), the key and data columns (NULL for deletes).
+    ``keys`` are target key column names (in ``data``); staged has ``_before_<key>``."""
+    op = col(A.OP)
+    after = staged.where(op != "delete").select(
+        col(A.SEQ),
+        col(_TS),
+        col(_SHARD),
+        F.lit(1).alias("_sub"),
+        F.lit(True).alias(_UP),
+        *[col(c) for c in data],
+    )
+    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
+    before = staged.where((op == "delete") | ((op == "update") & before_differs)).select(
+        col(A.SEQ),
+        col(_TS),
+        col(_SHARD),
+        F.lit(0).alias("_sub"),
+        F.lit(False).alias(_UP),
+        *[
+            col(A.BEFORE_PREFIX + c).alias(c)
+            if c in keys
+            else F.lit(None).cast(staged.schema[c].dataType).alias(c)
+            for c in data
+        ],
+    )
+    events = after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
+    by_key = Window.partitionBy(*[col(k) for k in keys])
+    at_last = col(_TS) == F.max(_TS).over(by_key)
+    events = events.withColumn("_at_last", at_last)
+    shards = F.size(F.collect_set(F.when(col("_at_last"), col(_SHARD))).over(by_key))
+    shard_last = F.max(F.when(col("_at_last"), col(_ORD))).over(
+        Window.partitionBy(*[col(k) for k in keys], col(_SHARD))
+    )
+    events = events.withColumn("_shards", shards).withColumn("_shard_last", shard_last)
+    several = col("_shards") > 1
+    candidates = events.where(~several | (col("_at_last") & (col(_ORD) == col("_shard_last"))))
+    # several shards: prefer an upsert, the latest; else (and otherwise) the latest event
+    ranked = candidates.withColumn(
+        "_rank",
+        F.row_number().over(
+            by_key.orderBy(F.when(several, col(_UP)).otherwise(F.lit(False)).desc(), col(_ORD).desc())
+        ),
+    )
+    return ranked.where(col("_rank") == 1).select(
+        F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE)).alias(OP), *[col(c) for c in data]
+    )
+
+
+# -- Delta --------------------------------------------------------------------------------------
+
+
+def _latest_snapshot(spark: SparkSession, path: str) -> Any:
+    jvm = spark._jvm  # classic sessions only: Spark Connect has no JVM to ask
+    assert jvm is not None, "the merge job needs a classic SparkSession (not Spark Connect)"
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    defaults = []
+    for i in range(1, 8):  # DeltaLog.update's default arguments (Scala), as many as it has
+        try:
+            defaults.append(getattr(log, f"update$default${i}")())
+        except Exception:
+            break
+    return log.update(*defaults)
+
+
+def table_version(spark: SparkSession, path: str) -> int:
+    """The table's latest version (-1: no table), without reconstructing its state."""
+    return int(_latest_snapshot(spark, path).version())
+
+
+def table_files(spark: SparkSession, path: str) -> int:
+    """How many data files the table's latest version has."""
+    return int(_latest_snapshot(spark, path).numOfFiles())
+
+
+def table_state(spark: SparkSession, path: str, app_id: str) -> TableState:
+    """Whether the table exists, its schema, and the latest txn version of ``app_id`` in it."""
+    snap = _latest_snapshot(spark, path)
+    if snap.version() < 0:
+        return TableState(exists=False)
+    txn = snap.transactions().get(app_id)
+    schema = T.StructType.fromJson(json.loads(snap.schema().json()))
+    mode = snap.metadata().configuration().get("delta.columnMapping.mode")
+    return TableState(
+        exists=True,
+        schema=schema,
+        txn_version=int(txn.get()) if txn.isDefined() else None,
+        column_mapping=bool(mode.isDefined() and mode.get() != "none"),
+    )
+
+
+@dataclass(frozen=True)
+class Commit:
+    version: int
+    operation: str
+    metrics: Mapping[str, str]
+
+
+def last_commit(spark: SparkSession, path: str) -> Commit:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).history(1).collect()[0]
+    return Commit(int(row["version"]), str(row["operation"]), dict(row["operationMetrics"] or {}))
+
+
+def evolve_table(
+    spark: SparkSession,
+    path: str,
+    add: Sequence[T.StructField],
+    widen: Sequence[tuple[str, T.DataType]],
+    column_mapping: bool,
+) -> None:
+    """Schema changes before a MERGE (each its own commit; repeating them is a no-op)."""
+    table = f"delta.{q(path)}"
+    props = dict(TABLE_PROPERTIES)
+    if column_mapping:
+        props.update(COLUMN_MAPPING_PROPERTIES)
+    if widen or column_mapping:
+        sets = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({sets})")
+    if add:
+        cols = ", ".join(
+            f"{q(f.name)} {f.dataType.simpleString()}"
+            + (f" COMMENT '{_sql_string(f.metadata['comment'])}'" if f.metadata.get("comment") else "")
+            for f in add
+        )
+        spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
+    for name, new in widen:
+        spark.sql(f"ALTER TABLE {table} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
+
+
+def _sql_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def write_replace(
+    rows: DataFrame,
+    path: str,
+    keys: Sequence[str],
+    app_id: str,
+    seq: int,
+    *,
+    files: int,
+    column_mapping: bool,
+) -> None:
+    """Create or overwrite the table with ``rows``, range-partitioned and sorted by key (so a later
+    MERGE's key ranges skip most files), as one commit carrying (app id, seq)."""
+    key_cols = [col(k) for k in keys]
+    data = rows.repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
+    writer = (
+        data.write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(seq))
+    )
+    props = dict(TABLE_PROPERTIES)
+    if column_mapping:
+        props.update(COLUMN_MAPPING_PROPERTIES)
+    for k, v in props.items():
+        writer = writer.option(k, v)
+    writer.save(path)
+
+
+_RANGE_TYPES = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.DecimalType,
+    T.DoubleType,
+    T.FloatType,
+    T.DateType,
+    T.StringType,
+)
+
+
+def prune_condition(
+    spark: SparkSession, final: DataFrame, key: str, key_type: T.DataType, alias: str = "t"
+) -> Column | None:
+    """Ranges of the window's values of the first key column, as a target-only predicate
+    (:mod:`.pruning`); None for types without useful file statistics (binary, timestamps)."""
+    if not isinstance(key_type, _RANGE_TYPES):
+        return None
+    keys = final.select(col(key).alias("k")).distinct()
+    # One job: ascending order puts a NULL key first.
+    values = [
+        r["k"] for r in keys.orderBy(F.col("k").asc_nulls_first()).limit(MAX_COLLECTED_KEYS + 2).collect()
+    ]
+    has_null = bool(values) and values[0] is None
+    values = values[1:] if has_null else values[: MAX_COLLECTED_KEYS + 1]
+    if len(values) > MAX_COLLECTED_KEYS:
+        lo_hi = keys.agg(F.min("k"), F.max("k")).first()
+        assert lo_hi is not None
+        ranges = [(lo_hi[0], lo_hi[1])]
+    else:
+        numeric = not isinstance(key_type, T.StringType)
+        ranges = key_ranges(values, distance=numeric_distance if numeric else None)
+    target = col(key, alias)
+    terms = [
+        (target == F.lit(lo).cast(key_type))
+        if lo == hi
+        else target.between(F.lit(lo).cast(key_type), F.lit(hi).cast(key_type))
+        for lo, hi in ranges
+    ]
+    if has_null:
+        terms.append(target.isNull())
+    if not terms:
+        return F.lit(False)
+    return reduce(lambda a, b: a | b, terms)
+
+
+def merge_into(
+    spark: SparkSession,
+    final: DataFrame,
+    path: str,
+    keys: Sequence[str],
+    schema: T.StructType,
+    app_id: str,
+    seq: int,
+    prune: Column | None,
+) -> None:
+    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq).
+    Target columns the window does not have are set to NULL (the source no longer has them)."""
+    from delta.tables import DeltaTable
+
+    condition = reduce(lambda a, b: a & b, [col(k, "t").eqNullSafe(col(k, "s")) for k in keys])
+    if prune is not None:
+        condition = condition & prune
+    have = set(final.columns)
+    values: dict[str, str | Column] = {
+        q(f.name): (col(f.name, "s").cast(f.dataType) if f.name in have else F.lit(None).cast(f.dataType))
+        for f in schema.fields
+    }
+    is_delete = col(OP, "s") == DELETE
+    spark.conf.set(TXN_APP_ID_CONF, app_id)
+    spark.conf.set(TXN_VERSION_CONF, str(seq))
+    try:
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(final.alias("s"), condition)
+            .whenMatchedDelete(condition=is_delete)
+            .whenMatchedUpdate(condition=~is_delete, set=values)
+            .whenNotMatchedInsert(condition=~is_delete, values=values)
+            .execute()
+        )
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
+def files_for(rows: int, rows_per_file: int) -> int:
+    return max(1, math.ceil(rows / max(1, rows_per_file)))
+
+
+def persist(df: DataFrame) -> DataFrame:
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
