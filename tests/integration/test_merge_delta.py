@@ -1,0 +1,603 @@
+"""The Spark merge job against the real Vitess, real Spark and real Delta Lake.
+
+Windows are captured from a seeded workload on our own tables (``merge_workload``) and merged
+with ``spark_jobs/merge_cdc.py``: in process (one Spark session for the whole test session), as
+``spark-submit`` subprocesses killed at random points, and once on a local standalone Spark
+cluster. The oracle is ``SELECT *`` through vtgate, value for value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.exceptions import CorruptStagedDataError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport, TableStatus, parse_report_line
+from airflow_provider_vitess.merge.schema import MergeSchemaError
+from airflow_provider_vitess.merge.spark_conf import spark_conf, spark_submit_args
+from airflow_provider_vitess.staging import WindowStager, load_manifest
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.events import Operation
+from spark_jobs.merge_cdc import main, merge
+from tests.conftest import REPO, LocalVitess
+from tests.integration import merge_workload as wl
+from tests.integration.replay import StagedChange, replay
+
+pytestmark = pytest.mark.integration
+
+SEED = 20261122
+SPARK_HOME = Path(pyspark.__file__).parent
+JOB = REPO / "spark_jobs" / "merge_cdc.py"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark session with Delta for every in-process test of the session."""
+    builder = SparkSession.builder.master("local[2]").appName("airflow-provider-vitess tests")
+    for key, value in spark_conf(local=True, extra={"spark.pyspark.python": sys.executable}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # no "closing connection" lines at exit
+    yield session
+    session.stop()
+
+
+@dataclass
+class Captured:
+    hook: VitessHook
+    root: Path
+    workload: wl.Workload
+    orders: wl.Sync
+    commerce: wl.Sync
+
+
+@pytest.fixture(scope="module")
+def captured(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) -> Captured:
+    """A snapshot and two catch-up windows of each sync, around the seeded workload (the first
+    catch-up holds the 100,000-row transaction, the second changes some of its rows)."""
+    hook = wl.hook_for(vitess)
+    wl.create_tables(hook)
+    work = wl.Workload(hook, SEED)
+    work.initial()
+    root = tmp_path_factory.mktemp("merge")
+    store = CheckpointStore(f"sqlite:///{root}/store.db")
+    suffix = uuid.uuid4().hex[:8]
+    orders = wl.new_sync(hook, store, root / "stage", f"orders-{suffix}", "customer", [wl.ORDERS])
+    commerce = wl.new_sync(
+        hook, store, root / "stage", f"commerce-{suffix}", "commerce", [wl.TYPES, wl.LINES]
+    )
+    orders.capture(snapshot=True)
+    commerce.capture(snapshot=True)
+    for k in range(2):
+        work.round()
+        work.types_round(k)
+        if k == 0:
+            work.big_transaction()
+        else:
+            work.touch_big()
+        orders.capture()
+        commerce.capture()
+    return Captured(hook, root, work, orders, commerce)
+
+
+def keys_of(sync: wl.Sync, table: str) -> tuple[str, ...]:
+    return tuple(sync.manifests[0].tables[table].key_columns)
+
+
+def assert_oracle(spark: SparkSession, c: Captured, root: Path, syncs: tuple[wl.Sync, ...]) -> None:
+    for sync in syncs:
+        for table in sync.tables:
+            n = wl.assert_equal_to_source(
+                spark, c.hook, sync.keyspace, table, str(root / table), keys_of(sync, table)
+            )
+            assert n > 0
+
+
+def txn_versions(path: str | Path) -> Counter[tuple[str, int]]:
+    """(txnAppId, txnVersion) of every commit in the table's log, counted."""
+    out: Counter[tuple[str, int]] = Counter()
+    for f in sorted((Path(path) / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                out[(action["txn"]["appId"], action["txn"]["version"])] += 1
+    return out
+
+
+def history_versions(spark: SparkSession, path: str | Path) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}`").agg({"version": "max"}).first()[0])  # type: ignore[index]
+
+
+@dataclass
+class Merged:
+    root: Path
+    reports: dict[str, list[MergeReport]]
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def merged(spark: SparkSession, captured: Captured) -> Merged:
+    """Each sync merged in process as two jobs: [snapshot, first catch-up] then [second catch-up]."""
+    root = captured.root / "delta-inproc"
+    reports: dict[str, list[MergeReport]] = {}
+    started = time.monotonic()
+    for sync in (captured.orders, captured.commerce):
+        reports[sync.sync_id] = [
+            merge(spark, sync.plan(root, 0, 2), rows_per_file=40_000),
+            merge(spark, sync.plan(root, 2), rows_per_file=40_000),
+        ]
+    return Merged(root, reports, time.monotonic() - started)
+
+
+# -- (a) the oracle ------------------------------------------------------------------------------
+
+
+def test_windows_merged_in_process_equal_the_source(
+    spark: SparkSession, captured: Captured, merged: Merged
+) -> None:
+    work = captured.workload
+    assert work.moves > 5 and work.key_changes > 5
+    # Moves between shards in one transaction land in one commit second on both shards: the tie
+    # rule is exercised, not only documented.
+    assert wl.cross_shard_ties(captured.orders.manifests[1:], wl.ORDERS, "order_id") > 0
+    assert_oracle(spark, captured, merged.root, (captured.orders, captured.commerce))
+    for sync in (captured.orders, captured.commerce):
+        first, second = merged.reports[sync.sync_id]
+        snapshot = first.windows[0]
+        assert {t.status for t in snapshot.tables} == {TableStatus.WRITTEN}
+        assert {t.mode.value for t in snapshot.tables} == {"replace"}
+        statuses = {t.status for w in (*first.windows[1:], *second.windows) for t in w.tables}
+        assert statuses <= {TableStatus.WRITTEN, TableStatus.NO_CHANGES}
+    first, second = merged.reports[captured.orders.sync_id]
+    assert first.windows[1].table(wl.ORDERS).rows_upserted >= wl.BIG_ROWS
+    touched = second.windows[0].table(wl.ORDERS)
+    assert touched.status is TableStatus.WRITTEN and touched.rows_deleted >= 500
+
+
+def test_every_mysql_type_lands_with_its_documented_delta_type(spark: SparkSession, merged: Merged) -> None:
+    schema = spark.read.format("delta").load(str(merged.root / wl.TYPES)).schema
+    types = {f.name: f.dataType for f in schema.fields}
+    assert types["u64"] == T.DecimalType(20, 0)
+    assert types["dec"] == T.StringType()  # DECIMAL(65,30): exact text
+    assert types["dt"] == T.TimestampNTZType() and types["ts"] == T.TimestampType()
+    assert types["t"] == T.LongType() and "microseconds" in schema["t"].metadata["comment"]
+    assert types["y"] == T.ShortType() and types["i8"] == T.ByteType() and types["u8"] == T.ShortType()
+    assert types["b64"] == T.BinaryType() and types["bl"] == T.BinaryType() and types["js"] == T.StringType()
+    row = (
+        spark.read.format("delta")
+        .load(str(merged.root / wl.TYPES))
+        .where("u64 = 18446744073709551615")
+        .first()
+    )
+    assert row is not None
+    assert row["dec"] == "9" * 35 + "." + "9" * 30
+    assert row["dt"].microsecond == 999999 and row["t"] == (838 * 3600 + 59 * 60 + 59) * 10**6
+
+
+# -- (b) idempotence -----------------------------------------------------------------------------
+
+
+def test_a_repeated_plan_is_already_applied_and_commits_nothing(
+    spark: SparkSession, captured: Captured, merged: Merged
+) -> None:
+    for sync in (captured.orders, captured.commerce):
+        plan = sync.plan(merged.root)
+        versions = {t: history_versions(spark, merged.root / t) for t in sync.tables}
+        report = merge(spark, plan)
+        assert {s for s in report.statuses().values()} <= {
+            TableStatus.ALREADY_APPLIED,
+            TableStatus.NO_CHANGES,
+        }
+        assert all(
+            report.window(m.window_seq).table(t).status is TableStatus.ALREADY_APPLIED
+            for m in sync.manifests
+            for t in sync.tables
+            if m.tables.get(t) is not None and m.tables[t].parts
+        )
+        for table in sync.tables:
+            assert history_versions(spark, merged.root / table) == versions[table]
+            written = [
+                w.seq
+                for r in merged.reports[sync.sync_id]
+                for w in r.windows
+                if w.table(table).status is TableStatus.WRITTEN
+            ]
+            assert txn_versions(merged.root / table) == Counter(
+                {(plan.txn_app_id(table), seq): 1 for seq in written}
+            )
+    assert_oracle(spark, captured, merged.root, (captured.orders, captured.commerce))
+
+
+# -- the tie rule, against the reference applier ---------------------------------------------------
+
+
+def test_last_event_per_key_matches_the_reference_applier(spark: SparkSession, tmp_path: Path) -> None:
+    """Random windows with keys moving between two shards within one second, key changes and
+    deletes: the Delta table equals tests/integration/replay.py's result."""
+    rng = random.Random(SEED)
+    fields = [
+        query_pb2.Field(name="k", type=query_pb2.INT64, column_type="bigint", flags=1),
+        query_pb2.Field(name="v", type=query_pb2.INT64, column_type="bigint"),
+    ]
+    Image = tuple[int, int] | None
+    state: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    live: dict[int, str] = {}  # key -> the shard holding it
+    windows: list[WindowToMerge] = []
+    changes: list[StagedChange] = []
+    ts = 1000
+
+    def emit(shard: str, op: Operation, before: Image, after: Image) -> None:
+        changes.append(StagedChange("ks", "t", shard, op, ts, len(changes) + 1, before, after))
+
+    for w in range(1, 4):
+        changes.clear()
+        for _ in range(400):
+            ts += rng.random() < 0.1  # several events a second, in staged (commit second) order
+            k = rng.randint(1, 40)
+            shard = live.get(k, rng.choice(["-80", "80-"]))
+            p = rng.random()
+            if k not in live:
+                emit(shard, Operation.INSERT, None, (k, len(changes)))
+                live[k] = shard
+            elif p < 0.2:
+                emit(shard, Operation.DELETE, (k, 0), None)
+                del live[k]
+            elif p < 0.5:  # a move: DELETE on its shard and INSERT on the other, in one second
+                other = "80-" if shard == "-80" else "-80"
+                emit(shard, Operation.DELETE, (k, 0), None)
+                emit(other, Operation.INSERT, None, (k, len(changes)))
+                if rng.random() < 0.5:  # staged in shard order, not commit order: swap them
+                    changes[-2], changes[-1] = changes[-1], changes[-2]
+                live[k] = other
+            elif p < 0.6 and k + 100 not in live:  # key change on the same shard
+                emit(shard, Operation.UPDATE, (k, 0), (k + 100, len(changes)))
+                live[k + 100] = live.pop(k)
+            else:
+                emit(shard, Operation.UPDATE, (k, 0), (k, len(changes)))
+        stager = WindowStager(str(tmp_path / "stage"), "ties", w, key_columns={"t": ["k"]})
+        for shard in ("-80", "80-"):
+            stager.set_schema("ks", "t", fields, shard)
+        staged = [replace(c, seq=i + 1) for i, c in enumerate(changes)]
+        for c in staged:
+            stager.add_change(c.keyspace, c.table, c.shard, c.op, c.commit_ts, c.seq, c.before, c.after)
+        v = Vgtid.for_keyspace("ks", "")
+        manifest = stager.finish(v, v, v)
+        state = replay(staged, key_index=[0], initial=state)
+        windows.append(WindowToMerge(w, manifest.path, ("t",) if w == 1 else ()))
+    plan = MergePlan("ties", tuple(windows), {"t": TableTarget("t", str(tmp_path / "t"), ("k",), ("k",))})
+    merge(spark, plan)
+    got = {
+        (r["k"],): (r["k"], r["v"]) for r in spark.read.format("delta").load(str(tmp_path / "t")).collect()
+    }
+    assert got == state
+    assert len(state) > 10
+
+
+# -- damaged input ---------------------------------------------------------------------------------
+
+
+def test_corrupt_part_or_missing_manifest_fails_naming_it_and_writes_nothing(
+    spark: SparkSession, captured: Captured, tmp_path: Path
+) -> None:
+    sync = captured.orders
+    stage = tmp_path / "stage"
+    shutil.copytree(captured.root / "stage" / sync.sync_id, stage / sync.sync_id)
+    copy = wl.Sync(sync.sync_id, sync.keyspace, sync.tables, sync.runner, sync.store)
+    for m in sync.manifests:
+        loaded = load_manifest(str(stage), sync.sync_id, m.window_seq)
+        assert loaded is not None
+        copy.manifests.append(loaded)
+    target = tmp_path / "delta"
+    merge(spark, copy.plan(target, 0, 1))
+    version = history_versions(spark, target / wl.ORDERS)
+
+    part = copy.manifests[1].tables[wl.ORDERS].parts[0]
+    path = stage / sync.sync_id / f"window={copy.manifests[1].window_seq:010d}" / part.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStagedDataError, match=rf"part file {path}"):
+        merge(spark, copy.plan(target, 1))
+    out = tmp_path / "report.json"
+    code = main(["--plan-json", copy.plan(target, 1).to_json(), "--report-file", str(out)], spark=spark)
+    assert code == 2 and not out.exists()
+
+    (stage / sync.sync_id / f"window={copy.manifests[2].window_seq:010d}" / "_manifest.json").unlink()
+    with pytest.raises(MergePlanError, match=r"window \d+: staged manifest .*_manifest\.json does not exist"):
+        merge(spark, copy.plan(target, 2))
+    assert history_versions(spark, target / wl.ORDERS) == version
+
+
+# -- (d) schema changes ----------------------------------------------------------------------------
+
+EVOLVE = "merge_evolve"
+
+
+def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
+    spark: SparkSession, vitess: LocalVitess, tmp_path: Path
+) -> None:
+    hook = wl.hook_for(vitess, "vitess_merge_evolve")
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{EVOLVE}",
+        f"CREATE TABLE commerce.{EVOLVE} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), qty INT)",
+        f"INSERT INTO commerce.{EVOLVE} VALUES (1, 'one', 1), (2, 'two', 2), (3, 'three', 3)",
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    sync = wl.new_sync(
+        hook, store, tmp_path / "stage", f"evolve-{uuid.uuid4().hex[:8]}", "commerce", [EVOLVE]
+    )
+    target = tmp_path / "delta"
+    sync.capture(snapshot=True)
+    merge(spark, sync.plan(target, 0, 1))
+    # One window with two schema versions: rows before and after the DDL.
+    wl.execute(
+        hook,
+        f"UPDATE commerce.{EVOLVE} SET qty = 10 WHERE id = 1",
+        f"ALTER TABLE commerce.{EVOLVE} ADD COLUMN note VARCHAR(10), MODIFY qty BIGINT",
+        f"INSERT INTO commerce.{EVOLVE} VALUES (4, 'four', 5000000000, '44'), (5, 'five', -1, NULL)",
+        f"UPDATE commerce.{EVOLVE} SET note = '22', qty = qty + 4000000000 WHERE id = 2",
+        f"DELETE FROM commerce.{EVOLVE} WHERE id = 3",
+    )
+    window = sync.capture()
+    assert len(window.tables[EVOLVE].schemas) == 2
+    report = merge(spark, sync.plan(target, 1, 2))
+    result = report.windows[0].table(EVOLVE)
+    assert result.status is TableStatus.WRITTEN
+    assert set(result.schema_changes) == {"add column note string", "widen column qty int -> bigint"}
+    schema = spark.read.format("delta").load(str(target / EVOLVE)).schema
+    assert schema["qty"].dataType == T.LongType() and schema["note"].dataType == T.StringType()
+    wl.assert_equal_to_source(spark, hook, "commerce", EVOLVE, str(target / EVOLVE), ("id",))
+
+    version = history_versions(spark, target / EVOLVE)
+    wl.execute(
+        hook,
+        f"ALTER TABLE commerce.{EVOLVE} MODIFY note INT",
+        f"INSERT INTO commerce.{EVOLVE} VALUES (6, 'six', 6, 66)",
+    )
+    sync.capture()
+    with pytest.raises(
+        MergeSchemaError, match=rf"table '{EVOLVE}' column 'note': .*cannot be written to string"
+    ):
+        merge(spark, sync.plan(target, 2))
+    assert history_versions(spark, target / EVOLVE) == version
+    rows = {r["id"]: r["note"] for r in spark.read.format("delta").load(str(target / EVOLVE)).collect()}
+    assert rows == {1: None, 2: "22", 4: "44", 5: None}
+    wl.execute(hook, f"DROP TABLE commerce.{EVOLVE}")
+
+
+# -- spark-submit: killed at random points, and on a standalone cluster ------------------------------
+
+
+# A job run is short and spends its time in cold code: the quick JIT tier alone starts ~20% faster.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def _submit_command(plan_file: Path, report_file: Path, master: str, extra: dict[str, str]) -> list[str]:
+    conf = {
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.extraJavaOptions": QUICK_JIT,
+        "spark.executor.extraJavaOptions": QUICK_JIT,
+        **extra,
+    }
+    return [
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        "--master",
+        master,
+        *spark_submit_args(local=True, extra=conf),
+        str(JOB),
+        "--plan-file",
+        str(plan_file),
+        "--report-file",
+        str(report_file),
+        "--rows-per-file",
+        "40000",
+    ]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    return {**env, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SPARK_HOME": str(SPARK_HOME)}
+
+
+@dataclass
+class Run:
+    code: int | None
+    killed_at: str | None
+    progress: list[dict[str, Any]]
+    stdout: list[str]
+
+
+def _run_job(
+    plan: MergePlan,
+    tmp: Path,
+    name: str,
+    *,
+    master: str = "local[2]",
+    kill: tuple[str, int, float] | None = None,
+) -> Run:
+    """spark-submit the job; with ``kill=(phase, nth, delay)`` SIGKILL its process group ``delay``
+    seconds after its nth progress line of ``phase``."""
+    plan_file, report_file = tmp / f"{name}.plan.json", tmp / f"{name}.report.json"
+    plan_file.write_text(plan.to_json())
+    with open(tmp / f"{name}.stderr", "w") as err:
+        child = subprocess.Popen(
+            _submit_command(plan_file, report_file, master, {}),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=tmp,
+            env=_env(),
+            start_new_session=True,
+        )
+        assert child.stdout is not None
+        lines: list[str] = []
+        progress: list[dict[str, Any]] = []
+        killed: list[str] = []
+
+        def kill_after(delay: float, what: str) -> None:
+            time.sleep(delay)
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                killed.append(what)
+
+        seen: Counter[str] = Counter()
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith(PROGRESS_PREFIX):
+                event = json.loads(line[len(PROGRESS_PREFIX) :])
+                progress.append(event)
+                seen[event["phase"]] += 1
+                if kill is not None and event["phase"] == kill[0] and seen[kill[0]] == kill[1]:
+                    threading.Thread(
+                        target=kill_after, args=(kill[2], f"{kill[0]} #{kill[1]}"), daemon=True
+                    ).start()
+        code = child.wait(timeout=600)
+    if killed:
+        return Run(None, killed[0], progress, lines)
+    assert code == 0, (tmp / f"{name}.stderr").read_text()[-4000:]
+    return Run(code, None, progress, lines)
+
+
+def test_spark_submit_killed_at_random_points_then_rerun_commits_each_window_once(
+    spark: SparkSession, captured: Captured, tmp_path: Path
+) -> None:
+    rng = random.Random(SEED + 1)
+    sync = captured.orders
+    plan = sync.plan(tmp_path / "delta")
+    assert len(plan.windows) >= 3
+    # Each run resumes where the one before stopped; (phase, n, delay): kill ``delay`` seconds
+    # after the run's nth progress line of ``phase``.
+    kills = [
+        ("writing", 1, 0.0),  # before a write: the step has started, nothing is written yet
+        ("writing", 1, rng.uniform(0.5, 6.0)),  # while writing or committing
+        ("committed", 1, 0.0),  # right after a commit, before the next window
+    ]
+    landed = []
+    for i, kill in enumerate(kills):
+        run = _run_job(plan, tmp_path, f"kill{i}", kill=kill)
+        landed.append(run.killed_at)
+    assert all(landed), f"every kill must land while the job runs: {landed}"
+    final = _run_job(plan, tmp_path, "final")
+    report = parse_report_line(final.stdout)
+    assert report is not None and report.merged_seqs() == [w.seq for w in plan.windows]
+    assert any(s is TableStatus.ALREADY_APPLIED for s in report.statuses().values())
+    assert json.loads((tmp_path / "final.report.json").read_text()) == json.loads(report.to_json())
+    table = tmp_path / "delta" / wl.ORDERS
+    assert txn_versions(table) == Counter({(plan.txn_app_id(wl.ORDERS), w.seq): 1 for w in plan.windows})
+    wl.assert_equal_to_source(spark, captured.hook, "customer", wl.ORDERS, str(table), ("order_id",))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_job_on_a_standalone_spark_cluster(spark: SparkSession, captured: Captured, tmp_path: Path) -> None:
+    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    env = {**_env(), "SPARK_LOG_DIR": str(tmp_path), "SPARK_WORKER_DIR": str(tmp_path / "work")}
+    procs = []
+    try:
+        for args, log in [
+            (
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(ui),
+                ],
+                "master.log",
+            ),
+            (
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    f"spark://127.0.0.1:{port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    str(worker_ui),
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                ],
+                "worker.log",
+            ),
+        ]:
+            with open(tmp_path / log, "w") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [spark_class, *args],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
+                    if json.loads(r.read()).get("aliveworkers", 0) >= 1:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+        # The type matrix only: its DECIMAL(65,30) column runs a Python function on the executors.
+        sync = captured.commerce
+        full = sync.plan(tmp_path / "delta")
+        windows = tuple(
+            replace(w, replace_tables=(wl.TYPES,) if w.replace_tables else ()) for w in full.windows
+        )
+        plan = MergePlan(full.sync_id, windows, {wl.TYPES: full.targets[wl.TYPES]})
+        run = _run_job(plan, tmp_path, "cluster", master=f"spark://127.0.0.1:{port}")
+        report = parse_report_line(run.stdout)
+        assert report is not None and report.merged_seqs() == [w.seq for w in plan.windows]
+        wl.assert_equal_to_source(
+            spark, captured.hook, "commerce", wl.TYPES, str(tmp_path / "delta" / wl.TYPES), ("id",)
+        )
+        apps = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5).read())
+        assert apps["completedapps"], "the job ran on the cluster"
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
