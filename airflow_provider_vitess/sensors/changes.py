@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -160,6 +160,7 @@ class VitessChangesSensor(BaseSensorOperator):
                 lag_threshold=self.lag_threshold,
                 heartbeat_interval=self.heartbeat_interval,
                 lag_check_interval=self.lag_check_interval,
+                timeout_at=time.time() + float(self.timeout),
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -167,6 +168,11 @@ class VitessChangesSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger: the change it saw becomes the task's result."""
+        if event and event.get("status") == "timeout":
+            # soft_fail turns this into a skip (the rest of the run is skipped: nothing to do).
+            raise AirflowSensorTimeout(
+                f"No change to {self.keyspace}.{','.join(self.tables)} within {self.timeout:g} s"
+            )
         if not event or event.get("status") != "change":
             message = (event or {}).get("message", "the trigger ended without an event")
             raise AirflowException(f"Watching {self.keyspace} for changes failed: {message}")

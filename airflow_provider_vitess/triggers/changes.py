@@ -67,6 +67,7 @@ class VitessChangesTrigger(BaseTrigger):
         heartbeat_interval: int = 10,
         lag_check_interval: float = 60.0,
         max_reconnects: int = 10,
+        timeout_at: float | None = None,
     ) -> None:
         super().__init__()
         if not tables:
@@ -81,6 +82,9 @@ class VitessChangesTrigger(BaseTrigger):
         self.heartbeat_interval = int(heartbeat_interval)
         self.lag_check_interval = float(lag_check_interval)
         self.max_reconnects = int(max_reconnects)
+        # Wall-clock deadline (epoch seconds): ``dag.test()`` runs triggers inline and does not
+        # enforce the deferral timeout, so the trigger ends the wait itself.
+        self.timeout_at = timeout_at
         self.streams_opened = 0  # for tests and logs: 1 + reconnects
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -95,12 +99,21 @@ class VitessChangesTrigger(BaseTrigger):
                 "heartbeat_interval": self.heartbeat_interval,
                 "lag_check_interval": self.lag_check_interval,
                 "max_reconnects": self.max_reconnects,
+                "timeout_at": self.timeout_at,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
-            change = await self.wait_for_change()
+            if self.timeout_at is None:
+                change = await self.wait_for_change()
+            else:
+                left = max(0.0, self.timeout_at - time.time())
+                change = await asyncio.wait_for(self.wait_for_change(), timeout=left)
+        except asyncio.TimeoutError:
+            self.log.info("No change to %s before the sensor's timeout", self._describe())
+            yield TriggerEvent({"status": "timeout", "message": f"no change to {self._describe()}"})
+            return
         except (VitessProviderError, grpc.RpcError) as exc:
             self.log.error("Watching %s for changes failed: %s", self._describe(), exc)
             yield TriggerEvent({"status": "error", "message": str(exc)})

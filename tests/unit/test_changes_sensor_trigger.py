@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskDeferred
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.sensors import VitessChangesSensor
@@ -155,3 +156,21 @@ def test_sensor_resumes_with_the_change_or_raises_the_error() -> None:
         task.execute_complete(CONTEXT, {"status": "error", "message": "vtgate said no"})
     with pytest.raises(AirflowException, match="without an event"):
         task.execute_complete(CONTEXT, None)
+
+
+def test_the_trigger_ends_the_wait_itself_at_its_deadline() -> None:
+    # dag.test() runs triggers inline without enforcing the deferral timeout: the trigger must.
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="unused", keyspace="customer", tables=["orders"], start_vgtid=START.to_json(),
+        timeout_at=time.time() - 1,
+    )  # fmt: skip
+    assert trigger.serialize()[1]["timeout_at"] == trigger.timeout_at
+
+    async def first_event() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    assert asyncio.run(first_event())["status"] == "timeout"
+    with pytest.raises(AirflowSensorTimeout, match=r"No change to customer\.orders within"):
+        sensor(start_vgtid=START.to_json(), timeout=5).execute_complete(CONTEXT, {"status": "timeout"})
