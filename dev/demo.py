@@ -140,12 +140,24 @@ def run_dag(env: dict[str, str], label: str) -> None:
             cwd=DEMO,
             check=False,
         )
-    text = log.read_text()
-    states = [line for line in text.splitlines() if "Marking task as" in line or "final_state" in line]
     print(f"    {label}: exit {proc.returncode} in {time.monotonic() - started:.0f} s (log: {log})")
-    for line in states[-8:]:
-        print("    " + line.strip()[:160])
-    if proc.returncode != 0 or "state=failed" in text.replace(" ", ""):
+    airflow_db = sqlalchemy.create_engine(f"sqlite:///{DEMO / 'airflow' / 'airflow.db'}")
+    with airflow_db.connect() as conn:
+        run_id = conn.execute(
+            sqlalchemy.text("SELECT run_id FROM dag_run WHERE dag_id = :d ORDER BY id DESC LIMIT 1"),
+            {"d": DAG_ID},
+        ).scalar_one()
+        tasks = conn.execute(
+            sqlalchemy.text(
+                "SELECT task_id, state, duration FROM task_instance WHERE dag_id = :d AND run_id = :r "
+                "ORDER BY start_date"
+            ),
+            {"d": DAG_ID, "r": run_id},
+        ).all()
+    airflow_db.dispose()
+    for task_id, state, duration in tasks:
+        print(f"      {task_id:<17} {state:<8} {duration or 0:6.1f} s")
+    if proc.returncode != 0 or any(state == "failed" for _, state, _ in tasks):
         sys.exit(f"the {label} DAG run failed; see {log}")
 
 
@@ -174,7 +186,7 @@ def summary(engine: sqlalchemy.Engine, env: dict[str, str]) -> None:
         lag = w.stats.get("shard_lag_transactions", {})
         rows = w.stats.get("rows", 0)
         print(f"window {n}: {w.kind.value:<8} {w.state.value:<9} rows {rows:>6,}  lag {lag or '-'}")
-        for p in store.progress(SYNC, n):
+        for p in store.progress(SYNC, n) if w.kind.value == "snapshot" else ():
             pct = "" if p.percent is None else f" ({p.percent:.0f}%)"
             copied, known = p.rows_copied or 0, p.rows_known or 0
             print(f"    {p.table:<10} copied {copied:>6,} of {known:>6,}{pct}  key {p.key_columns}")
