@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 from decimal import Decimal
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 from airflow_provider_vitess.hooks.vitess import VitessHook
 
 _STOP_AT_EXIT: list[Any] = []
+# py4j logs from __del__ at interpreter exit, after pytest closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def spark_session() -> Any:
