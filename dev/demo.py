@@ -170,7 +170,17 @@ def summary(engine: sqlalchemy.Engine, env: dict[str, str]) -> None:
     builder = SparkSession.builder.master("local[2]").appName("vitess-demo")
     for key, value in {**spark_conf(local=True), "spark.jars.ivy": str(IVY)}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # The JVM inherits stdout/stderr when it starts: give it a log file instead of the terminal
+    # (Ivy's resolution report and Spark's warnings would bury the result).
+    saved = os.dup(1), os.dup(2)
+    with (DEMO / "spark-summary.log").open("w") as jvm_log:
+        os.dup2(jvm_log.fileno(), 1)
+        os.dup2(jvm_log.fileno(), 2)
+        try:
+            spark = builder.getOrCreate()
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
     spark.sparkContext.setLogLevel("ERROR")
     print(f"\n{'table':<10} {'source rows':>12} {'delta rows':>12}  equal")
     for table in TABLES:
