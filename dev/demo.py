@@ -172,6 +172,7 @@ def summary(engine: sqlalchemy.Engine, env: dict[str, str]) -> None:
         builder = builder.config(key, value)
     # The JVM inherits stdout/stderr when it starts: give it a log file instead of the terminal
     # (Ivy's resolution report and Spark's warnings would bury the result).
+    sys.stdout.flush()
     saved = os.dup(1), os.dup(2)
     with (DEMO / "spark-summary.log").open("w") as jvm_log:
         os.dup2(jvm_log.fileno(), 1)
