@@ -120,10 +120,12 @@ def _run(
 ) -> TableResult:
     target = plan.targets[step.table]
     app_id = plan.txn_app_id(step.table)
+    window = next(w for w in plan.windows if w.seq == step.seq)
+    mode = WriteMode.REPLACE if step.table in window.replace_tables else WriteMode.MERGE
     if step.action is Action.ALREADY_APPLIED:
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     if step.action is Action.NO_CHANGES:
-        return TableResult(step.table, target.path, TableStatus.NO_CHANGES)
+        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode)
     progress(step.seq, step.table, "writing")
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
@@ -149,7 +151,7 @@ def _run(
             changes, version = _merge(spark, final, target.path, keys, step, app_id)
     commit = apply.last_commit(spark, target.path)
     if commit.version <= version:  # Delta skipped the write: another run committed the window first
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 V = TypeVar("V")
 
-MAX_RANGES = 64
+MAX_RANGES = 16
 # More distinct keys than this in a window: one [min, max] range, computed by Spark.
 MAX_COLLECTED_KEYS = 200_000
 
