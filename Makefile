@@ -30,7 +30,7 @@ protos: $(STAMP)
 lint: $(STAMP) protos
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy airflow_provider_vitess tests setup.py
+	$(BIN)/mypy airflow_provider_vitess spark_jobs tests dags_examples bench dev setup.py
 
 unit: $(STAMP) protos
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit

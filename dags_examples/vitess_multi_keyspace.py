@@ -12,18 +12,19 @@ from airflow_provider_vitess.dag_factory import vitess_sync_dag
 
 LAKE = os.environ.get("VITESS_LAKE", "/tmp/vitess-lake")
 
-KEYSPACES = {
-    "commerce": {"tables": ["product"], "schedule": "*/10 * * * *"},
-    "customer": {"tables": ["customer", "corder"], "schedule": "*/5 * * * *"},
+# keyspace -> (tables, schedule)
+KEYSPACES: dict[str, tuple[list[str], str]] = {
+    "commerce": (["product"], "*/10 * * * *"),
+    "customer": (["customer", "corder"], "*/5 * * * *"),
 }
 
-for keyspace, settings in KEYSPACES.items():
+for keyspace, (tables, schedule) in KEYSPACES.items():
     dag_id = f"vitess_{keyspace}_multi"
     globals()[dag_id] = vitess_sync_dag(
         dag_id,
         keyspace=keyspace,
-        tables=settings["tables"],
-        schedule=settings["schedule"],
+        tables=tables,
+        schedule=schedule,
         staging_location=f"{LAKE}/staging",
         target_location=f"{LAKE}/delta/multi/{keyspace}",
     )
