@@ -34,12 +34,8 @@ REPORT_ARG = "--report-file"
 
 
 def default_application() -> str:
-    """The merge job: the checkout's ``spark_jobs/merge_cdc.py``, else the copy in the package."""
-    here = Path(__file__).resolve()
-    checkout = here.parents[2] / "spark_jobs" / "merge_cdc.py"
-    if checkout.is_file():
-        return str(checkout)
-    return str(here.parents[1] / "merge" / "merge_cdc.py")
+    """The merge job's file, inside the installed provider (what spark-submit runs)."""
+    return str(Path(__file__).resolve().parents[1] / "merge" / "job.py")
 
 
 def _default_spark_binary() -> str | None:

@@ -1,0 +1,288 @@
+"""PySpark job: apply staged Vitess change windows to Delta Lake tables, each window once.
+
+Usage (the operator builds this command; ``airflow_provider_vitess.merge.spark_conf`` has the
+``--packages``/``--conf`` values)::
+
+    spark-submit --packages io.delta:delta-spark_2.13:4.4.0 \\
+        --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
+        --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
+        spark_jobs/merge_cdc.py (--plan-json JSON | --plan-file PATH) \\
+        [--report-file PATH] [--rows-per-file N]
+
+The plan is a :class:`~airflow_provider_vitess.merge.plan.MergePlan` (JSON). The driver's Python
+must have this provider and ``delta-spark`` installed (it reads the manifests, verifies the
+staged files' checksums and plans the schema changes); executors need only PySpark. The staging
+location must be a path or URL that both fsspec and Spark/Hadoop read (a local or shared path,
+``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration.
+
+What a run does, in order, before writing anything: load every window's manifest (a missing one
+is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
+naming the file), read each Delta table's schema and the latest transaction version of
+``plan.txn_app_id(table)``, and plan every (window, table) step, so an incompatible schema change
+fails the run before its first commit. Then, window by window in seq order, table by table:
+skip what the table's transaction version already covers (``already_applied``), else reduce the
+window to the last event of each key (``merge.apply``: staged order, the cross-shard tie rule,
+key changes delete the old key) and either replace the table with it (a snapshot window or a new
+table) or MERGE it in, as one Delta commit carrying txnAppId = ``plan.txn_app_id(table)`` and
+txnVersion = the window's seq: a rerun after a crash, at any point, commits nothing twice.
+
+Output: one stdout line ``VITESS_MERGE_REPORT <json>`` (:class:`~airflow_provider_vitess.merge.
+report.MergeReport`), the same JSON in ``--report-file``, and ``VITESS_MERGE_PROGRESS <json>``
+lines as each (window, table) starts writing and commits. Exit status 0; 2 for a plan or staged
+input the job refuses (message on stderr and as ``VITESS_MERGE_ERROR <json>``); 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+
+from airflow_provider_vitess.exceptions import VitessProviderError
+from airflow_provider_vitess.merge import apply
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
+from airflow_provider_vitess.merge.report import (
+    PROGRESS_PREFIX,
+    REPORT_PREFIX,
+    MergeReport,
+    TableResult,
+    TableStatus,
+    WindowResult,
+    WriteMode,
+)
+from airflow_provider_vitess.merge.schema import WindowColumns, needs_column_mapping, write_types
+from airflow_provider_vitess.merge.spark_conf import spark_conf
+from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
+from airflow_provider_vitess.staging import Manifest, load_manifest, verify
+from airflow_provider_vitess.staging.files import MANIFEST_NAME
+
+log = logging.getLogger("vitess_merge")
+ERROR_PREFIX = "VITESS_MERGE_ERROR "
+DEFAULT_ROWS_PER_FILE = 1_000_000
+Progress = Callable[[int, str, str], None]
+
+
+def load_windows(plan: MergePlan) -> list[Manifest]:
+    """Every window's manifest, its parts verified (the tables the plan merges)."""
+    out = []
+    for w in plan.windows:
+        suffix = f"/{plan.sync_id}/window={w.seq:010d}/{MANIFEST_NAME}"
+        if not w.manifest_path.endswith(suffix):
+            raise MergePlanError(
+                f"window {w.seq}: manifest path {w.manifest_path!r} is not '<staging location>{suffix}'"
+            )
+        manifest = load_manifest(w.manifest_path[: -len(suffix)], plan.sync_id, w.seq)
+        if manifest is None:
+            raise MergePlanError(f"window {w.seq}: staged manifest {w.manifest_path} does not exist")
+        verify(manifest, [t for t in sorted(plan.targets) if t in manifest.tables])
+        out.append(manifest)
+    return out
+
+
+def merge(
+    spark: SparkSession,
+    plan: MergePlan,
+    *,
+    rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    progress: Progress | None = None,
+) -> MergeReport:
+    """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what."""
+    started = time.monotonic()
+    manifests = load_windows(plan)
+    states = {t: apply.table_state(spark, tt.path, plan.txn_app_id(t)) for t, tt in plan.targets.items()}
+    steps = plan_steps(plan, manifests, states)
+    by_seq = {m.window_seq: m for m in manifests}
+    results: dict[int, list[TableResult]] = {w.seq: [] for w in plan.windows}
+    for step in steps:
+        mapping = states[step.table].column_mapping
+        result = _run(
+            spark, plan, by_seq[step.seq], step, rows_per_file, progress or (lambda *_: None), mapping
+        )
+        log.info("window %d table %s: %s", step.seq, step.table, json.dumps(result.to_dict()))
+        results[step.seq].append(result)
+    log.info("sync %s: %d window(s) in %.1fs", plan.sync_id, len(plan.windows), time.monotonic() - started)
+    return MergeReport(plan.sync_id, tuple(WindowResult(s, tuple(r)) for s, r in results.items()))
+
+
+def _run(
+    spark: SparkSession,
+    plan: MergePlan,
+    manifest: Manifest,
+    step: Step,
+    rows_per_file: int,
+    progress: Progress,
+    column_mapping: bool,
+) -> TableResult:
+    target = plan.targets[step.table]
+    app_id = plan.txn_app_id(step.table)
+    window = next(w for w in plan.windows if w.seq == step.seq)
+    mode = WriteMode.REPLACE if step.table in window.replace_tables else WriteMode.MERGE
+    if step.action is Action.ALREADY_APPLIED:
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+    if step.action is Action.NO_CHANGES:
+        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode)
+    progress(step.seq, step.table, "writing")
+    keys = list(target.key_columns)
+    changes: tuple[str, ...] = ()
+    version = apply.table_version(spark, target.path)
+    if step.action is Action.TRUNCATE:
+        assert step.schema is not None
+        empty = spark.createDataFrame([], step.schema)
+        apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
+    else:
+        assert step.columns is not None
+        tm = manifest.tables[step.table]
+        final = apply.last_per_key(
+            apply.read_window(spark, manifest, tm, step.columns), keys, [c.name for c in step.columns.columns]
+        )
+        if step.action is Action.REPLACE:
+            rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
+            mapping = column_mapping or needs_column_mapping(rows.columns)
+            files = apply.files_for(tm.rows, rows_per_file)
+            apply.write_replace(
+                rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
+            )
+        else:
+            changes, version = _merge(spark, final, target.path, keys, step, app_id)
+    commit = apply.last_commit(spark, target.path)
+    if commit.version <= version:  # Delta skipped the write: another run committed the window first
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+    progress(step.seq, step.table, "committed")
+    return _result(step, target.path, commit, changes)
+
+
+def _with_comments(wc: WindowColumns) -> list[Column]:
+    return [
+        apply.col(c.name).alias(c.name, metadata={"comment": c.comment} if c.comment else {})
+        for c in wc.columns
+    ]
+
+
+def _merge(
+    spark: SparkSession, final: DataFrame, path: str, keys: list[str], step: Step, app_id: str
+) -> tuple[tuple[str, ...], int]:
+    """Evolve the schema, then MERGE; returns the schema changes and the version before the MERGE."""
+    assert step.columns is not None and step.evolution is not None and step.schema is not None
+    ev = step.evolution
+    if not ev.empty:
+        log.info("table %s: %s", step.table, "; ".join(ev.changes))
+        apply.evolve_table(spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping)
+    types = write_types(step.columns, step.schema)
+    rows = apply.persist(
+        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
+    )
+    try:
+        # One file: nothing to skip, so no job to compute the key ranges.
+        one_file = apply.table_files(spark, path) <= 1
+        prune = None if one_file else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
+        version = apply.table_version(spark, path)
+        apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune)
+    finally:
+        rows.unpersist()
+    return tuple(ev.changes), version
+
+
+def _result(step: Step, path: str, commit: apply.Commit, changes: tuple[str, ...]) -> TableResult:
+    m = {k: int(v) for k, v in commit.metrics.items() if v.lstrip("-").isdigit()}
+    if step.action is Action.MERGE:
+        return TableResult(
+            step.table,
+            path,
+            TableStatus.WRITTEN,
+            WriteMode.MERGE,
+            rows_upserted=m.get("numTargetRowsInserted", 0) + m.get("numTargetRowsUpdated", 0),
+            rows_deleted=m.get("numTargetRowsDeleted", 0),
+            delta_version=commit.version,
+            schema_changes=changes,
+            files_touched=m.get("numTargetFilesRemoved", 0)
+            + m.get("numTargetDeletionVectorsAdded", 0)
+            + m.get("numTargetDeletionVectorsUpdated", 0),
+        )
+    return TableResult(
+        step.table,
+        path,
+        TableStatus.WRITTEN,
+        WriteMode.REPLACE,
+        rows_upserted=m.get("numOutputRows", 0),
+        delta_version=commit.version,
+    )
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="merge_cdc.py", description=__doc__.split("\n", 1)[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--plan-json", help="the MergePlan as JSON text")
+    src.add_argument("--plan-file", help="a file (local path or fsspec URL) holding the MergePlan JSON")
+    p.add_argument("--report-file", help="also write the report JSON here")
+    p.add_argument(
+        "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def _read_text(path: str) -> str:
+    import fsspec
+
+    with fsspec.open(path, "r", encoding="utf-8") as f:
+        return str(f.read())
+
+
+def _write_text(path: str, text: str) -> None:
+    import fsspec
+
+    with fsspec.open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def session(app_name: str) -> SparkSession:
+    """The job's session: spark-submit's settings, plus :func:`spark_conf` for whatever they lack
+    (so ``python merge_cdc.py`` works too)."""
+    from pyspark import SparkConf
+
+    given = SparkConf()
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in spark_conf().items():
+        if not given.contains(key):
+            builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
+    args = _args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        plan = MergePlan.from_json(
+            args.plan_json if args.plan_json is not None else _read_text(args.plan_file)
+        )
+        spark = spark or session(f"vitess-merge {plan.sync_id}")
+
+        def emit(seq: int, table: str, phase: str) -> None:
+            print(PROGRESS_PREFIX + json.dumps({"seq": seq, "table": table, "phase": phase}), flush=True)
+
+        report = merge(spark, plan, rows_per_file=args.rows_per_file, progress=emit)
+    except VitessProviderError as exc:
+        print(f"merge failed: {exc}", file=sys.stderr, flush=True)
+        print(ERROR_PREFIX + json.dumps({"error": str(exc), "type": type(exc).__name__}), flush=True)
+        return 2
+    except Exception as exc:
+        log.exception("merge failed")
+        print(ERROR_PREFIX + json.dumps({"error": str(exc)[:2000], "type": type(exc).__name__}), flush=True)
+        return 1
+    text = report.to_json()
+    if args.report_file:
+        _write_text(args.report_file, text)
+    print(REPORT_PREFIX + text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
