@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,16 @@ def delta_txns(path: str | Path) -> list[tuple[str, int, int]]:
             if "txn" in action:
                 out.append((action["txn"]["appId"], int(action["txn"]["version"]), int(commit.stem)))
     return out
+
+
+def assert_delta_equals_source(
+    hook: VitessHook, keyspace: str, tables: Sequence[str], delta_root: str | Path
+) -> None:
+    """Each ``delta_root/<table>`` holds exactly the rows of ``keyspace.table`` through vtgate."""
+    for table in tables:
+        source = source_rows(hook, keyspace, table)
+        target = delta_rows(Path(delta_root) / table)
+        assert target == source, (
+            f"{table}: {len(target - source)} rows only in Delta (e.g. {sorted(target - source)[:3]}), "
+            f"{len(source - target)} only in the source (e.g. {sorted(source - target)[:3]})"
+        )

@@ -29,7 +29,7 @@ from airflow_provider_vitess.vgtid import Vgtid
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
-from tests.integration.delta_check import delta_rows, delta_txns, source_rows
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
 
@@ -156,16 +156,6 @@ def _assert_run_ok(api: AirflowServices, run: dict[str, Any]) -> dict[str, str |
     return states
 
 
-def _assert_target_equals_source(hook: VitessHook, lake: Path) -> None:
-    for table in TABLES:
-        source = source_rows(hook, "customer", table)
-        target = delta_rows(lake / "delta" / table)
-        assert target == source, (
-            f"{table}: {len(target - source)} rows only in Delta (e.g. {sorted(target - source)[:3]}), "
-            f"{len(source - target)} only in the source (e.g. {sorted(source - target)[:3]})"
-        )
-
-
 def test_backfill_runs_complete_and_target_equals_source(
     services: tuple[AirflowServices, Path], hook: VitessHook, today: datetime
 ) -> None:
@@ -245,7 +235,7 @@ def test_backfill_runs_complete_and_target_equals_source(
         versions = {version for _, version in applied}
         assert versions <= set(range(1, final_seq + 1)), f"{table}: unknown windows applied: {applied}"
         assert committed[1][0] in versions, f"{table}: the backfill's window is not in Delta: {applied}"
-    _assert_target_equals_source(hook, lake)
+    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
     phase("Delta checks")
 
     finished = api.wait_for_backfill(backfill["id"])

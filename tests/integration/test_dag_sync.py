@@ -18,7 +18,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import AirflowEnv, make_airflow_env
-from tests.integration.delta_check import delta_rows, delta_txns, source_rows
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
 
@@ -85,16 +85,6 @@ def _store(airflow: AirflowEnv) -> CheckpointStore:
     return CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
 
 
-def _assert_target_equals_source(hook: VitessHook, lake: Path) -> None:
-    for table in TABLES:
-        source = source_rows(hook, "customer", table)
-        target = delta_rows(lake / "delta" / table)
-        assert target == source, (
-            f"{table}: {len(target - source)} rows only in Delta (e.g. {sorted(target - source)[:3]}), "
-            f"{len(source - target)} only in the source (e.g. {sorted(source - target)[:3]})"
-        )
-
-
 def _workload(hook: VitessHook, seed: int, rounds: int = 60) -> None:
     """Seeded inserts, updates, deletes and moves between shards (new customer_id)."""
     rng = random.Random(seed)
@@ -146,7 +136,7 @@ def test_first_run_snapshots_and_later_runs_catch_up_to_the_source(
     second = airflow.run_dag("dag_test_sync")
     _ok(second, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert "no snapshot needed" in second["log"]
-    _assert_target_equals_source(hook, lake)
+    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
     latest, latest_seq = store.committed(SYNC)
     assert latest_seq > seq and latest is not None
     assert store.open_window(SYNC) is None
@@ -180,7 +170,7 @@ def test_a_failed_merge_is_rerun_without_moving_the_checkpoint_on_failure(
     _ok(rerun, "snapshot", "merge_snapshot")
     assert store.open_window(SYNC) is None
     assert store.committed(SYNC)[1] == window.seq
-    _assert_target_equals_source(hook, lake)
+    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
     for table in TABLES:
         applied = Counter((app, version) for app, version, _ in delta_txns(lake / "delta" / table))
         assert applied, f"{table}: no Delta commit carries a transaction id"
@@ -198,7 +188,7 @@ def test_resnapshot_param_replaces_only_the_chosen_table(
     txns = {t: delta_txns(lake / "delta" / t) for t in TABLES}
     assert max(v for _, _, v in txns["customer"]) > versions_before["customer"]
     assert max(v for _, _, v in txns["corder"]) == versions_before["corder"], "corder was rewritten"
-    _assert_target_equals_source(hook, lake)
+    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
 
 
 @pytest.mark.parametrize(
