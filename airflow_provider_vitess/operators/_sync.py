@@ -1,6 +1,6 @@
 """What the operators share: one sync's settings, its checkpoint store, log groups and metrics.
 
-Kept apart from the operators so they stay thin: each builds a :class:`SyncSettings` from its
+Kept apart from the operators so they stay thin: each builds its ``SyncSpec`` with :func:`sync_spec` from its
 (templated) arguments, opens the store named by an Airflow connection, and calls the capture
 or merge modules.
 """
@@ -12,7 +12,6 @@ import logging
 import re
 import socket
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_vitess.capture.runner import SyncSpec
@@ -34,45 +33,37 @@ _DRIVERS = {
 }
 
 
-@dataclass(frozen=True)
-class SyncSettings:
-    """One sync as the operators describe it (after template rendering)."""
-
-    sync_id: str
-    keyspace: str
-    tables: tuple[str, ...]
-    staging_location: str
-    storage_options: Mapping[str, Any] | None = None
-    key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    key_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    allow_all_columns_key: bool = False
-
-    def __post_init__(self) -> None:
-        if not _SYNC_ID.match(self.sync_id):
-            raise VitessProviderError(
-                f"sync_id {self.sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
-                "with a letter or digit (it names staging directories and Delta transaction ids)"
-            )
-        if not self.tables:
-            raise VitessProviderError(f"sync {self.sync_id!r}: no tables given")
-
-    def spec(self, **extra: Any) -> SyncSpec:
-        overrides = {}
-        for table, value in self.key_overrides.items():
-            parsed = KeyOverrides.from_mapping(value)
-            if parsed is not None:
-                overrides[table] = parsed
-        return SyncSpec(
-            sync_id=self.sync_id,
-            keyspace=self.keyspace,
-            tables=self.tables,
-            staging_location=self.staging_location,
-            storage_options=self.storage_options,
-            key_columns=dict(self.key_columns),
-            key_overrides=overrides,
-            allow_all_columns_key=self.allow_all_columns_key,
-            **extra,
+def sync_spec(
+    *,
+    sync_id: str,
+    keyspace: str,
+    tables: Sequence[str],
+    staging_location: str,
+    key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    **spec: Any,
+) -> SyncSpec:
+    """The capture runner's :class:`SyncSpec` from operator arguments (after template rendering):
+    the sync id checked, per-table key overrides parsed from the DAG's dicts."""
+    if not _SYNC_ID.match(sync_id):
+        raise VitessProviderError(
+            f"sync_id {sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
+            "with a letter or digit (it names staging directories and Delta transaction ids)"
         )
+    if not tables:
+        raise VitessProviderError(f"sync {sync_id!r}: no tables given")
+    overrides = {}
+    for table, value in (key_overrides or {}).items():
+        parsed = KeyOverrides.from_mapping(value)
+        if parsed is not None:
+            overrides[table] = parsed
+    return SyncSpec(
+        sync_id=sync_id,
+        keyspace=keyspace,
+        tables=tuple(tables),
+        staging_location=staging_location,
+        key_overrides=overrides,
+        **spec,
+    )
 
 
 def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:

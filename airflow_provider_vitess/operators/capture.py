@@ -19,12 +19,12 @@ from airflow_provider_vitess.capture.progress import TableProgress
 from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.operators._sync import (
-    SyncSettings,
     as_tables,
     emit_metrics,
     holder,
     log_group,
     open_store,
+    sync_spec,
 )
 from airflow_provider_vitess.vstream.window import ReadBounds
 
@@ -67,23 +67,22 @@ class _SyncOperator(BaseOperator):
         self.allow_all_columns_key = allow_all_columns_key
         self.heartbeat_interval = heartbeat_interval
 
-    def _settings(self) -> SyncSettings:
-        return SyncSettings(
-            sync_id=self.sync_id,
-            keyspace=self.keyspace,
-            tables=as_tables(self.tables),
-            staging_location=self.staging_location,
-            storage_options=self.storage_options,
-            key_columns=dict(self.key_columns or {}),
-            key_overrides=dict(self.key_overrides or {}),
-            allow_all_columns_key=self.allow_all_columns_key,
-        )
-
-    def _runner(self, context: Any, settings: SyncSettings, **spec: Any) -> CaptureRunner:
+    def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
         return CaptureRunner(
             VitessHook(self.vitess_conn_id),
             open_store(self.checkpoint_conn_id),
-            settings.spec(heartbeat_interval=self.heartbeat_interval, **spec),
+            sync_spec(
+                sync_id=self.sync_id,
+                keyspace=self.keyspace,
+                tables=as_tables(self.tables),
+                staging_location=self.staging_location,
+                storage_options=self.storage_options,
+                key_columns=dict(self.key_columns or {}),
+                key_overrides=self.key_overrides,
+                allow_all_columns_key=self.allow_all_columns_key,
+                heartbeat_interval=self.heartbeat_interval,
+                **spec,
+            ),
             holder=holder(context),
             emit_progress=self._progress,
         )
@@ -145,8 +144,8 @@ class VitessSnapshotOperator(_SyncOperator):
         self.checkpoint_every_rows = checkpoint_every_rows
 
     def execute(self, context: Any) -> dict[str, Any]:
-        settings = self._settings()
-        runner = self._runner(context, settings)
+        runner = self._runner(context)
+        settings = runner.spec
         requested = as_tables(self.resnapshot_tables)
         committed, seq = runner.store.committed(settings.sync_id)
         open_window = runner.store.open_window(settings.sync_id)
@@ -197,8 +196,8 @@ class VitessCatchUpOperator(_SyncOperator):
         self.minimize_skew = minimize_skew
 
     def execute(self, context: Any) -> dict[str, Any]:
-        settings = self._settings()
-        runner = self._runner(context, settings, minimize_skew=self.minimize_skew)
+        runner = self._runner(context, minimize_skew=self.minimize_skew)
+        settings = runner.spec
         bounds = ReadBounds(
             max_events=int(self.max_events) if self.max_events else None,
             max_seconds=float(self.max_seconds) if self.max_seconds else None,

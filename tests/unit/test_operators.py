@@ -13,7 +13,7 @@ from airflow_provider_vitess.dag_factory import RESNAPSHOT_PARAM, vitess_sync_da
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan
-from airflow_provider_vitess.operators._sync import SyncSettings, as_tables, store_url
+from airflow_provider_vitess.operators._sync import as_tables, store_url, sync_spec
 from airflow_provider_vitess.operators.capture import VitessSnapshotOperator
 from airflow_provider_vitess.operators.merge import build_plan
 from airflow_provider_vitess.vgtid import Vgtid
@@ -37,7 +37,7 @@ def test_tables_come_as_lists_or_rendered_text(value: object, expected: tuple[st
 @pytest.mark.parametrize("sync_id", ["", "has space", "../escape", "x" * 129])
 def test_a_sync_id_that_cannot_name_a_directory_is_refused(sync_id: str) -> None:
     with pytest.raises(VitessProviderError, match="sync_id"):
-        SyncSettings(sync_id=sync_id, keyspace="ks", tables=("t",), staging_location="/tmp/s")
+        sync_spec(sync_id=sync_id, keyspace="ks", tables=("t",), staging_location="/tmp/s")
 
 
 def test_the_store_url_comes_from_an_airflow_connection(monkeypatch: pytest.MonkeyPatch) -> None:
