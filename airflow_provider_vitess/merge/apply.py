@@ -6,12 +6,18 @@ this provider).
 
 The rule per key (the same as ``tests/integration/replay.py`` and the README): a staged row is an
 event at its after-image key (an upsert; not for deletes) and, for updates and deletes, at its
-before-image key (a delete; skipped for an update that keeps its key). Per key, among the events
-of the key's last commit second: when they come from several shards (a row moved between shards
-is a DELETE on one and an INSERT on the other, often in the same second), each shard's last event
-counts, and the row exists if any of them is an upsert (the latest such upsert wins); otherwise the
-key's last event in staged order (``_seq``; a before-image delete precedes its own row's upsert)
-decides.
+before-image key (a delete; skipped for an update that keeps its key). Within a shard, events are
+in binlog order (``_seq``; a before-image delete precedes its own row's upsert), so each shard's
+last event for the key says whether that shard holds the row at the end of the window. A key
+lives on one shard at a time, so the row exists if any shard's last event is an upsert, and the
+latest such upsert gives its values; otherwise it is deleted. A row moved between shards is a
+DELETE on one and an INSERT on the other, in either order and possibly in different seconds: it
+exists afterwards whatever the cross-shard order. No timestamp is compared.
+
+The two halves of a move are two shard commits, so a window's stop position can fall between them
+(the stop is read per shard). The shard that still holds the row may then have its event in an
+earlier window: ``context`` brings those events (:mod:`.context`), ordered before the window's
+own, so they count as their shard's last event only when the window has none for that shard.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
 
 OP = "_op"  # in the per-key frame: "upsert" or "delete" (a name no staged column may have)
 UPSERT, DELETE = "upsert", "delete"
-_TS, _SHARD, _ORD, _UP = "_commit_ts", "_shard", "_ord", "_up"
+_SHARD, _ORD, _UP, _CTX = "_shard", "_ord", "_up", "_ctx"
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -140,49 +146,47 @@ def _key_names(wc: WindowColumns) -> list[str]:
 # -- the last event per key ------------------------------------------------------------------------
 
 
-def last_per_key(staged: DataFrame, keys: Sequence[str], data: Sequence[str]) -> DataFrame:
-    """One row per key: ``_op`` (upsert/delete), the key and data columns (NULL for deletes).
-    ``keys`` are target key column names (in ``data``); staged has ``_before_<key>``."""
+def _key_events(frame: DataFrame, keys: Sequence[str], data: Sequence[str]) -> DataFrame:
+    """Each staged row as events at its keys: the after image (an upsert) and, for a delete or an
+    update that changes the key, the before image's key (a delete)."""
     op = col(A.OP)
-    after = staged.where(op != "delete").select(
-        col(A.SEQ),
-        col(_TS),
-        col(_SHARD),
-        F.lit(1).alias("_sub"),
-        F.lit(True).alias(_UP),
-        *[col(c) for c in data],
+    after = frame.where(op != "delete").select(
+        col(A.SEQ), col(_SHARD), F.lit(1).alias("_sub"), F.lit(True).alias(_UP), *[col(c) for c in data]
     )
     before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
-    before = staged.where((op == "delete") | ((op == "update") & before_differs)).select(
+    before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
         col(A.SEQ),
-        col(_TS),
         col(_SHARD),
         F.lit(0).alias("_sub"),
         F.lit(False).alias(_UP),
         *[
             col(A.BEFORE_PREFIX + c).alias(c)
             if c in keys
-            else F.lit(None).cast(staged.schema[c].dataType).alias(c)
+            else F.lit(None).cast(frame.schema[c].dataType).alias(c)
             for c in data
         ],
     )
-    events = after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
+    # A before-image delete precedes its own row's upsert.
+    return after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
+
+
+def last_per_key(
+    staged: DataFrame, keys: Sequence[str], data: Sequence[str], context: DataFrame | None = None
+) -> DataFrame:
+    """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
+    for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
+    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring)."""
+    events = _key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
+    if context is not None:
+        events = events.unionByName(_key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
-    at_last = col(_TS) == F.max(_TS).over(by_key)
-    events = events.withColumn("_at_last", at_last)
-    shards = F.size(F.collect_set(F.when(col("_at_last"), col(_SHARD))).over(by_key))
-    shard_last = F.max(F.when(col("_at_last"), col(_ORD))).over(
-        Window.partitionBy(*[col(k) for k in keys], col(_SHARD))
-    )
-    events = events.withColumn("_shards", shards).withColumn("_shard_last", shard_last)
-    several = col("_shards") > 1
-    candidates = events.where(~several | (col("_at_last") & (col(_ORD) == col("_shard_last"))))
-    # several shards: prefer an upsert, the latest; else (and otherwise) the latest event
-    ranked = candidates.withColumn(
-        "_rank",
-        F.row_number().over(
-            by_key.orderBy(F.when(several, col(_UP)).otherwise(F.lit(False)).desc(), col(_ORD).desc())
-        ),
+    touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
+    events = events.withColumn("_touched", touched).where(col("_touched"))
+    by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
+    shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)
+    # A shard holding the row (its last event an upsert) wins, the latest of them; else the latest.
+    ranked = shard_last.withColumn(
+        "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))
     )
     return ranked.where(col("_rank") == 1).select(
         F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE)).alias(OP), *[col(c) for c in data]

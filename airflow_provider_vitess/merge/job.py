@@ -40,11 +40,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from airflow_provider_vitess.exceptions import VitessProviderError
-from airflow_provider_vitess.merge import apply
+from airflow_provider_vitess.merge import apply, context
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -55,10 +57,16 @@ from airflow_provider_vitess.merge.report import (
     WindowResult,
     WriteMode,
 )
-from airflow_provider_vitess.merge.schema import WindowColumns, needs_column_mapping, write_types
+from airflow_provider_vitess.merge.schema import (
+    WindowColumns,
+    needs_column_mapping,
+    window_columns,
+    write_types,
+)
 from airflow_provider_vitess.merge.spark_conf import spark_conf
 from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
+from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import MANIFEST_NAME
 
 log = logging.getLogger("vitess_merge")
@@ -137,9 +145,10 @@ def _run(
     else:
         assert step.columns is not None
         tm = manifest.tables[step.table]
-        final = apply.last_per_key(
-            apply.read_window(spark, manifest, tm, step.columns), keys, [c.name for c in step.columns.columns]
-        )
+        staged = apply.read_window(spark, manifest, tm, step.columns)
+        # A replacing window is a consistent copy by itself; a merged one may need earlier events.
+        earlier = None if step.action is Action.REPLACE else _context(spark, plan, manifest, step, staged)
+        final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier)
         if step.action is Action.REPLACE:
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
             mapping = column_mapping or needs_column_mapping(rows.columns)
@@ -154,6 +163,50 @@ def _run(
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
+
+
+def _context(
+    spark: SparkSession, plan: MergePlan, manifest: Manifest, step: Step, staged: DataFrame
+) -> DataFrame | None:
+    """Events of earlier windows that can still decide keys of this one (:mod:`..context`), in
+    this window's columns and types, their ``_seq`` below this window's."""
+    assert step.columns is not None
+    table, target = step.table, plan.targets[step.table]
+    found = context.commit_ts_range(manifest, table)
+    if found is None:  # footers without statistics: ask Spark
+        row = staged.agg(F.min(apply.col(A.COMMIT_TS))).first()
+        found = None if row is None or row[0] is None else (int(row[0]), int(row[0]))
+    if found is None:
+        return None
+
+    def load(seq: int) -> Manifest | None:
+        return load_manifest(manifest.location, plan.sync_id, seq, storage_options=manifest.storage_options)
+
+    frames = []
+    for earlier in context.context_windows(manifest, table, found[0], load):
+        tm = earlier.manifest.tables[table]
+        rows = apply.read_window(spark, earlier.manifest, tm, window_columns(tm, target))
+        rows = rows.where(apply.col(A.COMMIT_TS) >= earlier.since)
+        have = set(rows.columns)
+        out = [
+            apply.col(A.OP),
+            apply.col(A.SHARD),
+            apply.col(A.COMMIT_TS),
+            (apply.col(A.SEQ) + F.lit(earlier.seq_shift)).alias(A.SEQ),
+        ]
+        for name in [c for c in staged.columns if c not in (A.OP, A.SHARD, A.COMMIT_TS, A.SEQ)]:
+            dtype = staged.schema[name].dataType
+            value = apply.col(name) if name in have else F.lit(None)
+            out.append(value.cast(dtype).alias(name))
+        frames.append(rows.select(*out))
+        log.info(
+            "window %d table %s: events of window %d since commit second %d count too",
+            step.seq,
+            table,
+            earlier.manifest.window_seq,
+            earlier.since,
+        )
+    return reduce(DataFrame.unionByName, frames) if frames else None
 
 
 def _with_comments(wc: WindowColumns) -> list[Column]:

@@ -1,0 +1,129 @@
+"""Earlier windows' events that a window's per-key rule needs (see :mod:`.apply`).
+
+vtgate moves a row between shards as a DELETE on one shard and an INSERT on the other: two shard
+commits, milliseconds apart. A window's stop position is read shard by shard, so it can fall
+between the two: the INSERT lands in window N, the DELETE in window N+1. Merged alone, window N+1
+would see only the DELETE and remove a row that the other shard holds. So when a window is merged
+into a table, the job also reads the events of earlier windows committed in the same few seconds
+(:data:`CONTEXT_SECONDS` before the window's first commit onwards): as their shards' last events
+they say which shard still holds a key the window deletes. The look-back ends at a snapshot of
+the table (a copy decides every key it has).
+
+How far back to look is decided from what the staged files record, without reading rows: a
+Parquet footer's min/max of ``_commit_ts`` per part, and each manifest's ``created_at`` (every
+event of a window committed before its manifest was written, so once a window was written
+before the cut-off, no earlier window can hold an event after it).
+
+Pure selection logic plus two small readers of staged metadata; the Spark side is in ``job.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+
+from airflow_provider_vitess.staging import arrow_types as A
+from airflow_provider_vitess.staging.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+# The two commits of a move are milliseconds apart; seconds leave room for a slow commit.
+CONTEXT_SECONDS = 5
+# created_at is the capturing worker's clock, _commit_ts the MySQL server's: allow them to differ.
+CLOCK_SKEW_SECONDS = 60
+# Bounds the look-back when windows are tiny (each one costs a manifest and some footers).
+MAX_WINDOWS_BACK = 20
+# _seq of context events is shifted below the window's own: k windows back, k * this much lower.
+SEQ_SHIFT = 1 << 40
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """An earlier window whose events of ``table`` at or after ``since`` (a commit second) count."""
+
+    manifest: Manifest
+    back: int  # 1 for the window just before
+    since: int
+
+    @property
+    def seq_shift(self) -> int:
+        return -self.back * SEQ_SHIFT
+
+
+def created_epoch(manifest: Manifest) -> float | None:
+    """When the manifest was written (seconds since the epoch), if it says."""
+    try:
+        created = datetime.datetime.fromisoformat(manifest.created_at)
+    except ValueError:
+        return None
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=datetime.timezone.utc)
+    return created.timestamp()
+
+
+def commit_ts_range(manifest: Manifest, table: str) -> tuple[int, int] | None:
+    """The smallest and largest ``_commit_ts`` of the table's staged rows, from the Parquet
+    footers; None when the table has no rows here or a footer has no statistics."""
+    tm = manifest.tables.get(table)
+    if tm is None or not tm.parts:
+        return None
+    fs, root = manifest.window_path()
+    low: int | None = None
+    high: int | None = None
+    for part in tm.parts:
+        with fs.open(f"{root}/{part.path}", "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+        if meta.num_rows == 0:
+            continue
+        index = meta.schema.names.index(A.COMMIT_TS)
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            low = int(stats.min) if low is None else min(low, int(stats.min))
+            high = int(stats.max) if high is None else max(high, int(stats.max))
+    return None if low is None or high is None else (low, high)
+
+
+def context_windows(
+    manifest: Manifest,
+    table: str,
+    first_commit_ts: int,
+    load: Callable[[int], Manifest | None],
+    ts_range: Callable[[Manifest, str], tuple[int, int] | None] = commit_ts_range,
+) -> list[ContextWindow]:
+    """The earlier windows (nearest first) with events of ``table`` committed at or after
+    ``first_commit_ts - CONTEXT_SECONDS``; ``first_commit_ts`` is the window's first commit
+    second for the table. ``load(seq)`` gives a window's manifest (None: not there any more)."""
+    since = first_commit_ts - CONTEXT_SECONDS
+    out: list[ContextWindow] = []
+    for back in range(1, MAX_WINDOWS_BACK + 1):
+        seq = manifest.window_seq - back
+        if seq < 1:  # windows are numbered from 1
+            break
+        earlier = load(seq)
+        if earlier is None:
+            log.warning(
+                "table %s: window %d's staged files are gone; its events cannot inform window %d",
+                table,
+                seq,
+                manifest.window_seq,
+            )
+            break
+        created = created_epoch(earlier)
+        if created is not None and created < since - CLOCK_SKEW_SECONDS:
+            break  # written before the cut-off: it and every earlier window end before it
+        if table not in earlier.tables or not earlier.tables[table].parts:
+            continue
+        found = ts_range(earlier, table)
+        if found is None or found[1] >= since:  # unknown range: read it, the filter decides
+            out.append(ContextWindow(earlier, back, since))
+        if earlier.stop_vgtid is None:
+            # A snapshot copied the table afresh: events before it were never read in full, and
+            # the copy decides every key it has, so no earlier window counts.
+            break
+    return out

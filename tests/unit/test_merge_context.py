@@ -1,0 +1,155 @@
+"""Which earlier windows a merged window reads as context (merge/context.py), and the footer
+statistics it decides from."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.merge import context
+from airflow_provider_vitess.merge.context import CONTEXT_SECONDS, context_windows
+from airflow_provider_vitess.staging import Manifest, WindowStager
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.events import Operation
+
+FIELDS = [
+    query_pb2.Field(name="k", type=query_pb2.INT64, column_type="bigint", flags=1),
+    query_pb2.Field(name="v", type=query_pb2.INT64, column_type="bigint"),
+]
+V = Vgtid.for_keyspace("ks", "")
+
+
+def stage(
+    root: Path, seq: int, commit_ts: list[int], *, snapshot: bool = False, flush_every: int = 0
+) -> Manifest:
+    stager = WindowStager(
+        str(root), "s", seq, key_columns={"t": ["k"]}, row_group_bytes=flush_every or 1 << 20
+    )
+    stager.set_schema("ks", "t", FIELDS, "-80")
+    for i, ts in enumerate(commit_ts):
+        stager.add_change("ks", "t", "-80", Operation.INSERT, ts, i + 1, None, (i, ts))
+    return stager.finish(V, None if snapshot else V, V)
+
+
+def at(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
+
+
+def test_commit_ts_range_reads_every_row_group_of_every_part(tmp_path: Path) -> None:
+    # The extremes only in the last rows: a reader of the first row group alone gets them wrong.
+    manifest = stage(tmp_path, 1, [1700000105] * 6000 + [1700000100, 1700000107], flush_every=4096)
+    fs, root = manifest.window_path()
+    groups = 0
+    for part in manifest.tables["t"].parts:
+        with fs.open(f"{root}/{part.path}", "rb") as f:
+            groups += pq.ParquetFile(f).metadata.num_row_groups
+    assert groups > 1
+    assert context.commit_ts_range(manifest, "t") == (1700000100, 1700000107)
+    assert context.commit_ts_range(manifest, "other") is None
+
+
+def test_created_epoch_of_a_written_manifest_and_of_none(tmp_path: Path) -> None:
+    manifest = stage(tmp_path, 1, [5])
+    created = context.created_epoch(manifest)
+    assert created is not None
+    assert abs(created - datetime.datetime.now(datetime.timezone.utc).timestamp()) < 60
+    assert context.created_epoch(dataclasses.replace(manifest, created_at="")) is None
+
+
+class Windows:
+    """Manifests by seq, with made-up commit ranges and creation times."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.template = stage(tmp_path, 1, [1])
+        self.by_seq: dict[int, Manifest] = {}
+        self.ranges: dict[int, tuple[int, int] | None] = {}
+
+    def add(
+        self,
+        seq: int,
+        low: int,
+        high: int,
+        *,
+        created: float | None = None,
+        snapshot: bool = False,
+        rows: bool = True,
+    ) -> None:
+        tables = self.template.tables if rows else {}
+        self.by_seq[seq] = dataclasses.replace(
+            self.template,
+            window_seq=seq,
+            tables=tables,
+            created_at=at(high + 1 if created is None else created),
+            stop_vgtid=None if snapshot else V,
+        )
+        self.ranges[seq] = (low, high)
+
+    def pick(self, seq: int, first: int) -> list[tuple[int, int]]:
+        picked = context_windows(
+            self.by_seq[seq], "t", first, self.by_seq.get, lambda m, _t: self.ranges[m.window_seq]
+        )
+        return [(c.manifest.window_seq, c.since) for c in picked]
+
+
+def test_the_window_just_before_counts_when_it_ends_within_the_margin(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 900, snapshot=True, created=600)
+    w.add(2, 900, 1000, created=1001)
+    w.add(3, 1000, 1100)
+    assert w.pick(3, first=1003) == [(2, 1003 - CONTEXT_SECONDS)]
+    # Nothing of window 2 within the margin: nothing to read, and window 1 was written too early.
+    assert w.pick(3, first=1000 + CONTEXT_SECONDS + 1) == []
+
+
+def test_look_back_stops_at_a_snapshot_of_the_table(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 1000, created=1000)
+    w.add(2, 995, 1000, snapshot=True, created=1000)
+    w.add(3, 1000, 1001)
+    assert w.pick(3, first=1000) == [(2, 995)]  # window 1 also ends at 1000, but the copy decides
+
+
+def test_tiny_windows_and_windows_without_the_table_are_walked_through(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 990, snapshot=True, created=600)
+    w.add(2, 998, 999, created=999)
+    w.add(3, 0, 0, rows=False, created=999)
+    w.add(4, 999, 1000, created=1000)
+    w.add(5, 1000, 1001)
+    assert w.pick(5, first=1001) == [(4, 996), (2, 996)]
+    picked = context_windows(w.by_seq[5], "t", 1001, w.by_seq.get, lambda m, _t: w.ranges[m.window_seq])
+    # Nearer windows' events come later: window 4's shift is above window 2's.
+    assert [c.seq_shift for c in picked] == [-context.SEQ_SHIFT, -3 * context.SEQ_SHIFT]
+
+
+def test_clock_skew_between_worker_and_server_is_tolerated(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 0, snapshot=True, created=0)
+    # The worker's clock is 30 s behind the server's: window 2 looks written before window 3's events.
+    w.add(2, 1000, 1003, created=1003 - 30)
+    w.add(3, 1003, 1010)
+    assert w.pick(3, first=1003) == [(2, 998)]
+
+
+def test_a_window_whose_files_are_gone_ends_the_look_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = Windows(tmp_path)
+    w.add(3, 1000, 1001)
+    w.add(4, 1001, 1002)
+    with caplog.at_level(logging.WARNING):
+        assert w.pick(4, first=1001) == [(3, 996)]
+    assert "window 2's staged files are gone" in caplog.text
+
+
+def test_look_back_is_bounded(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    for seq in range(1, 40):
+        w.add(seq, 1000, 1000, created=1000)
+    assert len(w.pick(39, first=1000)) == context.MAX_WINDOWS_BACK
