@@ -1,11 +1,12 @@
 """A small pure-Python applier of staged changes, standing in for the Spark merge in tests.
 
-It applies the documented rules: per key, events in staged order (``seq``); an UPDATE that
-changes the key deletes the old key; and the cross-shard tie rule: when one key has events from
-several shards in the same commit second (a row moved between shards by an update of its sharding
-key arrives as DELETE on one shard and INSERT on the other), the row exists afterwards if any of
-those shards' last events for it is an upsert. A key lives on one shard at a time, so at the end of
-that second only the shard that holds it can end with an upsert.
+It applies the documented rule with complete knowledge: for every key it remembers, per shard,
+whether that shard holds the row after the shard's last event for it (events of one shard are in
+binlog order, ``seq`` within a window, windows in order). An UPDATE that changes the key is a
+delete at the old key and an upsert at the new one. A key lives on one shard at a time, so the
+row exists if any shard holds it; when two do (a window's stop can fall between the DELETE and
+the INSERT of a row moved between shards), the latest upsert gives the row. The Spark job reaches
+the same result from a window plus a few seconds of earlier windows (``merge/context.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_vitess.vstream.events import Operation
+
+Key = tuple[Any, ...]
+Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -29,47 +33,43 @@ class StagedChange:
     after: tuple[Any, ...] | None
 
 
-def replay(
-    changes: Iterable[StagedChange],
-    key_index: Sequence[int],
-    initial: dict[tuple[Any, ...], tuple[Any, ...]] | None = None,
-) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-    """Applies changes of one table to ``initial`` (key -> row) and returns the result."""
-    table = dict(initial or {})
+class Replay:
+    """One table's state after the windows applied so far (in window order)."""
 
-    def key_of(image: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(image[i] for i in key_index)
+    def __init__(self, key_index: Sequence[int]) -> None:
+        self._key_index = tuple(key_index)
+        self._windows = 0
+        # key -> shard -> (order of the shard's last event, the row it holds or None)
+        self._holders: dict[Key, dict[str, tuple[tuple[int, int], Row | None]]] = {}
 
-    # Group by key, keeping staged order.
-    per_key: dict[tuple[Any, ...], list[tuple[StagedChange, bool]]] = {}
-    for change in sorted(changes, key=lambda c: c.seq):
-        if change.before is not None:
-            per_key.setdefault(key_of(change.before), []).append((change, False))
-        if change.after is not None and change.op is not Operation.DELETE:
-            per_key.setdefault(key_of(change.after), []).append((change, True))
-    for key, events in per_key.items():
-        last_ts = max(c.commit_ts for c, _ in events)
-        at_last = [(c, upsert) for c, upsert in events if c.commit_ts == last_ts]
-        shards = {c.shard for c, _ in at_last}
-        if len(shards) > 1:
-            last_per_shard: dict[str, tuple[StagedChange, bool]] = {}
-            for c, upsert in at_last:
-                last_per_shard[c.shard] = (c, upsert)
-            upserts = [(c, u) for c, u in last_per_shard.values() if u]
-            final = (
-                max(upserts, key=lambda p: p[0].seq)
-                if upserts
-                else max(last_per_shard.values(), key=lambda p: p[0].seq)
-            )
-        else:
-            final = events[-1]
-        change, upsert = final
-        if upsert:
-            assert change.after is not None
-            table[key] = change.after
-        else:
-            table.pop(key, None)
-    return table
+    def _key(self, image: Row) -> Key:
+        return tuple(image[i] for i in self._key_index)
+
+    def apply(self, changes: Iterable[StagedChange]) -> Replay:
+        """Applies one window's changes (any order given; staged order is ``seq``)."""
+        self._windows += 1
+        for change in sorted(changes, key=lambda c: c.seq):
+            order = (self._windows, change.seq)
+            if change.before is not None:
+                old = self._key(change.before)
+                if change.op is Operation.DELETE or change.after is None or self._key(change.after) != old:
+                    self._holders.setdefault(old, {})[change.shard] = (order, None)
+            if change.after is not None and change.op is not Operation.DELETE:
+                self._holders.setdefault(self._key(change.after), {})[change.shard] = (order, change.after)
+        return self
+
+    def rows(self) -> dict[Key, Row]:
+        out = {}
+        for key, shards in self._holders.items():
+            held = [(order, row) for order, row in shards.values() if row is not None]
+            if held:
+                out[key] = max(held, key=lambda p: p[0])[1]
+        return out
+
+
+def replay(changes: Iterable[StagedChange], key_index: Sequence[int]) -> dict[Key, Row]:
+    """The table made of one batch of changes (a snapshot, or windows read from the start)."""
+    return Replay(key_index).apply(changes).rows()
 
 
 class ListStager:

@@ -30,7 +30,7 @@ from airflow_provider_vitess.staging import Manifest, load_manifest, read_table,
 from airflow_provider_vitess.vstream.events import Operation
 from airflow_provider_vitess.vstream.window import WindowReader
 from tests.conftest import REPO, LocalVitess, connection_uri_env
-from tests.integration.replay import ListStager, StagedChange, replay
+from tests.integration.replay import ListStager, Replay, StagedChange
 
 pytestmark = pytest.mark.integration
 
@@ -83,9 +83,9 @@ def _changes(manifest: Manifest, table: str) -> list[StagedChange]:
     return out
 
 
-def _apply(store: CheckpointStore, manifest: Manifest, state: dict[Any, Any]) -> dict[Any, Any]:
+def _apply(store: CheckpointStore, manifest: Manifest, state: Replay) -> Replay:
     """What the merge job will do, in small: apply the staged window, then MERGED, COMMITTED."""
-    state = replay(_changes(manifest, "corder"), key_index=[0], initial=state)
+    state.apply(_changes(manifest, "corder"))
     store.mark_merged(manifest.sync_id, manifest.window_seq)
     store.commit(manifest.sync_id, manifest.window_seq)
     return state
@@ -200,7 +200,7 @@ def test_windows_with_kills_replay_to_the_source(
     id_base = 50_000_000
     _delete_range(hook, id_base, id_base + 2_000_000)
     snapshot = runner.snapshot()
-    state = _apply(store, snapshot.manifest, {})
+    state = _apply(store, snapshot.manifest, Replay(key_index=[0]))
 
     workload = Workload(hook, seed=5, id_base=id_base)
     workload.start()
@@ -211,9 +211,9 @@ def test_windows_with_kills_replay_to_the_source(
         workload.join()
     assert workload.error is None, workload.error
     final = runner.catch_up()
-    state = _apply(store, final.manifest, state)
-    assert state == _source(hook)
-    assert sum(1 for k in state if id_base + 1_000_000 <= k[0] < id_base + 1_100_000) == 100_000
+    rows = _apply(store, final.manifest, state).rows()
+    assert rows == _source(hook)
+    assert sum(1 for k in rows if id_base + 1_000_000 <= k[0] < id_base + 1_100_000) == 100_000
 
 
 def _windows_with_kills(
@@ -224,8 +224,8 @@ def _windows_with_kills(
     spec: SyncSpec,
     spec_json: dict[str, Any],
     workload: Workload,
-    state: dict[Any, Any],
-) -> dict[Any, Any]:
+    state: Replay,
+) -> Replay:
     rng = random.Random(1122)
     kills_mid_window, windows = 0, 0
     while kills_mid_window < 5 or windows < 6 or not workload.big_done:

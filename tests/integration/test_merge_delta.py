@@ -45,7 +45,7 @@ from airflow_provider_vitess.vstream.events import Operation
 from spark_jobs.merge_cdc import main, merge
 from tests.conftest import REPO, LocalVitess
 from tests.integration import merge_workload as wl
-from tests.integration.replay import StagedChange, replay
+from tests.integration.replay import Replay, StagedChange
 
 pytestmark = pytest.mark.integration
 
@@ -237,28 +237,35 @@ def test_a_repeated_plan_is_already_applied_and_commits_nothing(
 
 
 def test_last_event_per_key_matches_the_reference_applier(spark: SparkSession, tmp_path: Path) -> None:
-    """Random windows with keys moving between two shards within one second, key changes and
-    deletes: the Delta table equals tests/integration/replay.py's result."""
+    """Random windows with keys moving between two shards (halves in either order, in the same
+    or the next second, and halves split across two windows), key changes and deletes: the Delta
+    table equals tests/integration/replay.py's result after every window."""
     rng = random.Random(SEED)
     fields = [
         query_pb2.Field(name="k", type=query_pb2.INT64, column_type="bigint", flags=1),
         query_pb2.Field(name="v", type=query_pb2.INT64, column_type="bigint"),
     ]
     Image = tuple[int, int] | None
-    state: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    reference = Replay(key_index=[0])
     live: dict[int, str] = {}  # key -> the shard holding it
-    windows: list[WindowToMerge] = []
+    target = TableTarget("t", str(tmp_path / "t"), ("k",), ("k",))
     changes: list[StagedChange] = []
-    ts = 1000
+    carried: list[StagedChange] = []  # the other half of a move split by a window's stop
+    ts, split_moves = 1000, 0
+    split: set[int] = set()  # keys whose move this window's stop splits
 
-    def emit(shard: str, op: Operation, before: Image, after: Image) -> None:
-        changes.append(StagedChange("ks", "t", shard, op, ts, len(changes) + 1, before, after))
+    def emit(shard: str, op: Operation, before: Image, after: Image, at: int | None = None) -> None:
+        changes.append(StagedChange("ks", "t", shard, op, at or ts, len(changes) + 1, before, after))
 
-    for w in range(1, 4):
-        changes.clear()
-        for _ in range(400):
+    for w in range(1, 6):
+        changes[:] = carried
+        blocked = {(c.before or c.after or (0,))[0] for c in carried}
+        carried, split = [], set()
+        for i in range(400):
             ts += rng.random() < 0.1  # several events a second, in staged (commit second) order
             k = rng.randint(1, 40)
+            if k in split or k in blocked:
+                continue  # only the other half of its split move here: the case to get right
             shard = live.get(k, rng.choice(["-80", "80-"]))
             p = rng.random()
             if k not in live:
@@ -267,18 +274,30 @@ def test_last_event_per_key_matches_the_reference_applier(spark: SparkSession, t
             elif p < 0.2:
                 emit(shard, Operation.DELETE, (k, 0), None)
                 del live[k]
-            elif p < 0.5:  # a move: DELETE on its shard and INSERT on the other, in one second
+            elif p < 0.5:  # a move: DELETE on its shard and INSERT on the other
                 other = "80-" if shard == "-80" else "-80"
-                emit(shard, Operation.DELETE, (k, 0), None)
-                emit(other, Operation.INSERT, None, (k, len(changes)))
+                later = ts + (rng.random() < 0.2)  # the second commit may fall in the next second
+                halves = [(shard, Operation.DELETE, (k, 0), None), (other, Operation.INSERT, None, (k, i))]
                 if rng.random() < 0.5:  # staged in shard order, not commit order: swap them
-                    changes[-2], changes[-1] = changes[-1], changes[-2]
+                    halves.reverse()
+                emit(*halves[0])
+                if i >= 390 and w < 5 and rng.random() < 0.5:  # the stop falls between the halves
+                    second_shard, op, before, after = halves[1]
+                    carried.append(StagedChange("ks", "t", second_shard, op, later, 0, before, after))
+                    split.add(k)
+                    if op is Operation.DELETE and rng.random() < 0.5:
+                        # The old shard's update before the move, merged after the INSERT (same
+                        # second, shard order): its stale row shows until the DELETE arrives.
+                        emit(second_shard, Operation.UPDATE, (k, 0), (k, -i))
+                else:
+                    emit(*halves[1], at=later)
                 live[k] = other
             elif p < 0.6 and k + 100 not in live:  # key change on the same shard
                 emit(shard, Operation.UPDATE, (k, 0), (k + 100, len(changes)))
                 live[k + 100] = live.pop(k)
             else:
                 emit(shard, Operation.UPDATE, (k, 0), (k, len(changes)))
+        split_moves += len(split)
         stager = WindowStager(str(tmp_path / "stage"), "ties", w, key_columns={"t": ["k"]})
         for shard in ("-80", "80-"):
             stager.set_schema("ks", "t", fields, shard)
@@ -286,16 +305,15 @@ def test_last_event_per_key_matches_the_reference_applier(spark: SparkSession, t
         for c in staged:
             stager.add_change(c.keyspace, c.table, c.shard, c.op, c.commit_ts, c.seq, c.before, c.after)
         v = Vgtid.for_keyspace("ks", "")
-        manifest = stager.finish(v, v, v)
-        state = replay(staged, key_index=[0], initial=state)
-        windows.append(WindowToMerge(w, manifest.path, ("t",) if w == 1 else ()))
-    plan = MergePlan("ties", tuple(windows), {"t": TableTarget("t", str(tmp_path / "t"), ("k",), ("k",))})
-    merge(spark, plan)
-    got = {
-        (r["k"],): (r["k"], r["v"]) for r in spark.read.format("delta").load(str(tmp_path / "t")).collect()
-    }
-    assert got == state
-    assert len(state) > 10
+        # Only the first window is a snapshot (no stop position): the others look back.
+        manifest = stager.finish(v, None if w == 1 else v, v)
+        reference.apply(staged)
+        window = WindowToMerge(w, manifest.path, ("t",) if w == 1 else ())
+        merge(spark, MergePlan("ties", (window,), {"t": target}))
+        got = {(r["k"],): (r["k"], r["v"]) for r in spark.read.format("delta").load(target.path).collect()}
+        assert got == reference.rows(), f"window {w}"
+    assert len(reference.rows()) > 10
+    assert split_moves >= 3
 
 
 # -- damaged input ---------------------------------------------------------------------------------

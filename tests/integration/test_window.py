@@ -13,7 +13,7 @@ import sqlalchemy
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
-from tests.integration.replay import ListStager, replay
+from tests.integration.replay import ListStager, Replay, replay
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,7 @@ def test_catch_up_windows_replay_to_the_source_with_moves_between_shards(vitess_
 
     writer = threading.Thread(target=write)
     writer.start()
-    state: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    state = Replay(key_index=[0])
     position = start
     windows = 0
     writing = True
@@ -121,14 +121,14 @@ def test_catch_up_windows_replay_to_the_source_with_moves_between_shards(vitess_
         stager, result = _read_window(hook, position)
         seqs = [c.seq for c in stager.changes]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-        state = replay([c for c in stager.changes if c.table == "corder"], key_index=[0], initial=state)
+        state.apply(c for c in stager.changes if c.table == "corder")
         position = result.end_vgtid
         windows += 1
     writer.join()
     assert not failures, failures
 
     source = {k: v for k, v in _rows(hook, "SELECT * FROM customer.corder").items() if k[0] in ids}
-    mine = {k: v for k, v in state.items() if k[0] in ids}
+    mine = {k: v for k, v in state.rows().items() if k[0] in ids}
     assert mine == source
     assert len(mine) > 10 and windows >= 2
 
