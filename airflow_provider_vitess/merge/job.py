@@ -21,10 +21,12 @@ naming the file), read each Delta table's schema and the latest transaction vers
 ``plan.txn_app_id(table)``, and plan every (window, table) step, so an incompatible schema change
 fails the run before its first commit. Then, window by window in seq order, table by table:
 skip what the table's transaction version already covers (``already_applied``), else reduce the
-window to the last event of each key (``merge.apply``: staged order, the cross-shard tie rule,
-key changes delete the old key) and either replace the table with it (a snapshot window or a new
-table) or MERGE it in, as one Delta commit carrying txnAppId = ``plan.txn_app_id(table)`` and
-txnVersion = the window's seq: a rerun after a crash, at any point, commits nothing twice.
+window to one change per key (``merge.apply``: each shard's last event, the row exists if a shard
+holds it, key changes delete the old key; a merged window also reads a few seconds of earlier
+windows, ``merge.context``, for rows moved between shards across a window's stop) and either
+replace the table with it (a snapshot window or a new table) or MERGE it in, as one Delta commit
+carrying txnAppId = ``plan.txn_app_id(table)`` and txnVersion = the window's seq: a rerun after
+a crash, at any point, commits nothing twice.
 
 Output: one stdout line ``VITESS_MERGE_REPORT <json>`` (:class:`~airflow_provider_vitess.merge.
 report.MergeReport`), the same JSON in ``--report-file``, and ``VITESS_MERGE_PROGRESS <json>``
