@@ -28,7 +28,6 @@ stay those of :mod:`airflow_provider_vitess.vstream.values`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,21 +43,14 @@ from airflow_provider_vitess.vstream.rowwire import Images
 Describe = Callable[[int], str]
 
 _INT32_MAX = 2**31 - 1
-_DOT, _ZERO = ord("."), ord("0")
-_INT_CHARS = np.zeros(256, dtype=bool)
-_INT_CHARS[list(b"0123456789-")] = True
-_DECIMAL_CHARS = _INT_CHARS.copy()
-_DECIMAL_CHARS[_DOT] = True
+_INT_CHARS = b"0123456789-"
+_DECIMAL_CHARS = _INT_CHARS + b"."
 # vtgate's text of DATE and DATETIME: "d" a digit, anything else itself.
 _DATE_SHAPE = b"dddd-dd-dd"
 _DATETIME_SHAPE = b"dddd-dd-dd dd:dd:dd"
 _DATETIME_WIDTHS = frozenset({19, *range(21, 27)})  # no fraction, or 1 to 6 digits
-
-
-def _shape_masks(shape: bytes) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.uint8]]:
-    raw = np.frombuffer(shape, dtype=np.uint8)
-    digit = raw == ord("d")
-    return np.flatnonzero(digit), np.flatnonzero(~digit), raw[~digit]
+_DATE_WIDTHS = frozenset({len(_DATE_SHAPE)})
+_DIGITS_TO_D = bytes.maketrans(b"0123456789", b"dddddddddd")
 
 
 class ColumnPlan:
@@ -140,7 +132,7 @@ class ColumnPlan:
         return pc.cast(_as_string(column), self.arrow_type)
 
     def _date(self, column: pa.Array, lengths: npt.NDArray[np.int64]) -> pa.Array | None:
-        if not _shaped(column, lengths, {len(_DATE_SHAPE)}, _DATE_SHAPE):
+        if not _shaped(column, lengths, _DATE_WIDTHS, _DATE_SHAPE):
             return None
         return pc.cast(_as_string(column), self.arrow_type)
 
@@ -157,48 +149,44 @@ def _as_string(column: pa.Array) -> pa.Array:
     return column.view(pa.large_string() if pa.types.is_large_binary(column.type) else pa.string())
 
 
-def _data(column: pa.Array) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """The value bytes of a binary array and its element offsets (relative to those bytes)."""
-    large = pa.types.is_large_binary(column.type)
-    _, offsets_buf, data_buf = column.buffers()
-    raw = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)
-    offsets: npt.NDArray[np.int64] = raw[column.offset : column.offset + len(column) + 1].astype(np.int64)
-    first, last = int(offsets[0]), int(offsets[-1])
-    data = (
-        np.frombuffer(data_buf, dtype=np.uint8)[first:last] if data_buf is not None else np.empty(0, np.uint8)
-    )
-    return data, offsets - first
-
-
-def _numeric_text(column: pa.Array, lengths: npt.NDArray[np.int64], allowed: npt.NDArray[np.bool_]) -> bool:
+def _numeric_text(column: pa.Array, lengths: npt.NDArray[np.int64], allowed: bytes) -> bool:
     """Only ``allowed`` bytes and no empty value (Arrow's parser then refuses a misplaced
     ``-`` or ``.`` as Python does: the unit tests pin that)."""
     if np.any(lengths == 0):
         return False
-    data, _ = _data(column)
-    return bool(allowed[data].all())
+    data = column.buffers()[2]
+    if data is None:
+        return True
+    first, last = _bounds(column)
+    # bytes.translate deletes the allowed bytes at C speed (~4x a numpy lookup table).
+    return not data.slice(first, last - first).to_pybytes().translate(None, allowed)
 
 
-def _shaped(column: pa.Array, lengths: npt.NDArray[np.int64], widths: Any, shape: bytes) -> bool:
-    """Every value has one width of ``widths`` and matches ``shape`` (then ``.`` and digits)."""
+def _bounds(column: pa.Array) -> tuple[int, int]:
+    """Where a binary array's values begin and end in its data buffer."""
+    large = pa.types.is_large_binary(column.type)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if large else np.int32)
+    return int(offsets[column.offset]), int(offsets[column.offset + len(column)])
+
+
+def _shaped(column: pa.Array, lengths: npt.NDArray[np.int64], widths: frozenset[int], shape: bytes) -> bool:
+    """Every value has one width of ``widths`` and the ``shape`` (then ``.`` and digits)."""
     present = lengths[lengths >= 0]
     if present.size == 0:
         return True
     width = int(present[0])
     if width not in widths or np.any(present != width):
         return False
-    data, _ = _data(column)
-    grid = data.reshape(present.size, width)
-    digits, others, expected = _shape_masks(shape)
-    if not (grid[:, digits] - _ZERO <= 9).all() or not (grid[:, others] == expected).all():
+    data = column.buffers()[2]
+    first, last = _bounds(column)
+    text = data.slice(first, last - first).to_pybytes()
+    pattern = (shape + b".dddddd")[:width] if width > len(shape) else shape
+    # Digits to "d" at C speed, then one comparison with the pattern repeated.
+    if text.translate(_DIGITS_TO_D) != pattern * present.size:
         return False
-    fraction = width > len(shape)  # then ".", and digits
-    if fraction and not (
-        (grid[:, len(shape)] == _DOT).all() and (grid[:, len(shape) + 1 :] - _ZERO <= 9).all()
-    ):
-        return False
-    # Year 0000 is not a Python date (the decoder keeps such text); Arrow would accept it.
-    return not (grid[:, :4] == _ZERO).all(axis=1).any()
+    # Year 0000 is not a Python date (the decoder keeps such text); Arrow would accept it. With
+    # the shape proven, "0000-" can only be a value's year.
+    return b"0000-" not in text
 
 
 # -- from located rows to binary columns -------------------------------------------------------
@@ -208,19 +196,20 @@ def image_columns(buffer: bytes, image: Images, columns: Sequence[int]) -> list[
     """Binary arrays of the given columns of one image kind, over ``buffer`` (see module doc)."""
     lengths = image.lengths
     rows, width = lengths.shape
-    sizes = np.maximum(lengths, 0)
-    ends = image.starts + sizes.sum(axis=1)
-    grid = np.empty((rows, width + 1), dtype=np.int64)
-    grid[:, 0] = image.starts
-    grid[1:, 0] -= ends[:-1]  # the bytes between the previous row's values and this row's
-    grid[:, 1:] = sizes
+    valid = lengths >= 0
+    all_valid = bool(valid.all())
     large = len(buffer) > _INT32_MAX
-    offsets = np.empty(grid.size + 1, dtype=np.int64 if large else np.int32)
+    index_type = np.int64 if large else np.int32
+    # Element sizes, row by row: the bytes since the previous row's values, then each value.
+    grid = np.empty((rows, width + 1), dtype=index_type)
+    grid[:, 0] = image.starts
+    grid[1:, 0] -= image.starts[:-1] + image.sizes[:-1]
+    grid[:, 1:] = lengths if all_valid else np.where(valid, lengths, 0)
+    offsets = np.empty(grid.size + 1, dtype=index_type)
     offsets[0] = 0
     np.cumsum(grid, out=offsets[1:])
-    valid = lengths >= 0
     bitmap = None
-    if not valid.all():
+    if not all_valid:
         flags = np.ones((rows, width + 1), dtype=bool)
         flags[:, 1:] = valid
         bitmap = pa.py_buffer(np.packbits(flags, bitorder="little"))
@@ -229,5 +218,6 @@ def image_columns(buffer: bytes, image: Images, columns: Sequence[int]) -> list[
         grid.size,
         [bitmap, pa.py_buffer(offsets), pa.py_buffer(buffer)],
     )
-    base = np.arange(rows, dtype=np.int64 if large else np.int32) * (width + 1) + 1
-    return [elements.take(base + j) for j in columns]
+    base = np.arange(rows, dtype=index_type) * (width + 1) + 1
+    # An Arrow index array: take() converts a numpy one far more slowly.
+    return [elements.take(pa.array(base + j)) for j in columns]

@@ -53,8 +53,11 @@ def _view_classes() -> type[message.Message]:
     file = descriptor_pb2.FileDescriptorProto(
         name="airflow_provider_vitess/rowwire_view.proto", package="rowwire_view", syntax="proto3"
     )
-    lengths = file.message_type.add(name="Lengths")  # query.Row without its values
+    lengths = file.message_type.add(name="Lengths")  # query.Row, merged
     lengths.field.add(name="lengths", number=1, type=F.TYPE_SINT64, label=F.LABEL_REPEATED)
+    # Declared, and singular: each row's values replace the previous row's, so serializing the
+    # merged image copies one row's values (left unknown, it would copy all of them).
+    lengths.field.add(name="values", number=2, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
     changes = file.message_type.add(name="Changes")  # every RowChange merged into one
     for name, number in (("before", 1), ("after", 2)):
         changes.field.add(
@@ -96,11 +99,13 @@ class Images:
     present: Bools
     lengths: I64
     starts: I64
+    sizes: I64  # bytes of each row's values (0 for a row without the image)
 
 
 @dataclass(frozen=True)
 class LocatedRows:
-    """The rows of a batch of serialized RowEvents: ``buffer`` is the events concatenated."""
+    """The rows of a batch of serialized RowEvents: ``buffer`` is the events concatenated
+    (followed by a few padding bytes)."""
 
     buffer: bytes
     rows: int
@@ -135,9 +140,9 @@ def _first_record(data: bytes) -> int:
 def _packed(serialized: bytes) -> bytes:
     """The packed varints of a serialized ``Lengths`` view (empty when it has none).
 
-    The view keeps the rows' values as unknown fields, which the runtime writes after the known
-    ones: the packed lengths, if any, are the first field. Should that order ever differ, the
-    lengths read as absent and the layout proof of :func:`locate_rows` fails: no wrong guess.
+    The runtime writes fields in number order: the packed lengths, if any, come first. Should
+    that ever differ, the lengths read as absent and the layout proof of :func:`locate_rows`
+    fails: no wrong guess.
     """
     if serialized[:1] != bytes([_TAG_1]):
         return b""
@@ -187,6 +192,8 @@ def _varint_ok(buf: npt.NDArray[np.uint8], pos: I64, value: I64, size: I64) -> b
     """True when the varint at each ``pos`` of ``buf`` encodes exactly ``value`` (``size`` bytes)."""
     if pos.size == 0:
         return True
+    if int(size.max()) == 1:  # the common case: one byte, the value itself
+        return bool(np.array_equal(buf[pos], value))
     rest = value
     for k in range(int(size.max())):
         more = size > k + 1
@@ -268,14 +275,16 @@ def _prove_image(buf: npt.NDArray[np.uint8], at: I64, tag: int, img: _Image) -> 
 def _full(img: _Image, total: int, columns: int, positions: I64, starts: I64) -> Images:
     """The image over every row of the batch (absent rows: NULL columns, no bytes)."""
     if img.rows is None:
-        return Images(present=np.ones(total, dtype=bool), lengths=img.lengths, starts=starts)
+        return Images(np.ones(total, dtype=bool), img.lengths, starts, img.values)
     present = np.zeros(total, dtype=bool)
     present[img.rows] = True
     lengths = np.full((total, columns), -1, dtype=np.int64)
     lengths[img.rows] = img.lengths
     full_starts = positions.copy()
     full_starts[img.rows] = starts
-    return Images(present=present, lengths=lengths, starts=full_starts)
+    sizes = np.zeros(total, dtype=np.int64)
+    sizes[img.rows] = img.values
+    return Images(present, lengths, full_starts, sizes)
 
 
 def locate_rows(events: Sequence[bytes], counts: Sequence[int], columns: int) -> LocatedRows | None:
@@ -346,8 +355,9 @@ def locate_rows(events: Sequence[bytes], counts: Sequence[int], columns: int) ->
     # len(row_changes) of them, so none is left over.
     if any(first + size > end for first, size, end in zip(firsts, per_block, ends, strict=True)):
         return None
-    blob = b"".join(events)
-    buf = np.frombuffer(blob + _PAD, dtype=np.uint8)
+    # One copy of the events, padded for the varint reads; the Arrow arrays share it.
+    blob = b"".join([*events, _PAD])
+    buf = np.frombuffer(blob, dtype=np.uint8)
     if not (np.all(buf[rec_start] == _TAG_2) and _varint_ok(buf, rec_start + 1, change, change_size)):
         return None
     pos = rec_start + 1 + change_size
