@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 I64 = npt.NDArray[np.int64]
+Ints = npt.NDArray[np.signedinteger[Any]]  # column lengths: int8 when all are below 64
 Bools = npt.NDArray[np.bool_]
 
 # Wire tags (field number << 3 | wire type 2) of the messages we walk.
@@ -97,7 +99,7 @@ class Images:
     """
 
     present: Bools
-    lengths: I64
+    lengths: Ints
     starts: I64
     sizes: I64  # bytes of each row's values (0 for a row without the image)
 
@@ -154,26 +156,27 @@ def _varint_count(packed: bytes) -> int:
     return len(packed) - len(packed.translate(None, _LOW_BYTES))
 
 
-def _decode_varints(packed: bytes) -> tuple[I64, I64 | None] | None:
+def _decode_varints(packed: bytes) -> tuple[Ints, I64 | None] | None:
     """Zigzag-decoded sint64 values and the byte size of each (None: all one byte), or None
     if the bytes are not a sequence of complete varints."""
     raw = np.frombuffer(packed, dtype=np.uint8)
     if raw.size == 0 or raw[-1] >= 0x80:
         return None
-    if int(raw.max()) < 0x80:  # the common case: every length below 64 bytes
-        u = raw.astype(np.int64)
-        sizes = None
-    else:
-        ends = np.flatnonzero(raw < 0x80)
-        starts = np.empty_like(ends)
-        starts[0] = 0
-        starts[1:] = ends[:-1] + 1
-        sizes = (ends - starts + 1).astype(np.int64)
-        if int(sizes.max()) > 9:  # 63 bits at most: beyond that it is not a length
-            return None
-        shift = (np.arange(raw.size) - np.repeat(starts, sizes)) * 7
-        parts = (raw & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
-        u = np.add.reduceat(parts, starts).astype(np.int64)
+    if int(raw.max()) < 0x80:
+        # The common case, every length from -64 to 63: one byte each, decoded in int8
+        # (a tenth of the memory traffic of int64).
+        small = raw.view(np.int8)
+        return (small >> 1) ^ -(small & 1), None
+    ends = np.flatnonzero(raw < 0x80)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    sizes = (ends - starts + 1).astype(np.int64)
+    if int(sizes.max()) > 9:  # 63 bits at most: beyond that it is not a length
+        return None
+    shift = (np.arange(raw.size) - np.repeat(starts, sizes)) * 7
+    parts = (raw & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
+    u = np.add.reduceat(parts, starts).astype(np.int64)
     return (u >> 1) ^ -(u & 1), sizes
 
 
@@ -207,10 +210,20 @@ def _varint_ok(buf: npt.NDArray[np.uint8], pos: I64, value: I64, size: I64) -> b
 def _field_ok(buf: npt.NDArray[np.uint8], at: I64, tag: int, length: I64) -> I64 | None:
     """Proves a length-delimited field (``tag``, ``length``) at each ``at``; returns where each
     payload begins."""
-    size = _vsize(length)
-    if not (np.all(buf[at] == tag) and _varint_ok(buf, at + 1, length, size)):
+    if not np.all(buf[at] == tag):
         return None
-    return at + 1 + size
+    if length.size == 0 or int(length.max()) < 0x80:  # one-byte lengths: no size arrays
+        return at + 2 if np.array_equal(buf[at + 1], length) else None
+    size = _vsize(length)
+    return at + 1 + size if _varint_ok(buf, at + 1, length, size) else None
+
+
+def _row_sums(matrix: Ints) -> I64:
+    """Per-row sums, one column at a time (numpy sums a short axis ~5x slower)."""
+    out = matrix[:, 0].astype(np.int64)
+    for j in range(1, matrix.shape[1]):
+        out += matrix[:, j]
+    return out
 
 
 @dataclass(frozen=True)
@@ -218,7 +231,7 @@ class _Image:
     """One image kind over the rows that have it (compact: ``rows`` indexes the batch)."""
 
     rows: I64 | None  # None: every row of the batch has it
-    lengths: I64  # (len(rows), columns)
+    lengths: Ints  # (len(rows), columns)
     row_size: I64  # serialized query.Row
     packed: I64  # its packed lengths
     values: I64  # its values
@@ -240,8 +253,8 @@ def _image(packed_parts: list[bytes], flags: list[bool], counts: I64, columns: i
     if sizes is None:
         packed = np.full(lengths.shape[0], columns, np.int64)
     else:
-        packed = sizes.reshape(-1, columns).sum(axis=1)
-    value_bytes = np.maximum(lengths, 0).sum(axis=1)
+        packed = _row_sums(sizes.reshape(-1, columns))
+    value_bytes = _row_sums(np.maximum(lengths, 0))
     row_size = (
         1 + _vsize(packed) + packed + np.where(value_bytes > 0, 1 + _vsize(value_bytes) + value_bytes, 0)
     )
@@ -278,7 +291,7 @@ def _full(img: _Image, total: int, columns: int, positions: I64, starts: I64) ->
         return Images(np.ones(total, dtype=bool), img.lengths, starts, img.values)
     present = np.zeros(total, dtype=bool)
     present[img.rows] = True
-    lengths = np.full((total, columns), -1, dtype=np.int64)
+    lengths = np.full((total, columns), -1, dtype=img.lengths.dtype)
     lengths[img.rows] = img.lengths
     full_starts = positions.copy()
     full_starts[img.rows] = starts
