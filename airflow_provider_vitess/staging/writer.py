@@ -3,12 +3,12 @@
 Per table version (one schema) rows go through three stages: ``add_rows`` (a ROW event's rows,
 still serialized: the capture path) or ``add_change`` (one decoded row) appends them to a
 :class:`~airflow_provider_vitess.staging.buffer.RowBuffer` (no per-value work: the hot path);
-when the buffer's footprint (exact for serialized rows, estimated for decoded ones) passes
-``min(row_group_bytes, 16 MiB)`` it becomes Arrow record batches; when the batches pass
-``row_group_bytes`` (Arrow's exact ``nbytes``) they are written to the table's open part file as
-one row group. So memory holds at most one batch of buffered rows and one row group per table
-version, and a global bound (``max_buffered_bytes``) flushes the biggest buffers early when many
-tables are active.
+past ``min(row_group_bytes, 4 MiB)`` of serialized rows (exact) or ``min(row_group_bytes,
+16 MiB)`` of decoded ones (estimated) the buffer becomes Arrow record batches; when the batches
+pass ``row_group_bytes`` (Arrow's exact ``nbytes``) they are written to the table's open part
+file as one row group. So memory holds at most one batch of buffered rows and one row group per
+table version, and a global bound (``max_buffered_bytes``) flushes the biggest buffers early
+when many tables are active.
 
 ``checkpoint()`` closes the open part files and returns them (the caller records them with a
 VGTID, so a killed process can resume and keep them); ``finish()`` writes the manifest last.
@@ -53,7 +53,11 @@ from airflow_provider_vitess.staging.manifest import (
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation, RawRows, RowChange
 
-_PY_BATCH_MAX = 16 << 20  # Python rows held before they become an Arrow batch
+_PY_BATCH_MAX = 16 << 20  # decoded Python rows held before they become an Arrow batch
+# Serialized rows held before they become one: their conversion allocates a few times their
+# size at once (joined buffer, index arrays, taken columns), so a smaller batch keeps the peak
+# low. Measured on a catch-up window: 4 MiB peaks ~80 MiB below 16 MiB, at the same speed.
+_RAW_BATCH_MAX = 4 << 20
 
 
 @dataclass
@@ -103,6 +107,7 @@ class WindowStager:
         self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
         self._row_group_bytes = row_group_bytes
         self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
+        self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
         self._max_buffered = max_buffered_bytes or 4 * row_group_bytes
         self._compression = compression
         self._tables: dict[str, _TableState] = {}
@@ -241,7 +246,7 @@ class WindowStager:
         if buf.blocks and buf.flat:  # a decoded row after raw ones: convert both, in order
             self._buffered += buf.to_batch()
         self._buffered += buf.sample(self._py_limit)
-        if buf.py_bytes + buf.raw_bytes >= self._py_limit:
+        if buf.py_bytes >= self._py_limit or buf.raw_bytes >= self._raw_limit:
             self._buffered += buf.to_batch()
             if buf.arrow_bytes >= self._row_group_bytes:
                 self._write_row_group(buf)
