@@ -309,8 +309,8 @@ def locate_rows(events: Sequence[bytes], counts: Sequence[int], columns: int) ->
     """
     if columns <= 0 or len(events) != len(counts):
         return None
-    packed = ([], [])  # type: tuple[list[bytes], list[bytes]]
-    flags = ([], [])  # type: tuple[list[bool], list[bool]]
+    packed: tuple[list[bytes], list[bytes]] = ([], [])  # per image kind (before, after)
+    flags: tuple[list[bool], list[bool]] = ([], [])
     firsts: list[int] = []
     ends: list[int] = []
     offset = 0
@@ -357,9 +357,6 @@ def locate_rows(events: Sequence[bytes], counts: Sequence[int], columns: int) ->
     else:
         block_of_row = np.repeat(np.arange(len(counts)), counts_arr)
         cum = np.cumsum(record)
-        block_end = cum[np.cumsum(counts_arr) - 1] if total else np.zeros(len(counts), np.int64)
-        block_base = np.concatenate(([0], block_end[:-1]))
-        block_base[counts_arr == 0] = 0
         per_block_arr = np.bincount(block_of_row, record, len(counts)).astype(np.int64)
         per_block = per_block_arr.tolist()
         shift = np.asarray(firsts, dtype=np.int64) - (np.cumsum(per_block_arr) - per_block_arr)
