@@ -1,41 +1,68 @@
-"""The row buffer of one table version: Python rows in, Arrow record batches out (pure, no I/O).
+"""The row buffer of one table version: rows in, Arrow record batches out (pure, no I/O).
 
-Rows arrive already decoded (tuples of Python values). The hot path (millions of rows per
-window) is the stager's ``add_change``, which extends :attr:`RowBuffer.flat` by the row's 7
-slots (op, keyspace, shard, commit_ts, seq, after image, before key) and does no per-value work.
-A flat list rather than a list of row tuples: retained tuples holding other containers stay
-tracked by the cyclic GC, whose collections then rescan them all, which cost more than the
-staging itself (800 versus 130 ns per row).
+Rows arrive in two forms:
 
-:meth:`RowBuffer.to_batch` cuts the list into columns with slices (``flat[i::7]``), transposes
-the images with ``map(itemgetter(j))`` and builds one Arrow array per column; a column constant
-over the batch (one shard, all inserts, NULL before images) is a ``pa.repeat``.
+* **raw** (the capture path): whole ROW events still serialized
+  (:class:`~airflow_provider_vitess.vstream.events.RawRows`), added by the stager's
+  ``add_rows``. :meth:`RowBuffer.to_batch` locates every row's values in a batch of them at once
+  (:func:`~airflow_provider_vitess.vstream.rowwire.locate_rows`) and builds each column with
+  vectorised, exactness-checked casts (:mod:`.columnar`): no Python object per row or value. An
+  event whose layout cannot be proven, or a column whose text is not of a shape a cast reads
+  exactly, takes the per-row decoder instead, for that event or column only.
+* **decoded** (tuples of Python values), added by ``add_change``, which extends
+  :attr:`RowBuffer.flat` by the row's 7 slots (op, keyspace, shard, commit_ts, seq, after image,
+  before key) and does no per-value work. A flat list rather than a list of row tuples:
+  retained tuples holding other containers stay tracked by the cyclic GC, whose collections then
+  rescan them all. ``to_batch`` cuts the list into columns with slices (``flat[i::7]``),
+  transposes the images with ``map(itemgetter(j))`` and builds one Arrow array per column.
 
-Memory: the Python footprint is estimated by sampling a few rows now and then
-(:meth:`RowBuffer.sample`, ``sys.getsizeof``), never per row; Arrow batches are counted exactly
-(``nbytes``). The caller (the stager) decides when to convert and when to write.
+Either way a column constant over the batch (one shard, all inserts, NULL before images) is a
+``pa.repeat``. Rows keep their order: the stager converts pending rows of one form before it
+buffers rows of the other.
+
+Memory: raw rows count their exact byte size; decoded rows are estimated by sampling a few rows
+now and then (:meth:`RowBuffer.sample`, ``sys.getsizeof``), never per row; Arrow batches are
+counted exactly (``nbytes``). The caller (the stager) decides when to convert and when to write.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
+from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
 from airflow_provider_vitess.staging.manifest import TableSchema
-from airflow_provider_vitess.vstream.events import Operation
+from airflow_provider_vitess.vstream.events import Operation, RawRows
+from airflow_provider_vitess.vstream.rowwire import LocatedRows, locate_rows
 
 W = 7  # slots per row in the flat buffer: op, keyspace, shard, commit_ts, seq, after, before
 _CHECK_MAX_ROWS = 4096  # rows between two footprint samples, at most
 _SAMPLES = 4
 _ROW_OVERHEAD = W * 8 + 16  # the row's list slots, roughly
 _AFTER = 5  # slot of the after image
+_BLOCK_OVERHEAD = 200  # bytes of a raw block's Python objects, roughly
+_OPS = (Operation.INSERT, Operation.UPDATE, Operation.DELETE)
+
+
+@dataclass(frozen=True, slots=True)
+class RawBlock:
+    """One ROW event's rows, as added by the stager's ``add_rows``."""
+
+    rows: RawRows
+    keyspace: str
+    shard: str
+    commit_ts: int
+    first_seq: int  # seq of its first row; the others follow one by one
 
 
 def _row_size(after: Any, before: Any) -> int:
@@ -73,7 +100,11 @@ class RowBuffer:
         self.dictionary_columns = [arrow_types.OP, arrow_types.KEYSPACE, arrow_types.SHARD] + [
             f.name for f in fields if f.type in arrow_types.FEW_VALUE_TYPES
         ]
+        self.plans = [ColumnPlan(f, table) for f in fields]
+        self.key_index = idx
         self.flat: list[Any] = []  # W slots per row
+        self.blocks: list[RawBlock] = []  # raw rows, in order (see add_block)
+        self.raw_bytes = 0
         self.next_check = W  # len(flat) at which add_change calls sample()
         self.py_bytes = 0  # estimate for the rows sampled so far
         self._checked = 0  # slots already counted in py_bytes
@@ -85,7 +116,20 @@ class RowBuffer:
 
     @property
     def buffered(self) -> int:
-        return self.py_bytes + self.arrow_bytes
+        return self.py_bytes + self.raw_bytes + self.arrow_bytes
+
+    def add_block(self, block: RawBlock) -> int:
+        """Buffer one ROW event's raw rows; returns the bytes added.
+
+        The caller converts decoded rows first (``to_batch``) so rows keep their order; and a
+        decoded row added after raw ones makes ``add_change`` call the stager's check at once
+        (``next_check``), which converts both in order.
+        """
+        self.blocks.append(block)
+        added = len(block.rows.data) + _BLOCK_OVERHEAD
+        self.raw_bytes += added
+        self.next_check = 0
+        return added
 
     def sample(self, py_limit: int) -> int:
         """Estimate the rows added since the last sample; returns the bytes added.
@@ -111,10 +155,17 @@ class RowBuffer:
         return added
 
     def to_batch(self) -> int:
-        """Turn the Python rows into one Arrow record batch; returns the change in buffered bytes.
+        """Turn the buffered rows into Arrow record batches; returns the change in buffered bytes.
 
-        Raises :class:`StagingError` naming the table, column, row and value that Arrow refuses.
+        Raw rows first, then decoded ones (the order they were added in, see :meth:`add_block`).
+        Raises :class:`StagingError` naming the table, column, row and value that Arrow refuses,
+        and :class:`~airflow_provider_vitess.exceptions.ValueDecodeError` for a row the per-row
+        decoder refuses.
         """
+        delta = self._raw_to_batches() if self.blocks else 0
+        return delta + self._flat_to_batch()
+
+    def _flat_to_batch(self) -> int:
         flat = self.flat
         if not flat:
             return 0
@@ -163,6 +214,120 @@ class RowBuffer:
         self.next_check = W
         return delta
 
+    # -- raw rows ---------------------------------------------------------------------------------
+
+    def _raw_to_batches(self) -> int:
+        blocks, self.blocks = self.blocks, []
+        removed, self.raw_bytes = self.raw_bytes, 0
+        added = 0
+        for run in self._located_runs(blocks):
+            if isinstance(run, RawBlock):
+                added += self._decoded_block(run)
+                continue
+            located, run_blocks = run
+            batch = self._batch(located, run_blocks)
+            self.batches.append(batch)
+            self.arrow_bytes += batch.nbytes
+            added += batch.nbytes
+            for block, has_before, has_after in zip(
+                run_blocks, located.block_has_before, located.block_has_after, strict=True
+            ):
+                self.op_counts[_OPS[_op_code(has_before, has_after)].value] += block.rows.n_rows
+                self.keyspaces.setdefault(block.keyspace, None)
+        self.next_check = len(self.flat) + W
+        return added - removed
+
+    def _located_runs(self, blocks: list[RawBlock]) -> list[tuple[LocatedRows, list[RawBlock]] | RawBlock]:
+        """The blocks located as one batch; else located one by one, with the blocks whose
+        layout cannot be proven left to the per-row decoder (returned as themselves)."""
+        width = self.n_columns
+        located = locate_rows([b.rows.data for b in blocks], [b.rows.n_rows for b in blocks], width)
+        if located is not None:
+            return [(located, blocks)]
+        out: list[tuple[LocatedRows, list[RawBlock]] | RawBlock] = []
+        for block in blocks:
+            one = locate_rows([block.rows.data], [block.rows.n_rows], width)
+            out.append(block if one is None else (one, [block]))
+        return out
+
+    def _decoded_block(self, block: RawBlock) -> int:
+        """A block through the per-row decoder (raises its errors), staged as decoded rows;
+        returns the Arrow bytes added. Decoded rows already pending came after this block, so
+        they are set aside meanwhile."""
+        pending = (self.flat, self.py_bytes, self._checked)
+        self.flat, self.py_bytes, self._checked = [], 0, 0
+        flat = self.flat
+        null_after, null_before, key_all, key_of = (
+            self.null_after,
+            self.null_before,
+            self.key_all,
+            self.key_of,
+        )
+        seq = block.first_seq
+        for change in block.rows.decode():
+            before = change.before
+            flat += (
+                change.operation,
+                block.keyspace,
+                block.shard,
+                block.commit_ts,
+                seq,
+                null_after if change.after is None else change.after,
+                null_before if before is None else (before if key_all else key_of(before)),
+            )
+            seq += 1
+        try:
+            return self._flat_to_batch()  # py_bytes was 0: the delta is the batch's size
+        finally:
+            self.flat, self.py_bytes, self._checked = pending
+
+    def _batch(self, located: LocatedRows, blocks: list[RawBlock]) -> pa.RecordBatch:
+        rows = located.rows
+        counts = np.array([b.rows.n_rows for b in blocks], dtype=np.int64)
+        schema = self.arrow_schema
+        describe = self._describer(blocks, counts)
+        arrays = self._meta_arrays(located, blocks, counts)
+        for image, indexes in ((located.after, range(self.n_columns)), (located.before, self.key_index)):
+            plans = [self.plans[j] for j in indexes]
+            if image is None:
+                arrays += [pa.nulls(rows, p.arrow_type) for p in plans]
+                continue
+            columns = image_columns(located.buffer, image, list(indexes))
+            for plan, j, column in zip(plans, indexes, columns, strict=True):
+                arrays.append(
+                    plan.convert(column, image.lengths[:, j], functools.partial(describe, plan.name))
+                )
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _meta_arrays(self, located: LocatedRows, blocks: list[RawBlock], counts: Any) -> list[pa.Array]:
+        ops = [
+            _OPS[_op_code(b, a)].value
+            for b, a in zip(located.block_has_before, located.block_has_after, strict=True)
+        ]
+        out = [
+            _repeat_per_block(ops, counts, pa.string()),
+            _repeat_per_block([b.keyspace for b in blocks], counts, pa.string()),
+            _repeat_per_block([b.shard for b in blocks], counts, pa.string()),
+            _repeat_per_block([b.commit_ts for b in blocks], counts, pa.int64()),
+        ]
+        first = np.array([b.first_seq for b in blocks], dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        out.append(pa.array(np.repeat(first - starts, counts) + np.arange(located.rows, dtype=np.int64)))
+        return out
+
+    def _describer(self, blocks: list[RawBlock], counts: Any) -> Callable[[str, int], str]:
+        starts = np.cumsum(counts) - counts
+
+        def describe(name: str, row: int) -> str:
+            k = int(np.searchsorted(starts, row, side="right")) - 1
+            b = blocks[k]
+            return (
+                f"table {self.table!r} column {name!r} (keyspace {b.keyspace!r}, shard "
+                f"{b.shard!r}, seq {b.first_seq + row - int(starts[k])})"
+            )
+
+        return describe
+
     def take_batches(self) -> pa.Table | None:
         """The converted rows as one table (a row group), emptying the batches."""
         if not self.batches:
@@ -177,8 +342,8 @@ class RowBuffer:
         self.keyspaces = {}
 
     def clear(self) -> None:
-        self.flat, self.batches = [], []
-        self.py_bytes = self.arrow_bytes = self._checked = 0
+        self.flat, self.batches, self.blocks = [], [], []
+        self.py_bytes = self.arrow_bytes = self.raw_bytes = self._checked = 0
         self.next_check = W
 
     def _width_error(self, afters: Sequence[Any], befores: Sequence[Any]) -> StagingError:
@@ -199,3 +364,20 @@ class RowBuffer:
                     f"{want} columns {names} (row {i} of the batch)"
                 )
         return StagingError(f"table {self.table!r}: row images do not match the schema")
+
+
+def _op_code(has_before: bool, has_after: bool) -> int:
+    """Index in ``_OPS`` of the operation of an event's rows, as ``RowChange.operation`` says."""
+    if not has_before:
+        return 0
+    return 1 if has_after else 2
+
+
+def _repeat_per_block(values: list[Any], counts: Any, type_: pa.DataType) -> pa.Array:
+    """``values[k]`` repeated ``counts[k]`` times: a ``pa.repeat`` when they are all equal."""
+    rows = int(counts.sum())
+    if values.count(values[0]) == len(values):
+        return pa.repeat(pa.scalar(values[0], type_), rows)
+    distinct = list(dict.fromkeys(values))
+    codes = np.repeat(np.array([distinct.index(v) for v in values], dtype=np.int32), counts)
+    return pa.array(distinct, type=type_).take(pa.array(codes))

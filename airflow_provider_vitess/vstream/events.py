@@ -20,9 +20,9 @@ Semantics kept from vtgate (v0.23):
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, overload
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
 from airflow_provider_vitess.exceptions import VStreamError
@@ -84,13 +84,113 @@ class RowChange:
         return Operation.DELETE if self.after is None else Operation.UPDATE
 
 
+def _bitmap(bitmap: binlogdata_pb2.RowChange.Bitmap) -> list[bool]:
+    # Bit i of the set is bit (i % 8) of byte i // 8, as in MySQL's row events.
+    cols = bitmap.cols
+    return [bool(cols[i >> 3] & (1 << (i & 7))) for i in range(min(bitmap.count, len(cols) * 8))]
+
+
+def decode_changes(
+    row_changes: Iterable[binlogdata_pb2.RowChange], decoder: RowDecoder, json_columns: Sequence[int]
+) -> tuple[RowChange, ...]:
+    """Row changes decoded row by row (``json_columns``: indexes of the table's JSON columns)."""
+    decode = decoder.decode
+    changes = []
+    for rc in row_changes:
+        present = None
+        if rc.HasField("data_columns"):
+            present = frozenset(i for i, bit in enumerate(_bitmap(rc.data_columns)) if bit)
+        json_partial: frozenset[int] = frozenset()
+        if rc.HasField("json_partial_values"):
+            # That bitmap counts JSON columns only: map its bits back to column indexes.
+            bits = _bitmap(rc.json_partial_values)
+            json_partial = frozenset(
+                json_columns[j] for j, bit in enumerate(bits) if bit and j < len(json_columns)
+            )
+        changes.append(
+            RowChange(
+                before=decode(rc.before) if rc.HasField("before") else None,
+                after=decode(rc.after) if rc.HasField("after") else None,
+                present_columns=present,
+                json_partial_columns=json_partial,
+            )
+        )
+    return tuple(changes)
+
+
+class RawRows(Sequence[RowChange]):
+    """The row changes of one ROW event, kept as the serialized ``binlogdata.RowEvent``.
+
+    Decoding rows one by one through protobuf objects costs more than everything else a
+    window does with them, so the reader keeps the bytes (one ``SerializeToString`` per event,
+    C-level) and the stager converts whole batches of them to Arrow columns at once
+    (:mod:`airflow_provider_vitess.staging.columnar`). Held back or spilled units then carry
+    these bytes, not Python values. Reading it as a sequence decodes it with the per-row
+    decoder (once, then cached), for every other consumer.
+    """
+
+    __slots__ = ("_decoded", "data", "decoder", "json_columns", "n_rows")
+
+    def __init__(
+        self, data: bytes, count: int, decoder: RowDecoder, json_columns: tuple[int, ...] = ()
+    ) -> None:
+        self.data = data
+        self.n_rows = count  # len(row_changes)
+        self.decoder = decoder
+        self.json_columns = json_columns
+        self._decoded: tuple[RowChange, ...] | None = None
+
+    def decode(self) -> tuple[RowChange, ...]:
+        """The row changes, decoded now (not cached)."""
+        proto = binlogdata_pb2.RowEvent.FromString(self.data)
+        return decode_changes(proto.row_changes, self.decoder, self.json_columns)
+
+    def _changes(self) -> tuple[RowChange, ...]:
+        if self._decoded is None:
+            self._decoded = self.decode()
+        return self._decoded
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    @overload
+    def __getitem__(self, index: int) -> RowChange: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RowChange, ...]: ...
+    def __getitem__(self, index: int | slice) -> RowChange | tuple[RowChange, ...]:
+        return self._changes()[index]
+
+    def __iter__(self) -> Iterator[RowChange]:
+        return iter(self._changes())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RawRows):
+            return self.data == other.data and self.decoder.fields == other.decoder.fields
+        if isinstance(other, Sequence):
+            return self._changes() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._changes())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Spilled as bytes: the decoded cache is not worth writing.
+        return (RawRows, (self.data, self.n_rows, self.decoder, self.json_columns))
+
+    def __repr__(self) -> str:
+        return f"RawRows({self.n_rows} rows of {self.decoder.table or 'a table'}, {len(self.data)} bytes)"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RowEvent(VStreamEvent):
-    """Row changes of one table from one transaction (a transaction may send several)."""
+    """Row changes of one table from one transaction (a transaction may send several).
+
+    ``changes`` is a :class:`RawRows` when decoded from the stream (decoded on first read).
+    """
 
     table: str
     column_names: tuple[str, ...]
-    changes: tuple[RowChange, ...]
+    changes: Sequence[RowChange]
     flags: int = 0
     is_internal_table: bool = False
 
@@ -199,12 +299,6 @@ class _Common(TypedDict):
     current_time: int
 
 
-def _bitmap(bitmap: binlogdata_pb2.RowChange.Bitmap) -> list[bool]:
-    # Bit i of the set is bit (i % 8) of byte i // 8, as in MySQL's row events.
-    cols = bitmap.cols
-    return [bool(cols[i >> 3] & (1 << (i & 7))) for i in range(min(bitmap.count, len(cols) * 8))]
-
-
 class EventDecoder:
     """Turns VEvents into typed events, keeping each table's row decoder from its FIELD event.
 
@@ -299,28 +393,8 @@ class EventDecoder:
                 f"ROW event for table {table!r} (keyspace {keyspace!r}, shard {shard!r}) arrived "
                 "before any FIELD event for it: cannot decode its values"
             )
-        decode = decoder.decode
-        changes = []
-        for rc in re_.row_changes:
-            present = None
-            if rc.HasField("data_columns"):
-                present = frozenset(i for i, bit in enumerate(_bitmap(rc.data_columns)) if bit)
-            json_partial: frozenset[int] = frozenset()
-            if rc.HasField("json_partial_values"):
-                # That bitmap counts JSON columns only: map its bits back to column indexes.
-                json_cols = self._json_columns[key]
-                bits = _bitmap(rc.json_partial_values)
-                json_partial = frozenset(
-                    json_cols[j] for j, bit in enumerate(bits) if bit and j < len(json_cols)
-                )
-            changes.append(
-                RowChange(
-                    before=decode(rc.before) if rc.HasField("before") else None,
-                    after=decode(rc.after) if rc.HasField("after") else None,
-                    present_columns=present,
-                    json_partial_columns=json_partial,
-                )
-            )
+        # Kept serialized: see RawRows. Values are checked when decoded or staged.
+        changes = RawRows(re_.SerializeToString(), len(re_.row_changes), decoder, self._json_columns[key])
         return RowEvent(
             keyspace=keyspace,
             shard=shard,
@@ -328,7 +402,7 @@ class EventDecoder:
             current_time=ev.current_time,
             table=table,
             column_names=decoder.names,
-            changes=tuple(changes),
+            changes=changes,
             flags=re_.flags,
             is_internal_table=re_.is_internal_table,
         )

@@ -271,6 +271,16 @@ _FIXED.update(
 )
 
 
+# The converters the columnar staging path (staging/columnar.py) replaces by vectorised casts
+# where those are exact; it recognises them by identity in what converter_for returns.
+raw_converter: Converter = _raw
+utf8_converter: Converter = _utf8
+latin1_converter: Converter = _latin1
+decimal_converter: Converter = _decimal
+date_converter: Converter = _date
+datetime_converter: Converter = _datetime
+
+
 def _fixed_decimals(field: query_pb2.Field) -> int | None:
     """``D`` of ``FLOAT(M,D)``/``DOUBLE(M,D)``, or None when the server prints freely."""
     if field.column_type:
@@ -371,6 +381,11 @@ class RowDecoder:
         # bound method, so decoder and function do not form a reference cycle.
         explain = functools.partial(_explain, self.fields, self._converters, self.names, table)
         self.decode: RowDecode = _decode_factory(len(self.fields))(self._converters, explain)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Spilled row events carry their decoder: rebuilt from the fields (its compiled loop
+        # cannot be pickled, and is cached per column count anyway).
+        return (RowDecoder, (self.fields, self.table))
 
 
 def _where(table: str) -> str:

@@ -34,6 +34,7 @@ from airflow_provider_vitess.vstream.events import (
     FieldEvent,
     HeartbeatEvent,
     JournalEvent,
+    RowChange,
     RowEvent,
     VgtidEvent,
 )
@@ -64,6 +65,19 @@ class Stager(Protocol):
         before: tuple[Any, ...] | None,
         after: tuple[Any, ...] | None,
     ) -> None: ...
+
+    def add_rows(
+        self,
+        keyspace: str,
+        table: str,
+        shard: str,
+        commit_ts: int,
+        first_seq: int,
+        changes: Sequence[RowChange],
+    ) -> None:
+        """The changes of one ROW event, seqs ``first_seq``, +1...: the path the read uses
+        (``changes`` is usually :class:`~.events.RawRows`, still serialized)."""
+        ...
 
     def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None: ...
 
@@ -266,19 +280,12 @@ class WindowReader:
                 elif isinstance(event, RowEvent):
                     if event.is_internal_table:
                         continue
-                    for change in event.changes:
-                        self._seq += 1
-                        self._stager.add_change(
-                            event.keyspace,
-                            event.table,
-                            event.shard,
-                            change.operation,
-                            unit.commit_ts,
-                            self._seq,
-                            change.before,
-                            change.after,
-                        )
                     n = len(event.changes)
+                    # The whole event at once: its rows stay serialized until staged (RawRows).
+                    self._stager.add_rows(
+                        event.keyspace, event.table, event.shard, unit.commit_ts, self._seq + 1, event.changes
+                    )
+                    self._seq += n
                     self._result.rows += n
                     self._rows_since_checkpoint += n
                     counts = self._result.rows_per_table

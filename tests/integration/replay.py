@@ -96,5 +96,17 @@ class ListStager:
     ) -> None:
         self.changes.append(StagedChange(keyspace, table, shard, op, commit_ts, seq, before, after))
 
+    def add_rows(
+        self,
+        keyspace: str,
+        table: str,
+        shard: str,
+        commit_ts: int,
+        first_seq: int,
+        changes: Sequence[Any],
+    ) -> None:
+        for seq, c in enumerate(changes, first_seq):
+            self.add_change(keyspace, table, shard, c.operation, commit_ts, seq, c.before, c.after)
+
     def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None:
         self.ddls.append(statement)

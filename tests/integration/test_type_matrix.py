@@ -6,6 +6,10 @@ The oracle is vtgate's MySQL protocol read with the plain pymysql DBAPI cursor (
 conversions, no SQLAlchemy result processing): the stream's rows must be equal to it and of
 the same Python type, column by column, in the copy phase and in the streaming (binlog) phase.
 A few values are also checked against literals, so both sides cannot be wrong the same way.
+
+The same events are then staged as Parquet through ``WindowStager.add_rows`` (the columnar
+path: vectorised casts, per-row decoder only where a cast is not exact), and every staged value
+must equal the stream's row, so the staged values equal ``SELECT *`` too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Generator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -20,8 +25,16 @@ import sqlalchemy
 
 from airflow_provider_vitess._proto import binlogdata_pb2
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import CopyCompletedEvent, Event, RowEvent, VgtidEvent
+from airflow_provider_vitess.vstream.events import (
+    CopyCompletedEvent,
+    Event,
+    FieldEvent,
+    RawRows,
+    RowEvent,
+    VgtidEvent,
+)
 from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
 
 pytestmark = pytest.mark.integration
@@ -198,13 +211,22 @@ def reader(hook: VitessHook, gtid: str) -> Generator[Event, None, None]:
     ).events()
 
 
+TableEvents = list[FieldEvent | RowEvent]
+
+
 def read_rows(
     events: Generator[Event, None, None], done: Callable[[Event, Rows], bool]
-) -> tuple[tuple[str, ...], Rows]:
-    """Every row's after image by id, until ``done(event, rows)``; then the stream is closed."""
+) -> tuple[tuple[str, ...], Rows, TableEvents]:
+    """Every row's after image by id, until ``done(event, rows)``; then the stream is closed.
+
+    Also returns the table's FIELD and ROW events, to stage them.
+    """
     names: tuple[str, ...] = ()
     rows: Rows = {}
+    kept: TableEvents = []
     for event in events:
+        if isinstance(event, FieldEvent | RowEvent) and event.table == TABLE:
+            kept.append(event)
         if isinstance(event, RowEvent) and event.table == TABLE:
             names = event.column_names
             for change in event.changes:
@@ -213,16 +235,16 @@ def read_rows(
         if done(event, rows):
             break
     events.close()
-    return names, rows
+    return names, rows, kept
 
 
-def copy_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
+def copy_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows, TableEvents]:
     return read_rows(
         reader(hook, ""), lambda event, _: isinstance(event, CopyCompletedEvent) and event.is_stream_complete
     )
 
 
-def streaming_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
+def streaming_phase(hook: VitessHook) -> tuple[tuple[str, ...], Rows, TableEvents]:
     events = reader(hook, "current")
     # The stream is open and positioned once its first VGTID arrives: only then write.
     next(event for event in events if isinstance(event, VgtidEvent))
@@ -244,6 +266,31 @@ def assert_same(
             where = f"{phase} id={row_id} column {name!r}"
             assert a == b, f"{where}: streamed {a!r} != selected {b!r}"
             assert type(a) is type(b), f"{where}: streamed {type(a)} is not selected {type(b)}"
+
+
+def assert_staged(phase: str, workdir: Path, events: TableEvents, names: tuple[str, ...], rows: Rows) -> None:
+    """The events staged through the columnar path hold exactly the stream's rows."""
+    stager = WindowStager(str(workdir), "matrix", 1, key_columns={TABLE: ["id"]})
+    seq = 1
+    for event in events:
+        if isinstance(event, FieldEvent):
+            stager.set_schema(event.keyspace, event.table, event.fields, shard=event.shard)
+            continue
+        assert isinstance(event.changes, RawRows), "the reader keeps rows serialized"
+        stager.add_rows(event.keyspace, event.table, event.shard, event.timestamp, seq, event.changes)
+        seq += len(event.changes)
+    vgtid = Vgtid.for_keyspace("commerce", "current")
+    staged = read_table(stager.finish(vgtid, vgtid, vgtid), TABLE).to_pylist()
+    assert len(staged) == len(rows), f"{phase} staged: row count"
+    for out in staged:
+        expected = rows[out["id"]]
+        for name, want in zip(names, expected, strict=True):
+            got = out[name]
+            if isinstance(got, datetime.datetime) and got.tzinfo is not None:
+                got = got.replace(tzinfo=None)  # TIMESTAMP: staged UTC, streamed naive UTC
+            where = f"{phase} staged id={out['id']} column {name!r}"
+            assert got == want, f"{where}: staged {got!r} != streamed {want!r}"
+            assert type(got) is type(want), f"{where}: staged {type(got)} is not streamed {type(want)}"
 
 
 def assert_literals(phase: str, names: tuple[str, ...], rows: Rows, base: int) -> None:
@@ -272,24 +319,26 @@ def assert_literals(phase: str, names: tuple[str, ...], rows: Rows, base: int) -
     assert all(null[c] is None for c in COLUMNS), where
 
 
-def test_type_matrix_copy_and_stream_match_select(vitess_conn_id: str) -> None:
+def test_type_matrix_copy_and_stream_match_select(vitess_conn_id: str, tmp_path: Path) -> None:
     hook = VitessHook(vitess_conn_id)
     try:
         create_table(hook)
         insert_rows(hook, ROWS)
-        names, copied = copy_phase(hook)
+        names, copied, copy_events = copy_phase(hook)
         select_names, selected = select_rows(hook)
         assert names == select_names == ("id", *COLUMNS)
         assert copied.keys() == selected.keys() == {row["id"] for row in ROWS}
         assert_same("copy phase", names, copied, selected)
         assert_literals("copy phase", names, copied, 0)
+        assert_staged("copy phase", tmp_path / "copy", copy_events, names, copied)
 
-        names, streamed = streaming_phase(hook)
+        names, streamed, stream_events = streaming_phase(hook)
         _, selected = select_rows(hook)
         assert names == select_names
         stream_ids = {row["id"] + STREAM_ID_OFFSET for row in ROWS}
         assert streamed.keys() == stream_ids
         assert_same("streaming phase", names, streamed, {i: selected[i] for i in stream_ids})
         assert_literals("streaming phase", names, streamed, STREAM_ID_OFFSET)
+        assert_staged("streaming phase", tmp_path / "stream", stream_events, names, streamed)
     finally:
         hook.close()
