@@ -54,18 +54,6 @@ class Stager(Protocol):
 
     def set_schema(self, keyspace: str, table: str, fields: Sequence[Any], shard: str = "") -> None: ...
 
-    def add_change(
-        self,
-        keyspace: str,
-        table: str,
-        shard: str,
-        op: Any,
-        commit_ts: int,
-        seq: int,
-        before: tuple[Any, ...] | None,
-        after: tuple[Any, ...] | None,
-    ) -> None: ...
-
     def add_rows(
         self,
         keyspace: str,
@@ -75,8 +63,8 @@ class Stager(Protocol):
         first_seq: int,
         changes: Sequence[RowChange],
     ) -> None:
-        """The changes of one ROW event, seqs ``first_seq``, +1...: the path the read uses
-        (``changes`` is usually :class:`~.events.RawRows`, still serialized)."""
+        """The changes of one ROW event, seqs ``first_seq``, +1... (``changes`` is usually
+        :class:`~.events.RawRows`, still serialized)."""
         ...
 
     def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None: ...
