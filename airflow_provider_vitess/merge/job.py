@@ -107,11 +107,13 @@ def merge(
     states = {t: apply.table_state(spark, tt.path, plan.txn_app_id(t)) for t, tt in plan.targets.items()}
     steps = plan_steps(plan, manifests, states)
     by_seq = {m.window_seq: m for m in manifests}
+    # Manifests by seq, the plan's and earlier windows' read for context: each read once per run.
+    known: dict[int, Manifest | None] = dict(by_seq)
     results: dict[int, list[TableResult]] = {w.seq: [] for w in plan.windows}
     for step in steps:
         mapping = states[step.table].column_mapping
         result = _run(
-            spark, plan, by_seq[step.seq], step, rows_per_file, progress or (lambda *_: None), mapping
+            spark, plan, by_seq[step.seq], step, rows_per_file, progress or (lambda *_: None), mapping, known
         )
         log.info("window %d table %s: %s", step.seq, step.table, json.dumps(result.to_dict()))
         results[step.seq].append(result)
@@ -127,6 +129,7 @@ def _run(
     rows_per_file: int,
     progress: Progress,
     column_mapping: bool,
+    known: dict[int, Manifest | None],
 ) -> TableResult:
     target = plan.targets[step.table]
     app_id = plan.txn_app_id(step.table)
@@ -149,7 +152,9 @@ def _run(
         tm = manifest.tables[step.table]
         staged = apply.read_window(spark, manifest, tm, step.columns)
         # A replacing window is a consistent copy by itself; a merged one may need earlier events.
-        earlier = None if step.action is Action.REPLACE else _context(spark, plan, manifest, step, staged)
+        earlier = None
+        if step.action is not Action.REPLACE:
+            earlier = _context(spark, plan, manifest, step, staged, known)
         final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier)
         if step.action is Action.REPLACE:
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
@@ -168,10 +173,16 @@ def _run(
 
 
 def _context(
-    spark: SparkSession, plan: MergePlan, manifest: Manifest, step: Step, staged: DataFrame
+    spark: SparkSession,
+    plan: MergePlan,
+    manifest: Manifest,
+    step: Step,
+    staged: DataFrame,
+    known: dict[int, Manifest | None],
 ) -> DataFrame | None:
     """Events of earlier windows that can still decide keys of this one (:mod:`..context`), in
-    this window's columns and types, their ``_seq`` below this window's."""
+    this window's columns and types, their ``_seq`` below this window's. ``known`` caches the
+    manifests read (None: not staged)."""
     assert step.columns is not None
     table, target = step.table, plan.targets[step.table]
     found = context.commit_ts_range(manifest, table)
@@ -182,7 +193,11 @@ def _context(
         return None
 
     def load(seq: int) -> Manifest | None:
-        return load_manifest(manifest.location, plan.sync_id, seq, storage_options=manifest.storage_options)
+        if seq not in known:
+            known[seq] = load_manifest(
+                manifest.location, plan.sync_id, seq, storage_options=manifest.storage_options
+            )
+        return known[seq]
 
     frames = []
     for earlier in context.context_windows(manifest, table, found[0], load):
