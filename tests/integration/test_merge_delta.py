@@ -162,8 +162,8 @@ def test_windows_merged_in_process_equal_the_source(
 ) -> None:
     work = captured.workload
     assert work.moves > 5 and work.key_changes > 5
-    # Moves between shards in one transaction land in one commit second on both shards: the tie
-    # rule is exercised, not only documented.
+    # Moves between shards put one key on both shards within a window (here, in one commit
+    # second): the rule for moved rows is exercised, not only documented.
     assert wl.cross_shard_ties(captured.orders.manifests[1:], wl.ORDERS, "order_id") > 0
     assert_oracle(spark, captured, merged.root, (captured.orders, captured.commerce))
     for sync in (captured.orders, captured.commerce):
