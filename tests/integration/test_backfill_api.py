@@ -12,7 +12,6 @@ Delta must hold each window once. Real Vitess, Spark and Delta.
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -29,6 +27,7 @@ from airflow_provider_vitess.vgtid import Vgtid
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
+from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
@@ -97,41 +96,8 @@ def services(vitess: LocalVitess, tmp_path: Path, today: datetime) -> Iterator[t
         yield running, lake
 
 
-def _workload(hook: VitessHook, seed: int, rounds: int = 50) -> None:
-    """Seeded inserts, updates, deletes, and order moves between shards (a new customer_id)."""
-    rng = random.Random(seed)
-    with hook.connect_sql() as conn, conn.begin():
-        for i in range(rounds):
-            cid, oid = ID_BASE + rng.randint(0, 30), ID_BASE + rng.randint(0, 60)
-            conn.execute(
-                sqlalchemy.text(
-                    "INSERT INTO customer.customer (customer_id, email) VALUES (:c, :e) "
-                    "ON DUPLICATE KEY UPDATE email = :e"
-                ),
-                {"c": cid, "e": f"backfill-{seed}-{i}@example.com"},
-            )
-            action = rng.random()
-            if action < 0.3:
-                conn.execute(sqlalchemy.text("DELETE FROM customer.corder WHERE order_id = :o"), {"o": oid})
-            elif action < 0.6:
-                conn.execute(
-                    sqlalchemy.text("UPDATE customer.corder SET price = :p, sku = :s WHERE order_id = :o"),
-                    {"o": oid, "p": rng.randint(-10, 10**12), "s": bytes([seed, i % 256, 0])},
-                )
-            else:  # delete + insert under another customer: the row moves between shards
-                conn.execute(sqlalchemy.text("DELETE FROM customer.corder WHERE order_id = :o"), {"o": oid})
-                conn.execute(
-                    sqlalchemy.text(
-                        "INSERT INTO customer.corder (order_id, customer_id, sku, price) "
-                        "VALUES (:o, :c, :s, :p)"
-                    ),
-                    {"o": oid, "c": cid, "s": bytes([i % 256, seed, 255]), "p": rng.randint(0, 10**9)},
-                )
-            if rng.random() < 0.15:
-                conn.execute(
-                    sqlalchemy.text("DELETE FROM customer.customer WHERE customer_id = :c"),
-                    {"c": ID_BASE + rng.randint(0, 30)},
-                )
+def _workload(hook: VitessHook, seed: int) -> None:
+    run_workload(hook, seed, id_base=ID_BASE, customers=30, orders=60, rounds=50, tag="backfill")
 
 
 def _xcom(api: AirflowServices, run_id: str, task_id: str, key: str = "return_value") -> Any:

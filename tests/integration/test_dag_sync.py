@@ -4,7 +4,6 @@ its table, and bad input fails the first task with a clear message. Real Vitess,
 
 from __future__ import annotations
 
-import random
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -12,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
@@ -85,33 +84,8 @@ def _store(airflow: AirflowEnv) -> CheckpointStore:
     return CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
 
 
-def _workload(hook: VitessHook, seed: int, rounds: int = 60) -> None:
-    """Seeded inserts, updates, deletes and moves between shards (new customer_id)."""
-    rng = random.Random(seed)
-    with hook.connect_sql() as conn, conn.begin():
-        for i in range(rounds):
-            cid, oid = ID_BASE + rng.randint(0, 40), ID_BASE + rng.randint(0, 80)
-            conn.execute(
-                sqlalchemy.text(
-                    "INSERT INTO customer.customer (customer_id, email) VALUES (:c, :e) "
-                    "ON DUPLICATE KEY UPDATE email = :e"
-                ),
-                {"c": cid, "e": f"s{seed}-{i}@example.com"},
-            )
-            conn.execute(sqlalchemy.text("DELETE FROM customer.corder WHERE order_id = :o"), {"o": oid})
-            if rng.random() < 0.8:  # re-insert, often under another customer: a move between shards
-                conn.execute(
-                    sqlalchemy.text(
-                        "INSERT INTO customer.corder (order_id, customer_id, sku, price) "
-                        "VALUES (:o, :c, :s, :p)"
-                    ),
-                    {"o": oid, "c": cid, "s": bytes([i % 256, 0, 255]), "p": rng.randint(-5, 10**12)},
-                )
-            if rng.random() < 0.2:
-                conn.execute(
-                    sqlalchemy.text("DELETE FROM customer.customer WHERE customer_id = :c"),
-                    {"c": ID_BASE + rng.randint(0, 40)},
-                )
+def _workload(hook: VitessHook, seed: int) -> None:
+    run_workload(hook, seed, id_base=ID_BASE, customers=40, orders=80, rounds=60, tag="s")
 
 
 def _ok(result: dict[str, Any], *tasks: str) -> None:
