@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pymysql
@@ -20,7 +20,7 @@ import sqlalchemy
 from airflow.sdk.bases.hook import BaseHook
 from sqlalchemy.engine import URL, Engine
 
-from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2_grpc, vtrpc_pb2
+from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2, vtgateservice_pb2_grpc, vtrpc_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError
 from airflow_provider_vitess.hooks.connection_config import (
     EXTRA_FIELDS,
@@ -29,6 +29,13 @@ from airflow_provider_vitess.hooks.connection_config import (
 )
 
 log = logging.getLogger(__name__)
+
+# The gRPC path of Vitess.VStream (``/vtgateservice.Vitess/VStream``), from our protos.
+_VSTREAM_METHOD = "/{}/{}".format(
+    *vtgateservice_pb2.DESCRIPTOR.services_by_name["Vitess"]
+    .methods_by_name["VStream"]
+    .full_name.rsplit(".", 1)
+)
 
 # MySQL error numbers that mean "you are not who you say" rather than "cannot reach".
 _MYSQL_AUTH_ERRORS = {1044, 1045, 1698}
@@ -147,13 +154,30 @@ class VitessHook(BaseHook):
 
         ``timeout`` bounds the whole call (a window's max duration), not the connect.
         """
-        if not request.HasField("caller_id") and self.config.user:
-            request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=self.config.user))
         stub = vtgateservice_pb2_grpc.VitessStub(self.get_channel())
         call: Iterator[vtgate_pb2.VStreamResponse] = stub.VStream(
-            request, timeout=timeout, metadata=self._call_metadata()
+            self._with_caller(request), timeout=timeout, metadata=self._call_metadata()
         )
         return call
+
+    def open_vstream_raw(
+        self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None
+    ) -> Iterator[bytes]:
+        """:meth:`open_vstream`, but each response is left serialized (``VStreamReader`` reads
+        them through views that do not parse rows: see ``vstream/wire.py``)."""
+        vstream = self.get_channel().unary_stream(
+            _VSTREAM_METHOD,
+            request_serializer=vtgate_pb2.VStreamRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        # No response deserializer: gRPC hands over the bytes. The call is also an iterator.
+        call = vstream(self._with_caller(request), timeout=timeout, metadata=tuple(self._call_metadata()))
+        return cast(Iterator[bytes], call)
+
+    def _with_caller(self, request: vtgate_pb2.VStreamRequest) -> vtgate_pb2.VStreamRequest:
+        if not request.HasField("caller_id") and self.config.user:
+            request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=self.config.user))
+        return request
 
     def check_grpc_access(self) -> None:
         """Proves the gRPC credentials with a call that does nothing.

@@ -24,9 +24,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, overload
 
+from google.protobuf.message import DecodeError
+
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.values import RowDecoder, Value
 
 E = binlogdata_pb2.VEventType
@@ -315,6 +318,8 @@ class EventDecoder:
         return [self.decode(ev) for ev in events]
 
     def decode(self, ev: binlogdata_pb2.VEvent) -> Event:
+        """``ev`` is a ``binlogdata.VEvent`` or a view event of :mod:`.wire` (the same fields,
+        ``row_event`` still serialized); both give the same event."""
         common = _Common(
             keyspace=ev.keyspace, shard=ev.shard, timestamp=ev.timestamp, current_time=ev.current_time
         )
@@ -349,7 +354,8 @@ class EventDecoder:
             name = E.Name(t)
         except ValueError:  # a type newer than our protos
             name = str(t)
-        return OtherEvent(type=name, statement=ev.statement, raw=ev, **common)
+        whole = ev if isinstance(ev, binlogdata_pb2.VEvent) else wire.to_vevent(ev)
+        return OtherEvent(type=name, statement=ev.statement, raw=whole, **common)
 
     def decoder_for(self, keyspace: str, shard: str, table: str) -> RowDecoder | None:
         return self._decoders.get((keyspace, shard, table))
@@ -383,7 +389,16 @@ class EventDecoder:
         )
 
     def _row(self, ev: binlogdata_pb2.VEvent) -> RowEvent:
-        re_ = ev.row_event
+        raw: bytes | None = None
+        re_: Any = ev.row_event
+        if isinstance(re_, bytes):  # a view event (vstream/wire.py): the RowEvent as vtgate sent it
+            try:
+                raw, re_ = re_, wire.parse_row_event_header(re_)
+            except DecodeError as err:
+                raise VStreamError(
+                    f"ROW event from keyspace {ev.keyspace!r}, shard {ev.shard!r}: its {len(re_)} bytes "
+                    f"are not a binlogdata.RowEvent ({err})"
+                ) from err
         keyspace, shard = re_.keyspace or ev.keyspace, re_.shard or ev.shard
         table = self._bare(re_.table_name, keyspace)
         key = (keyspace, shard, table)
@@ -394,7 +409,8 @@ class EventDecoder:
                 "before any FIELD event for it: cannot decode its values"
             )
         # Kept serialized: see RawRows. Values are checked when decoded or staged.
-        changes = RawRows(re_.SerializeToString(), len(re_.row_changes), decoder, self._json_columns[key])
+        data = raw if raw is not None else re_.SerializeToString()
+        changes = RawRows(data, len(re_.row_changes), decoder, self._json_columns[key])
         return RowEvent(
             keyspace=keyspace,
             shard=shard,

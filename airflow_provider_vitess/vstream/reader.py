@@ -1,8 +1,9 @@
 """One VStream call as an iterator of typed events, reconnecting from the last VGTID.
 
-The reader does no I/O of its own: ``open_stream(request)`` (``VitessHook.open_vstream``: the
-channel, credentials and deadline) returns the iterator of ``VStreamResponse``; unit tests
-pass a generator function instead.
+The reader does no I/O of its own: ``open_stream(request)`` (``VitessHook.open_vstream_raw``:
+the channel, credentials and deadline) returns an iterator of responses, each a serialized
+``VStreamResponse`` (read through :mod:`.wire`'s views, so no row is parsed here) or an already
+parsed one (``VitessHook.open_vstream``; unit tests pass a generator function of either).
 
 Delivery is **at-least-once**. The only safe resume point is the latest VGTID event
 (:attr:`VStreamReader.last_vgtid`); a transaction may span several responses with its VGTID at
@@ -28,18 +29,20 @@ import random
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
 
 log = logging.getLogger(__name__)
 
-OpenStream = Callable[[vtgate_pb2.VStreamRequest], Iterable[vtgate_pb2.VStreamResponse]]
+OpenStream = Callable[[vtgate_pb2.VStreamRequest], Iterable[vtgate_pb2.VStreamResponse | bytes]]
 
 SC = grpc.StatusCode
 _TRANSIENT = frozenset({SC.UNAVAILABLE, SC.RESOURCE_EXHAUSTED, SC.ABORTED})
@@ -183,11 +186,12 @@ class VStreamReader:
         failures = 0  # reconnects in a row without progress
         first_failure: float | None = None
         while True:
-            stream: Iterable[vtgate_pb2.VStreamResponse] | None = None
+            stream: Iterable[vtgate_pb2.VStreamResponse | bytes] | None = None
             try:
                 stream = self._open_stream(self.build_request(self.resume_vgtid))
                 for response in stream:
-                    for vevent in response.events:
+                    vevents = self._parse(response).events if isinstance(response, bytes) else response.events
+                    for vevent in vevents:
                         event = self._decoder.decode(vevent)
                         if isinstance(event, VgtidEvent):
                             self._last_vgtid = event.vgtid
@@ -225,6 +229,15 @@ class VStreamReader:
                 cancel = getattr(stream, "cancel", None)
                 if callable(cancel):
                     cancel()
+
+    def _parse(self, data: bytes) -> Any:
+        try:
+            return wire.parse_response(data)
+        except DecodeError as err:
+            raise VStreamError(
+                f"VStream for {self._describe()}: vtgate sent a response ({len(data)} bytes) that is "
+                f"not a VStreamResponse: {err}"
+            ) from err
 
     def _fatal(self, code: grpc.StatusCode | None, details: str) -> Exception:
         name = _code_name(code)

@@ -12,11 +12,13 @@ import pytest
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, topodata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.events import (
     BeginEvent,
     CommitEvent,
     CopyCompletedEvent,
     DdlEvent,
+    Event,
     EventDecoder,
     FieldEvent,
     HeartbeatEvent,
@@ -117,23 +119,36 @@ Step = vtgate_pb2.VStreamResponse | Exception
 
 
 class FakeStream:
-    """Iterator of responses that raises the scripted errors; records cancel()."""
+    """Iterator of responses that raises the scripted errors; records cancel().
+
+    ``serialized`` (set for every test by the ``response_form`` fixture) sends each response
+    as bytes, as ``VitessHook.open_vstream_raw`` does, instead of a parsed message.
+    """
+
+    serialized = False
 
     def __init__(self, steps: Sequence[Step]) -> None:
         self._steps = iter(steps)
         self.cancelled = False
 
-    def __iter__(self) -> Iterator[vtgate_pb2.VStreamResponse]:
+    def __iter__(self) -> Iterator[vtgate_pb2.VStreamResponse | bytes]:
         return self
 
-    def __next__(self) -> vtgate_pb2.VStreamResponse:
+    def __next__(self) -> vtgate_pb2.VStreamResponse | bytes:
         step = next(self._steps)
         if isinstance(step, Exception):
             raise step
-        return step
+        return step.SerializeToString() if self.serialized else step
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+@pytest.fixture(autouse=True, params=["parsed", "serialized"])
+def response_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every reader test runs on parsed responses and on response bytes."""
+    monkeypatch.setattr(FakeStream, "serialized", request.param == "serialized")
+    return str(request.param)
 
 
 class Server:
@@ -412,8 +427,18 @@ def test_exclude_keyspace_flag_keeps_table_names() -> None:
 # -- EventDecoder ----------------------------------------------------------------------------
 
 
+class Decoder(EventDecoder):
+    """EventDecoder fed the way the reader feeds it: the VEvent itself, or, on response bytes,
+    its view (``vstream/wire.py``), which must decode to the same event."""
+
+    def decode(self, ev: binlogdata_pb2.VEvent) -> Event:
+        if FakeStream.serialized:
+            (ev,) = wire.parse_response(resp(ev).SerializeToString()).events
+        return super().decode(ev)
+
+
 def test_field_and_row_events() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     fe = dec.decode(ev_field())
     assert isinstance(fe, FieldEvent)
     assert (fe.keyspace, fe.shard, fe.table) == (KS, "0", "customer")
@@ -437,7 +462,7 @@ def test_field_and_row_events() -> None:
 
 
 def test_decoders_are_per_shard_and_refreshed_by_field_events() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     dec.decode(ev_field(shard="-80"))
     with pytest.raises(VStreamError, match="'customer' \\(keyspace 'customer', shard '80-'\\)"):
         dec.decode(ev_row((None, qrow(b"1", b"a", None)), shard="80-"))
@@ -454,7 +479,7 @@ def test_decoders_are_per_shard_and_refreshed_by_field_events() -> None:
 
 
 def test_partial_row_images() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     dec.decode(ev_field())
     event = ev_row((qrow(b"1", b"a", None), qrow(b"1", None, b"JSON_INSERT(`doc`, '$.x', 1)")))
     rc = event.row_event.row_changes[0]
@@ -467,7 +492,7 @@ def test_partial_row_images() -> None:
 
 
 def test_vgtid_event() -> None:
-    event = EventDecoder().decode(ev_vgtid(UUID_GTID, shard="-80"))
+    event = Decoder().decode(ev_vgtid(UUID_GTID, shard="-80"))
     assert isinstance(event, VgtidEvent)
     assert event.positions() == {(KS, "-80"): UUID_GTID}
     assert event.to_vgtid() == Vgtid.from_proto(vgtid(UUID_GTID, shard="-80"))
@@ -475,7 +500,7 @@ def test_vgtid_event() -> None:
 
 
 def test_copy_completed_per_shard_and_for_the_stream() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     shard = dec.decode(ev(E.COPY_COMPLETED, keyspace=KS, shard="-80"))
     final = dec.decode(ev(E.COPY_COMPLETED))
     assert isinstance(shard, CopyCompletedEvent) and not shard.is_stream_complete
@@ -483,7 +508,7 @@ def test_copy_completed_per_shard_and_for_the_stream() -> None:
 
 
 def test_other_event_kinds() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     hb = dec.decode(
         ev(E.HEARTBEAT, timestamp=7, current_time=7_500_000_000, throttled=True, throttled_reason="lag")
     )
@@ -516,12 +541,14 @@ def test_other_event_kinds() -> None:
     assert not lp.completed
     other = dec.decode(ev(E.SAVEPOINT, statement="SAVEPOINT a"))
     assert isinstance(other, OtherEvent) and other.type == "SAVEPOINT" and other.statement == "SAVEPOINT a"
-    newer = dec.decode(ev(99))
+    assert type(other.raw) is binlogdata_pb2.VEvent and other.raw == ev(E.SAVEPOINT, statement="SAVEPOINT a")
+    newer = dec.decode(ev(99, gtid="g"))
     assert isinstance(newer, OtherEvent) and newer.type == "99"
+    assert type(newer.raw) is binlogdata_pb2.VEvent and newer.raw.gtid == "g"
 
 
 def test_decoded_values_use_the_value_rules() -> None:
-    dec = EventDecoder()
+    dec = Decoder()
     fields = [query_pb2.Field(name="at", type=T.DATETIME), query_pb2.Field(name="d", type=T.DATE)]
     dec.decode(
         ev(

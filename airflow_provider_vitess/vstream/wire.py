@@ -1,0 +1,97 @@
+"""``VStreamResponse`` bytes read without building a protobuf object per row (pure).
+
+gRPC's deserializer turns every response into a full ``vtgate.VStreamResponse``: each row of
+each ROW event becomes a ``RowChange`` and a ``query.Row`` in protobuf's arena, and the reader
+then serialized every ROW event again to keep it as bytes (:class:`~.events.RawRows`, which the
+columnar stager converts in batches). A ROW event is most of a catch-up window, so the reader
+can take the response bytes from gRPC instead (``VitessHook.open_vstream_raw``) and parse them
+through *views*: messages with the upstream field numbers in which
+
+* ``VEvent.row_event`` is ``bytes``: the serialized ``binlogdata.RowEvent``, exactly as vtgate
+  sent it, which is what ``RawRows`` keeps; every other field keeps its real type
+  (``binlogdata.VGtid``, ``binlogdata.FieldEvent``...), so the rest of the reader is unchanged;
+* ``RowEvent.row_changes`` is ``repeated bytes``: the header of a ROW event (table, keyspace,
+  shard, flags, row count) without parsing any row.
+
+Both parse the same bytes as the real messages (a length-delimited field is a message or bytes
+only in how it is read). The views live in protobuf's default pool next to ``binlogdata.proto``
+so their message fields are the generated classes; they are an implementation detail of the
+reader, not part of the Vitess protocol subset in ``protos/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+
+_PACKAGE = "airflow_provider_vitess.wire_view"
+F = descriptor_pb2.FieldDescriptorProto
+
+
+def _view_file() -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(
+        name="airflow_provider_vitess/wire_view.proto",
+        package=_PACKAGE,
+        syntax="proto3",
+        dependency=[binlogdata_pb2.DESCRIPTOR.name],
+    )
+    # VEvent, field for field (CopyToProto keeps fully qualified type names), but row_event.
+    event = file.message_type.add()
+    binlogdata_pb2.VEvent.DESCRIPTOR.CopyToProto(event)
+    event.name = "VEvent"
+    (row_event,) = (f for f in event.field if f.name == "row_event")
+    row_event.type = F.TYPE_BYTES
+    row_event.ClearField("type_name")
+
+    (events,) = vtgate_pb2.VStreamResponse.DESCRIPTOR.fields
+    response = file.message_type.add(name="VStreamResponse")
+    response.field.add(
+        name=events.name,
+        number=events.number,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=f".{_PACKAGE}.VEvent",
+    )
+
+    header = file.message_type.add()
+    binlogdata_pb2.RowEvent.DESCRIPTOR.CopyToProto(header)
+    header.name = "RowEventHeader"
+    (rows,) = (f for f in header.field if f.name == "row_changes")
+    rows.type = F.TYPE_BYTES
+    rows.ClearField("type_name")
+    return file
+
+
+def _view_classes() -> tuple[Any, Any]:
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName("airflow_provider_vitess/wire_view.proto")
+    except KeyError:
+        pool.Add(_view_file())
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.VStreamResponse")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.RowEventHeader")),
+    )
+
+
+ResponseView, RowEventHeader = _view_classes()
+
+
+def parse_response(data: bytes) -> Any:
+    """A ``VStreamResponse`` whose events read like ``binlogdata.VEvent`` but for ``row_event``
+    (bytes). Raises ``google.protobuf.message.DecodeError`` on bytes that are not one."""
+    return ResponseView.FromString(data)
+
+
+def parse_row_event_header(data: bytes) -> Any:
+    """``table_name``, ``keyspace``, ``shard``, ``flags``, ``is_internal_table`` of a serialized
+    ``binlogdata.RowEvent``; ``row_changes`` is each row change still serialized."""
+    return RowEventHeader.FromString(data)
+
+
+def to_vevent(view: Any) -> binlogdata_pb2.VEvent:
+    """The real ``binlogdata.VEvent`` of a view event (for the rare event kept whole)."""
+    return binlogdata_pb2.VEvent.FromString(view.SerializeToString())
