@@ -20,7 +20,9 @@ Lines:
   line: 1,000,000 rows/s on one core);
 * ``read+stage``: the same rows as a catch-up window of 10,000-row transactions (BEGIN, ROW
   events, COMMIT, VGTID in responses of ~60 events), through ``WindowReader`` from an in-memory
-  stream: the event decoder, transaction assembler, shard merger and stager of a real window.
+  stream: the event decoder, transaction assembler, shard merger and stager of a real window;
+* ``read+stage raw``: the same, the responses given as bytes, as ``VitessHook.open_vstream_raw``
+  hands them to the capture runner (read through ``vstream/wire.py``'s views).
 
 Every staged value of the pool is read back and compared with the per-row decoder's.
 """
@@ -34,7 +36,7 @@ import pstats
 import random
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
@@ -201,7 +203,7 @@ def window_responses(events: Iterable[binlogdata_pb2.VEvent], n: int, per_event:
 
 
 def read_and_stage(
-    responses: list[vtgate_pb2.VStreamResponse], stop: Vgtid, workdir: str, window: int
+    responses: Sequence[vtgate_pb2.VStreamResponse | bytes], stop: Vgtid, workdir: str, window: int
 ) -> int:
     stager = WindowStager(workdir, "bench", window, key_columns={TABLE: ["id"]})
     reader = WindowReader(
@@ -227,7 +229,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--rows-per-event", type=int, default=194)
     parser.add_argument(
-        "--profile", choices=["int_str", "decode", "stage", "per_row", "both", "read"], default=None
+        "--profile",
+        choices=["int_str", "decode", "stage", "per_row", "both", "read", "read_raw"],
+        default=None,
     )
     args = parser.parse_args()
     n = args.rows
@@ -257,6 +261,7 @@ def main() -> None:
             decode(r)
 
     responses = list(window_responses(cycle_events(), n, args.rows_per_event))
+    serialized = [r.SerializeToString() for r in responses]  # as open_vstream_raw gets them
     last = [e.vgtid for r in responses for e in r.events if e.type == E.VGTID][-1]
     stop = Vgtid.from_proto(last)
 
@@ -278,7 +283,13 @@ def main() -> None:
         )
         timed("decode+stage", n, lambda: decode_and_stage(cycle_events(), workdir, 2), args.profile == "both")
         timed("read+stage", n, lambda: read_and_stage(responses, stop, workdir, 5), args.profile == "read")
-        for window in (1, 4, 5):
+        timed(
+            "read+stage raw",
+            n,
+            lambda: read_and_stage(serialized, stop, workdir, 6),
+            args.profile == "read_raw",
+        )
+        for window in (1, 4, 5, 6):
             check(workdir, window, n, decoded)
         staged = check(workdir, 2, n, decoded)
         print(f"staged Parquet: {staged / 1e6:.1f} MB for {n:,} rows; pool rows checked against the decoder")

@@ -13,7 +13,9 @@ connection in an environment variable, as ``tests/conftest.py`` does. Then:
    ``--repeat``: (a) *raw drain*, ``VitessHook.open_vstream`` with the window's request, counting
    row changes until the stream's VGTID reaches the stop (gRPC parses the protobuf; no value is
    decoded); (b) *reader+stager*, ``WindowReader`` into a real ``WindowStager`` in a temp dir,
-   manifest included. The figure is (b)/(a) in events/s.
+   manifest included, reading the response bytes as the capture runner does
+   (``open_vstream_raw``; ``--reader-responses parsed`` gives it gRPC-parsed messages instead).
+   The figure is (b)/(a) in events/s.
 3. **Peak RSS** of reader+stager for the small and the large window, each in a fresh
    subprocess (VmHWM of /proc/self/status), with the RSS before the read and pyarrow's peak
    allocation, to tell the read's own memory from the interpreter's and to see what holds it.
@@ -89,8 +91,12 @@ def connect() -> VitessHook:
     return VitessHook(CONN_ID)
 
 
-def open_stream(hook: VitessHook) -> Callable[[vtgate_pb2.VStreamRequest], Any]:
-    return lambda request: hook.open_vstream(request, timeout=STREAM_TIMEOUT)
+def open_stream(hook: VitessHook, responses: str = "bytes") -> Callable[[vtgate_pb2.VStreamRequest], Any]:
+    """The reader's stream: response bytes, as the capture runner opens it, or, with
+    ``--reader-responses parsed``, messages parsed by gRPC (the path before vstream/wire.py)."""
+    if responses == "parsed":
+        return lambda request: hook.open_vstream(request, timeout=STREAM_TIMEOUT)
+    return lambda request: hook.open_vstream_raw(request, timeout=STREAM_TIMEOUT)
 
 
 def flags(hook: VitessHook) -> vtgate_pb2.VStreamFlags:
@@ -219,12 +225,14 @@ def raw_drain(hook: VitessHook, window: Window) -> tuple[int, float, float]:
     return events, time.perf_counter() - began, time.process_time() - cpu
 
 
-def read_and_stage(hook: VitessHook, window: Window, workdir: str) -> tuple[int, float, float, ReadResult]:
+def read_and_stage(
+    hook: VitessHook, window: Window, workdir: str, responses: str = "bytes"
+) -> tuple[int, float, float, ReadResult]:
     """WindowReader into a real WindowStager, manifest written: a catch-up window's staging."""
     began, cpu = time.perf_counter(), time.process_time()
     stager = WindowStager(workdir, "bench", 1, key_columns={TABLE: ["id"]})
     reader = WindowReader(
-        open_stream(hook),
+        open_stream(hook, responses),
         stager,
         keyspace=KEYSPACE,
         tables=[TABLE],
@@ -269,7 +277,7 @@ def child(spec: dict[str, Any]) -> None:
     )
     rss_before = _status_kib("VmRSS") or 0
     with tempfile.TemporaryDirectory(prefix="bench-window-") as workdir:
-        events, seconds, cpu, result = read_and_stage(hook, window, workdir)
+        events, seconds, cpu, result = read_and_stage(hook, window, workdir, spec["responses"])
     hook.close()
     print(
         json.dumps(
@@ -287,8 +295,9 @@ def child(spec: dict[str, Any]) -> None:
     )
 
 
-def measure_in_subprocess(window: Window) -> dict[str, Any]:
+def measure_in_subprocess(window: Window, responses: str) -> dict[str, Any]:
     spec = {
+        "responses": responses,
         "name": window.name,
         "events": window.events,
         "start": window.start.to_json(),
@@ -335,6 +344,12 @@ def main() -> None:
     parser.add_argument("--rows-large", type=int, default=5_000_000)
     parser.add_argument("--chunk", type=int, default=10_000, help="rows per source transaction")
     parser.add_argument("--repeat", type=int, default=2, help="throughput runs of each side (best-of)")
+    parser.add_argument(
+        "--reader-responses",
+        choices=["bytes", "parsed"],
+        default="bytes",
+        help="what the reader gets from gRPC: response bytes (the runner's path) or parsed messages",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -358,7 +373,9 @@ def main() -> None:
                     raise RuntimeError(f"raw drain counted {raw.events:,} events, expected {small.events:,}")
                 raw_runs.append(raw)
                 print(raw.line(f"run {i + 1} raw drain"), flush=True)
-                n, seconds, cpu, result = read_and_stage(hook, small, os.path.join(root, str(i)))
+                n, seconds, cpu, result = read_and_stage(
+                    hook, small, os.path.join(root, str(i)), args.reader_responses
+                )
                 staged_runs.append(Run(n, seconds, cpu))
                 print(
                     staged_runs[-1].line(f"run {i + 1} reader+stager"), f"merge {result.stats.get('merge')}"
@@ -369,7 +386,7 @@ def main() -> None:
         print("\npeak RSS of reader+stager, each window in a fresh process:", flush=True)
         rss: dict[str, dict[str, Any]] = {}
         for window in (small, large):
-            figures = rss[window.name] = measure_in_subprocess(window)
+            figures = rss[window.name] = measure_in_subprocess(window, args.reader_responses)
             run = Run(figures["events"], figures["seconds"], figures["cpu_seconds"])
             print(run.line(window.name))
             print(

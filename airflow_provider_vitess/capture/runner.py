@@ -130,7 +130,7 @@ class CaptureRunner:
                 beater.join()
 
     def _open(self, request: Any) -> Any:
-        return self.hook.open_vstream(request, timeout=self.spec.stream_timeout)
+        return self.hook.open_vstream_raw(request, timeout=self.spec.stream_timeout)
 
     def _prepare(self) -> None:
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))

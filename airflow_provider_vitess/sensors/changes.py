@@ -199,7 +199,7 @@ class VitessChangesSensor(BaseSensorOperator):
         """One bounded read: the first change between ``committed`` and now, or None."""
         cfg = hook.config
         stop = capture_stop_position(
-            hook.open_vstream, self.keyspace, tablet_type=cfg.tablet_type, timeout=self.poke_read_seconds
+            hook.open_vstream_raw, self.keyspace, tablet_type=cfg.tablet_type, timeout=self.poke_read_seconds
         )
         lag = lag_verdict(committed, stop, self.lag_threshold)
         if lag is not None:
@@ -210,7 +210,7 @@ class VitessChangesSensor(BaseSensorOperator):
             return None
         detector = ChangeDetector(self.keyspace, self.tables)
         reader = VStreamReader(
-            lambda request: hook.open_vstream(request, timeout=self.poke_read_seconds + 30),
+            lambda request: hook.open_vstream_raw(request, timeout=self.poke_read_seconds + 30),
             vgtid=start,
             filter=table_filter(self.tables),
             flags=hook.vstream_flags(heartbeat_interval=1),

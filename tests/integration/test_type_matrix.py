@@ -203,7 +203,7 @@ def select_rows(hook: VitessHook) -> tuple[tuple[str, ...], Rows]:
 
 def reader(hook: VitessHook, gtid: str) -> Generator[Event, None, None]:
     return VStreamReader(
-        lambda request: hook.open_vstream(request, timeout=60),  # bounds every phase
+        lambda request: hook.open_vstream_raw(request, timeout=60),  # bounds every phase
         vgtid=Vgtid.for_keyspace("commerce", gtid),
         filter=FILTER,
         flags=hook.vstream_flags(heartbeat_interval=1),

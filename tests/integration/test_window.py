@@ -34,7 +34,7 @@ def _rows(hook: VitessHook, sql: str) -> dict[tuple[Any, ...], tuple[Any, ...]]:
 
 
 def _open(hook: VitessHook):  # type: ignore[no-untyped-def]
-    return lambda request: hook.open_vstream(request, timeout=120)
+    return lambda request: hook.open_vstream_raw(request, timeout=120)
 
 
 def _workload(hook: VitessHook, seed: int, ids: list[int], rounds: int) -> None:
