@@ -16,14 +16,13 @@ from types import TracebackType
 import grpc
 import grpc.aio
 
-from airflow_provider_vitess._proto import vtgate_pb2, vtrpc_pb2
+from airflow_provider_vitess._proto import vtgate_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError
 from airflow_provider_vitess.hooks.connection_config import VitessConnectionConfig
-from airflow_provider_vitess.hooks.vitess import VitessHook, _read
+from airflow_provider_vitess.hooks.vitess import VSTREAM_METHOD, VitessHook, tls_credentials
 
 log = logging.getLogger(__name__)
 
-_VSTREAM_METHOD = "/vtgateservice.Vitess/VStream"
 
 VStreamCall = grpc.aio.UnaryStreamCall[vtgate_pb2.VStreamRequest, vtgate_pb2.VStreamResponse]
 
@@ -68,14 +67,9 @@ class AsyncVStreamClient:
             "TLS" if cfg.tls else "plaintext",
             cfg.user,
         )
-        options = self.hook._channel_options()
+        options = self.hook.channel_options()
         if cfg.tls:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
-                private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
-                certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
-            )
-            channel = grpc.aio.secure_channel(cfg.grpc_target, credentials, options=options)
+            channel = grpc.aio.secure_channel(cfg.grpc_target, tls_credentials(cfg), options=options)
         else:
             channel = grpc.aio.insecure_channel(cfg.grpc_target, options=options)
         try:
@@ -96,15 +90,14 @@ class AsyncVStreamClient:
         """Starts one VStream call: ``async for`` its responses, ``cancel()`` it when done."""
         if self._channel is None:
             raise RuntimeError("AsyncVStreamClient.vstream() before connect()")
-        cfg = self.hook.config
-        if not request.HasField("caller_id") and cfg.user:
-            request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=cfg.user))
         method = self._channel.unary_stream(
-            _VSTREAM_METHOD,
+            VSTREAM_METHOD,
             request_serializer=vtgate_pb2.VStreamRequest.SerializeToString,
             response_deserializer=vtgate_pb2.VStreamResponse.FromString,
         )
-        call: VStreamCall = method(request, timeout=timeout, metadata=self.hook._call_metadata())
+        call: VStreamCall = method(
+            self.hook.with_caller(request), timeout=timeout, metadata=self.hook.call_metadata()
+        )
         return call
 
     async def close(self) -> None:

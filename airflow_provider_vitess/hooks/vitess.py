@@ -31,7 +31,7 @@ from airflow_provider_vitess.hooks.connection_config import (
 log = logging.getLogger(__name__)
 
 # The gRPC path of Vitess.VStream (``/vtgateservice.Vitess/VStream``), from our protos.
-_VSTREAM_METHOD = "/{}/{}".format(
+VSTREAM_METHOD = "/{}/{}".format(
     *vtgateservice_pb2.DESCRIPTOR.services_by_name["Vitess"]
     .methods_by_name["VStream"]
     .full_name.rsplit(".", 1)
@@ -47,6 +47,15 @@ def _read(path: str, what: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise VitessConnectionError(f"cannot read the {what} file {path!r}: {exc.strerror}") from None
+
+
+def tls_credentials(cfg: VitessConnectionConfig) -> grpc.ChannelCredentials:
+    """TLS credentials of the connection: its CA, and a client certificate for mutual TLS."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
+        private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
+        certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
+    )
 
 
 def _disable_autocommit(dbapi_connection: Any, _record: Any) -> None:
@@ -87,7 +96,8 @@ class VitessHook(BaseHook):
 
     # ----- gRPC ----------------------------------------------------------------------------
 
-    def _channel_options(self) -> list[tuple[str, Any]]:
+    def channel_options(self) -> list[tuple[str, Any]]:
+        """gRPC channel options from the connection (message size, keepalive, TLS name)."""
         cfg = self.config
         options: list[tuple[str, Any]] = [
             # VStream responses batch many rows; gRPC's 4 MiB default is too small for wide rows.
@@ -115,14 +125,10 @@ class VitessHook(BaseHook):
             cfg.user,
         )
         if cfg.tls:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
-                private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
-                certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
-            )
-            channel = grpc.secure_channel(cfg.grpc_target, credentials, options=self._channel_options())
+            credentials = tls_credentials(cfg)
+            channel = grpc.secure_channel(cfg.grpc_target, credentials, options=self.channel_options())
         else:
-            channel = grpc.insecure_channel(cfg.grpc_target, options=self._channel_options())
+            channel = grpc.insecure_channel(cfg.grpc_target, options=self.channel_options())
         try:
             grpc.channel_ready_future(channel).result(timeout=cfg.timeout_seconds)
         except grpc.FutureTimeoutError:
@@ -134,7 +140,8 @@ class VitessHook(BaseHook):
         self._channel = channel
         return channel
 
-    def _call_metadata(self) -> list[tuple[str, str]]:
+    def call_metadata(self) -> list[tuple[str, str]]:
+        """The credentials as gRPC call metadata (vtgate's static auth); never log it."""
         cfg = self.config
         if not cfg.user:
             return []
@@ -156,7 +163,7 @@ class VitessHook(BaseHook):
         """
         stub = vtgateservice_pb2_grpc.VitessStub(self.get_channel())
         call: Iterator[vtgate_pb2.VStreamResponse] = stub.VStream(
-            self._with_caller(request), timeout=timeout, metadata=self._call_metadata()
+            self.with_caller(request), timeout=timeout, metadata=self.call_metadata()
         )
         return call
 
@@ -166,15 +173,16 @@ class VitessHook(BaseHook):
         """:meth:`open_vstream`, but each response is left serialized (``VStreamReader`` reads
         them through views that do not parse rows: see ``vstream/wire.py``)."""
         vstream = self.get_channel().unary_stream(
-            _VSTREAM_METHOD,
+            VSTREAM_METHOD,
             request_serializer=vtgate_pb2.VStreamRequest.SerializeToString,
             response_deserializer=None,
         )
         # No response deserializer: gRPC hands over the bytes. The call is also an iterator.
-        call = vstream(self._with_caller(request), timeout=timeout, metadata=tuple(self._call_metadata()))
+        call = vstream(self.with_caller(request), timeout=timeout, metadata=tuple(self.call_metadata()))
         return cast(Iterator[bytes], call)
 
-    def _with_caller(self, request: vtgate_pb2.VStreamRequest) -> vtgate_pb2.VStreamRequest:
+    def with_caller(self, request: vtgate_pb2.VStreamRequest) -> vtgate_pb2.VStreamRequest:
+        """``request`` with the connection's user as caller id, unless it names one."""
         if not request.HasField("caller_id") and self.config.user:
             request.caller_id.CopyFrom(vtrpc_pb2.CallerID(principal=self.config.user))
         return request
