@@ -30,6 +30,8 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ TABLE = "bench_events"
 SEED = "bench_seed"
 SEED_ROWS = 10_000
 CONN_ID = "vitess_bench"
+PACE_US = 1.0  # the paced drain's sleep per row: about the stager's CPU per row
 RATIO_TARGET = 0.9  # reader+stager events/s over raw drain events/s, at least
 RSS_TARGET = 1.2  # peak RSS of the large window over the small one, at most
 STREAM_TIMEOUT = 3600.0
@@ -196,8 +199,12 @@ def window_request(hook: VitessHook, start: Vgtid) -> vtgate_pb2.VStreamRequest:
     return reader.build_request(start.to_proto())
 
 
-def raw_drain(hook: VitessHook, window: Window) -> tuple[int, float, float]:
-    """Row changes streamed from start until the VGTID reaches stop; nothing decoded."""
+def raw_drain(hook: VitessHook, window: Window, pause_us_per_row: float = 0.0) -> tuple[int, float, float]:
+    """Row changes streamed from start until the VGTID reaches stop; nothing decoded.
+
+    ``pause_us_per_row``: sleep that long per row after each response, a consumer as slow as
+    the stager that uses no CPU (tells waiting on the client from competing with it for CPU).
+    """
     stops = {(sg.keyspace, sg.shard): sg.gtid for sg in window.stop.shard_gtids}
     reached: set[tuple[str, str]] = set()
     events = 0
@@ -205,6 +212,7 @@ def raw_drain(hook: VitessHook, window: Window) -> tuple[int, float, float]:
     call = hook.open_vstream(window_request(hook, window.start), timeout=STREAM_TIMEOUT)
     try:
         for response in call:
+            before = events
             for ev in response.events:
                 t = ev.type
                 if t == ROW_EVENT:
@@ -214,6 +222,8 @@ def raw_drain(hook: VitessHook, window: Window) -> tuple[int, float, float]:
                         key = (sg.keyspace, sg.shard)
                         if key in stops and key not in reached and position_contains(sg.gtid, stops[key]):
                             reached.add(key)
+            if pause_us_per_row:
+                time.sleep((events - before) * pause_us_per_row / 1e6)
             if len(reached) == len(stops):
                 break
         else:
@@ -318,16 +328,33 @@ class Run:
     events: int
     seconds: float
     cpu_seconds: float  # this process, all threads (gRPC's included)
+    machine_cores: float | None = None  # average busy cores of the whole machine meanwhile
 
     @property
     def rate(self) -> float:
         return self.events / self.seconds
 
     def line(self, label: str) -> str:
+        machine = f", machine {self.machine_cores:.2f} cores busy" if self.machine_cores is not None else ""
         return (
             f"  {label:<24} {self.events:>10,} events {self.seconds:7.2f} s {self.rate:>10,.0f} ev/s  "
             f"client CPU {self.cpu_seconds:6.2f} s ({self.cpu_seconds / self.events * 1e6:.2f} us/event)"
+            f"{machine}"
         )
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O) since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(side: Callable[..., tuple[Any, ...]], *args: Any) -> tuple[Run, tuple[Any, ...]]:
+    busy = busy_seconds()
+    out = side(*args)
+    events, seconds, cpu = out[:3]
+    return Run(events, seconds, cpu, (busy_seconds() - busy) / seconds), out
 
 
 def mib(kib: int) -> float:
@@ -340,10 +367,15 @@ def summary_line(label: str, measured: str, target: str, ratio: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rows-throughput", type=int, default=1_000_000, help="events of the throughput window"
+    )
     parser.add_argument("--rows-small", type=int, default=500_000)
     parser.add_argument("--rows-large", type=int, default=5_000_000)
     parser.add_argument("--chunk", type=int, default=10_000, help="rows per source transaction")
-    parser.add_argument("--repeat", type=int, default=2, help="throughput runs of each side (best-of)")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="alternating throughput runs of each side (median)"
+    )
     parser.add_argument(
         "--reader-responses",
         choices=["bytes", "parsed"],
@@ -361,27 +393,36 @@ def main() -> None:
     print(f"cluster up; creating {KEYSPACE}.{TABLE} and the windows ({args.chunk:,} rows a transaction)")
     try:
         create_tables(hook)
-        small, large = build_windows(hook, {"small": args.rows_small, "large": args.rows_large}, args.chunk)
+        sizes = {"throughput": args.rows_throughput, "small": args.rows_small, "large": args.rows_large}
+        throughput, small, large = build_windows(hook, sizes, args.chunk)
 
-        print(f"\nthroughput on the small window ({small.events:,} events), alternating:", flush=True)
+        print(f"\nthroughput on a window of {throughput.events:,} events, sides alternating:", flush=True)
+        raw_drain(hook, throughput)  # warm-up: the first read of new binlogs is slower on both sides
         raw_runs: list[Run] = []
         staged_runs: list[Run] = []
         with tempfile.TemporaryDirectory(prefix="bench-window-") as root:
             for i in range(args.repeat):
-                raw = Run(*raw_drain(hook, small))
-                if raw.events != small.events:
-                    raise RuntimeError(f"raw drain counted {raw.events:,} events, expected {small.events:,}")
+                raw, _ = measured(raw_drain, hook, throughput)
+                if raw.events != throughput.events:
+                    raise RuntimeError(
+                        f"raw drain counted {raw.events:,} events, expected {throughput.events:,}"
+                    )
                 raw_runs.append(raw)
                 print(raw.line(f"run {i + 1} raw drain"), flush=True)
-                n, seconds, cpu, result = read_and_stage(
-                    hook, small, os.path.join(root, str(i)), args.reader_responses
-                )
-                staged_runs.append(Run(n, seconds, cpu))
+                workdir = os.path.join(root, str(i))
+                staged, out = measured(read_and_stage, hook, throughput, workdir, args.reader_responses)
+                staged_runs.append(staged)
+                shutil.rmtree(workdir)
                 print(
-                    staged_runs[-1].line(f"run {i + 1} reader+stager"), f"merge {result.stats.get('merge')}"
+                    staged.line(f"run {i + 1} reader+stager"),
+                    f"merge {out[3].stats.get('merge')}",
+                    flush=True,
                 )
-        raw_best = max(raw_runs, key=lambda r: r.rate)
-        staged_best = max(staged_runs, key=lambda r: r.rate)
+        paced, _ = measured(raw_drain, hook, throughput, PACE_US)
+        print(paced.line(f"raw drain + {PACE_US:g} us/row sleep"), flush=True)
+        pair_ratios = sorted(s.rate / r.rate for r, s in zip(raw_runs, staged_runs, strict=True))
+        raw_median = statistics.median(r.rate for r in raw_runs)
+        staged_median = statistics.median(s.rate for s in staged_runs)
 
         print("\npeak RSS of reader+stager, each window in a fresh process:", flush=True)
         rss: dict[str, dict[str, Any]] = {}
@@ -400,21 +441,27 @@ def main() -> None:
         drop_tables(hook)
         hook.close()
 
-    ratio = staged_best.rate / raw_best.rate
+    ratio = statistics.median(pair_ratios)
     small_peak, large_peak = rss["small"]["peak_rss_kib"], rss["large"]["peak_rss_kib"]
     rss_ratio = large_peak / small_peak
     added_small = small_peak - rss["small"]["rss_before_kib"]
     added_large = large_peak - rss["large"]["rss_before_kib"]
-    print(f"\nsummary (best of {args.repeat}; ratio = measured / target)")
+    print(f"\nsummary (medians of {args.repeat} alternating runs; ratio = measured / target)")
     print(summary_line("figure", "measured", "target", "ratio"))
-    print(summary_line(f"raw drain, {small.events:,} events", f"{raw_best.rate:,.0f} ev/s", "-", "-"))
-    print(summary_line("reader+stager, same window", f"{staged_best.rate:,.0f} ev/s", "-", "-"))
+    print(summary_line(f"raw drain, {throughput.events:,} events", f"{raw_median:,.0f} ev/s", "-", "-"))
+    print(summary_line("reader+stager, same window", f"{staged_median:,.0f} ev/s", "-", "-"))
     print(
         summary_line(
-            "reader+stager / raw drain",
+            "reader+stager / raw drain (median of runs)",
             f"{ratio:.2f}",
             f">= {RATIO_TARGET}",
             f"{ratio / RATIO_TARGET:.2f} ({'met' if ratio >= RATIO_TARGET else 'missed'})",
+        )
+    )
+    print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in pair_ratios)}")
+    print(
+        summary_line(
+            f"raw drain sleeping {PACE_US:g} us/row / raw drain", f"{paced.rate / raw_median:.2f}", "-", "-"
         )
     )
     print(summary_line(f"peak RSS, {small.events:,}-event window", f"{mib(small_peak):,.0f} MiB", "-", "-"))
