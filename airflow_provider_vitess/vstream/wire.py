@@ -31,6 +31,17 @@ _PACKAGE = "airflow_provider_vitess.wire_view"
 F = descriptor_pb2.FieldDescriptorProto
 
 
+def _copy_as_bytes(file: descriptor_pb2.FileDescriptorProto, message: Any, name: str, field: str) -> None:
+    """``message``'s type, field for field (CopyToProto keeps fully qualified type names), added
+    to ``file`` as ``name`` with ``field`` read as bytes."""
+    copy = file.message_type.add()
+    message.DESCRIPTOR.CopyToProto(copy)
+    copy.name = name
+    (as_bytes,) = (f for f in copy.field if f.name == field)
+    as_bytes.type = F.TYPE_BYTES
+    as_bytes.ClearField("type_name")
+
+
 def _view_file() -> descriptor_pb2.FileDescriptorProto:
     file = descriptor_pb2.FileDescriptorProto(
         name="airflow_provider_vitess/wire_view.proto",
@@ -38,14 +49,9 @@ def _view_file() -> descriptor_pb2.FileDescriptorProto:
         syntax="proto3",
         dependency=[binlogdata_pb2.DESCRIPTOR.name],
     )
-    # VEvent, field for field (CopyToProto keeps fully qualified type names), but row_event.
-    event = file.message_type.add()
-    binlogdata_pb2.VEvent.DESCRIPTOR.CopyToProto(event)
-    event.name = "VEvent"
-    (row_event,) = (f for f in event.field if f.name == "row_event")
-    row_event.type = F.TYPE_BYTES
-    row_event.ClearField("type_name")
-
+    _copy_as_bytes(file, binlogdata_pb2.VEvent, "VEvent", "row_event")
+    # repeated bytes: each row change stays serialized; only their count is read.
+    _copy_as_bytes(file, binlogdata_pb2.RowEvent, "RowEventHeader", "row_changes")
     (events,) = vtgate_pb2.VStreamResponse.DESCRIPTOR.fields
     response = file.message_type.add(name="VStreamResponse")
     response.field.add(
@@ -55,13 +61,6 @@ def _view_file() -> descriptor_pb2.FileDescriptorProto:
         label=F.LABEL_REPEATED,
         type_name=f".{_PACKAGE}.VEvent",
     )
-
-    header = file.message_type.add()
-    binlogdata_pb2.RowEvent.DESCRIPTOR.CopyToProto(header)
-    header.name = "RowEventHeader"
-    (rows,) = (f for f in header.field if f.name == "row_changes")
-    rows.type = F.TYPE_BYTES
-    rows.ClearField("type_name")
     return file
 
 
