@@ -125,8 +125,9 @@ class RawRows(Sequence[RowChange]):
     """The row changes of one ROW event, kept as the serialized ``binlogdata.RowEvent``.
 
     Decoding rows one by one through protobuf objects costs more than everything else a
-    window does with them, so the reader keeps the bytes (one ``SerializeToString`` per event,
-    C-level) and the stager converts whole batches of them to Arrow columns at once
+    window does with them, so the reader keeps the bytes (as vtgate sent them when it reads
+    response bytes, :mod:`.wire`; else one C-level ``SerializeToString`` per event) and the
+    stager converts whole batches of them to Arrow columns at once
     (:mod:`airflow_provider_vitess.staging.columnar`). Held back or spilled units then carry
     these bytes, not Python values. Reading it as a sequence decodes it with the per-row
     decoder (once, then cached), for every other consumer.
@@ -392,11 +393,12 @@ class EventDecoder:
         raw: bytes | None = None
         re_: Any = ev.row_event
         if isinstance(re_, bytes):  # a view event (vstream/wire.py): the RowEvent as vtgate sent it
+            raw = re_
             try:
-                raw, re_ = re_, wire.parse_row_event_header(re_)
+                re_ = wire.parse_row_event_header(raw)
             except DecodeError as err:
                 raise VStreamError(
-                    f"ROW event from keyspace {ev.keyspace!r}, shard {ev.shard!r}: its {len(re_)} bytes "
+                    f"ROW event from keyspace {ev.keyspace!r}, shard {ev.shard!r}: its {len(raw)} bytes "
                     f"are not a binlogdata.RowEvent ({err})"
                 ) from err
         keyspace, shard = re_.keyspace or ev.keyspace, re_.shard or ev.shard
