@@ -8,14 +8,17 @@ connection in an environment variable, as ``tests/conftest.py`` does. Then:
 1. **Data.** ``commerce.bench_events`` (id BIGINT PK, a INT, b VARCHAR(32), c DECIMAL(10,2),
    d DATETIME(6)) is created afresh. A window of N events is "capture a position, insert N rows,
    capture a position": rows go in as ``INSERT ... SELECT`` of ``--chunk`` rows from a seed table
-   (server side, one transaction per chunk). Two windows back to back: small, then large.
-2. **Throughput** on the small window, same start and stop for both sides, alternating, best-of
-   ``--repeat``: (a) *raw drain*, ``VitessHook.open_vstream`` with the window's request, counting
-   row changes until the stream's VGTID reaches the stop (gRPC parses the protobuf; no value is
-   decoded); (b) *reader+stager*, ``WindowReader`` into a real ``WindowStager`` in a temp dir,
-   manifest included, reading the response bytes as the capture runner does
+   (server side, one transaction per chunk). Three windows back to back: throughput, small,
+   large.
+2. **Throughput** on the throughput window, same start and stop for both sides, after one
+   warm-up drain, ``--repeat`` runs of each side alternating: (a) *raw drain*,
+   ``VitessHook.open_vstream`` with the window's request, counting row changes until the
+   stream's VGTID reaches the stop (gRPC parses the protobuf; no value is decoded);
+   (b) *reader+stager*, ``WindowReader`` into a real ``WindowStager`` in a temp dir, manifest
+   included, reading the response bytes as the capture runner does
    (``open_vstream_raw``; ``--reader-responses parsed`` gives it gRPC-parsed messages instead).
-   The figure is (b)/(a) in events/s.
+   The figure is the median over the run pairs of (b)/(a) in events/s. Once more: (a) sleeping
+   1 µs a row without CPU, a consumer as slow as the stager that takes no CPU from vtgate.
 3. **Peak RSS** of reader+stager for the small and the large window, each in a fresh
    subprocess (VmHWM of /proc/self/status), with the RSS before the read and pyarrow's peak
    allocation, to tell the read's own memory from the interpreter's and to see what holds it.
