@@ -49,6 +49,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 import sqlalchemy  # noqa: E402
+from cpu_layout import LAYOUTS, cpu_layout  # noqa: E402  (bench/, the script's own directory)
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2  # noqa: E402
 from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
@@ -385,8 +386,16 @@ def main() -> None:
         default="bytes",
         help="what the reader gets from gRPC: response bytes (the runner's path) or parsed messages",
     )
+    parser.add_argument(
+        "--cpu-layout",
+        choices=[*LAYOUTS, "both"],
+        default="both",
+        help="throughput with the cluster on the same cores as the benchmark (shared), on cores of "
+        "its own (split: as on separate hosts), or both, alternating",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    layouts = list(LAYOUTS) if args.cpu_layout == "both" else [args.cpu_layout]
     if args.child:
         child(json.loads(args.child))
         return
@@ -401,31 +410,35 @@ def main() -> None:
 
         print(f"\nthroughput on a window of {throughput.events:,} events, sides alternating:", flush=True)
         raw_drain(hook, throughput)  # warm-up: the first read of new binlogs is slower on both sides
-        raw_runs: list[Run] = []
-        staged_runs: list[Run] = []
+        runs: dict[str, tuple[list[Run], list[Run]]] = {layout: ([], []) for layout in layouts}
         with tempfile.TemporaryDirectory(prefix="bench-window-") as root:
             for i in range(args.repeat):
-                raw, _ = measured(raw_drain, hook, throughput)
-                if raw.events != throughput.events:
-                    raise RuntimeError(
-                        f"raw drain counted {raw.events:,} events, expected {throughput.events:,}"
+                # Layouts alternate too, so a slow minute of the machine hits both alike.
+                for layout in layouts:
+                    raw_runs, staged_runs = runs[layout]
+                    with cpu_layout(layout) as where:
+                        if i == 0:
+                            print(f"  [{layout}] {where}", flush=True)
+                        raw, _ = measured(raw_drain, hook, throughput)
+                        if raw.events != throughput.events:
+                            raise RuntimeError(
+                                f"raw drain counted {raw.events:,} events, expected {throughput.events:,}"
+                            )
+                        workdir = os.path.join(root, f"{layout}-{i}")
+                        staged, out = measured(
+                            read_and_stage, hook, throughput, workdir, args.reader_responses
+                        )
+                    shutil.rmtree(workdir)
+                    raw_runs.append(raw)
+                    staged_runs.append(staged)
+                    print(raw.line(f"[{layout}] {i + 1} raw drain"), flush=True)
+                    print(
+                        staged.line(f"[{layout}] {i + 1} reader+stager"),
+                        f"merge {out[3].stats.get('merge')}",
+                        flush=True,
                     )
-                raw_runs.append(raw)
-                print(raw.line(f"run {i + 1} raw drain"), flush=True)
-                workdir = os.path.join(root, str(i))
-                staged, out = measured(read_and_stage, hook, throughput, workdir, args.reader_responses)
-                staged_runs.append(staged)
-                shutil.rmtree(workdir)
-                print(
-                    staged.line(f"run {i + 1} reader+stager"),
-                    f"merge {out[3].stats.get('merge')}",
-                    flush=True,
-                )
         paced, _ = measured(raw_drain, hook, throughput, PACE_US)
         print(paced.line(f"raw drain + {PACE_US:g} us/row sleep"), flush=True)
-        pair_ratios = sorted(s.rate / r.rate for r, s in zip(raw_runs, staged_runs, strict=True))
-        raw_median = statistics.median(r.rate for r in raw_runs)
-        staged_median = statistics.median(s.rate for s in staged_runs)
 
         print("\npeak RSS of reader+stager, each window in a fresh process:", flush=True)
         rss: dict[str, dict[str, Any]] = {}
@@ -444,29 +457,50 @@ def main() -> None:
         drop_tables(hook)
         hook.close()
 
-    ratio = statistics.median(pair_ratios)
     small_peak, large_peak = rss["small"]["peak_rss_kib"], rss["large"]["peak_rss_kib"]
     rss_ratio = large_peak / small_peak
     added_small = small_peak - rss["small"]["rss_before_kib"]
     added_large = large_peak - rss["large"]["rss_before_kib"]
     print(f"\nsummary (medians of {args.repeat} alternating runs; ratio = measured / target)")
     print(summary_line("figure", "measured", "target", "ratio"))
-    print(summary_line(f"raw drain, {throughput.events:,} events", f"{raw_median:,.0f} ev/s", "-", "-"))
-    print(summary_line("reader+stager, same window", f"{staged_median:,.0f} ev/s", "-", "-"))
-    print(
-        summary_line(
-            "reader+stager / raw drain (median of runs)",
-            f"{ratio:.2f}",
-            f">= {RATIO_TARGET}",
-            f"{ratio / RATIO_TARGET:.2f} ({'met' if ratio >= RATIO_TARGET else 'missed'})",
+    for layout, (raw_runs, staged_runs) in runs.items():
+        pair_ratios = sorted(s.rate / r.rate for r, s in zip(raw_runs, staged_runs, strict=True))
+        ratio = statistics.median(pair_ratios)
+        print(
+            summary_line(
+                f"[{layout}] raw drain, {throughput.events:,} events",
+                f"{statistics.median(r.rate for r in raw_runs):,.0f} ev/s",
+                "-",
+                "-",
+            )
         )
-    )
-    print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in pair_ratios)}")
-    print(
-        summary_line(
-            f"raw drain sleeping {PACE_US:g} us/row / raw drain", f"{paced.rate / raw_median:.2f}", "-", "-"
+        print(
+            summary_line(
+                f"[{layout}] reader+stager, same window",
+                f"{statistics.median(s.rate for s in staged_runs):,.0f} ev/s",
+                "-",
+                "-",
+            )
         )
-    )
+        print(
+            summary_line(
+                f"[{layout}] reader+stager / raw drain",
+                f"{ratio:.2f}",
+                f">= {RATIO_TARGET}",
+                f"{ratio / RATIO_TARGET:.2f} ({'met' if ratio >= RATIO_TARGET else 'missed'})",
+            )
+        )
+        print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in pair_ratios)}")
+    if "shared" in runs:
+        shared_raw = statistics.median(r.rate for r in runs["shared"][0])
+        print(
+            summary_line(
+                f"[shared] raw drain sleeping {PACE_US:g} us/row / raw",
+                f"{paced.rate / shared_raw:.2f}",
+                "-",
+                "-",
+            )
+        )
     print(summary_line(f"peak RSS, {small.events:,}-event window", f"{mib(small_peak):,.0f} MiB", "-", "-"))
     print(summary_line(f"peak RSS, {large.events:,}-event window", f"{mib(large_peak):,.0f} MiB", "-", "-"))
     print(
