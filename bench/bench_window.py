@@ -17,8 +17,13 @@ connection in an environment variable, as ``tests/conftest.py`` does. Then:
    (b) *reader+stager*, ``WindowReader`` into a real ``WindowStager`` in a temp dir, manifest
    included, reading the response bytes as the capture runner does
    (``open_vstream_raw``; ``--reader-responses parsed`` gives it gRPC-parsed messages instead).
-   The figure is the median over the run pairs of (b)/(a) in events/s. Once more: (a) sleeping
-   1 µs a row without CPU, a consumer as slow as the stager that takes no CPU from vtgate.
+   The figure is the median over the run pairs of (b)/(a) in events/s. ``--cpu-layout``: the
+   pairs run with the cluster on the same cores as this process (``shared``), on cores of its
+   own (``split``, as with vtgate on another host: ``bench/cpu_layout.py``), or ``both``,
+   alternating (the default). In ``shared`` each pair is followed by two slowed raw drains:
+   one sleeping 1 µs a row (as slow as the stager, no CPU) and one spinning the CPU the stager
+   took over the raw drain (the stager's CPU, none of its work); they tell a consumer that is
+   slow from one that takes CPU away from the co-located server.
 3. **Peak RSS** of reader+stager for the small and the large window, each in a fresh
    subprocess (VmHWM of /proc/self/status), with the RSS before the read and pyarrow's peak
    allocation, to tell the read's own memory from the interpreter's and to see what holds it.
@@ -203,11 +208,21 @@ def window_request(hook: VitessHook, start: Vgtid) -> vtgate_pb2.VStreamRequest:
     return reader.build_request(start.to_proto())
 
 
-def raw_drain(hook: VitessHook, window: Window, pause_us_per_row: float = 0.0) -> tuple[int, float, float]:
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def raw_drain(
+    hook: VitessHook, window: Window, pause_us_per_row: float = 0.0, burn_us_per_row: float = 0.0
+) -> tuple[int, float, float]:
     """Row changes streamed from start until the VGTID reaches stop; nothing decoded.
 
     ``pause_us_per_row``: sleep that long per row after each response, a consumer as slow as
     the stager that uses no CPU (tells waiting on the client from competing with it for CPU).
+    ``burn_us_per_row``: the other way round, spin that long per row, taking the stager's CPU
+    without doing its work.
     """
     stops = {(sg.keyspace, sg.shard): sg.gtid for sg in window.stop.shard_gtids}
     reached: set[tuple[str, str]] = set()
@@ -228,6 +243,8 @@ def raw_drain(hook: VitessHook, window: Window, pause_us_per_row: float = 0.0) -
                             reached.add(key)
             if pause_us_per_row:
                 time.sleep((events - before) * pause_us_per_row / 1e6)
+            if burn_us_per_row:
+                _spin((events - before) * burn_us_per_row / 1e6)
             if len(reached) == len(stops):
                 break
         else:
@@ -411,6 +428,7 @@ def main() -> None:
         print(f"\nthroughput on a window of {throughput.events:,} events, sides alternating:", flush=True)
         raw_drain(hook, throughput)  # warm-up: the first read of new binlogs is slower on both sides
         runs: dict[str, tuple[list[Run], list[Run]]] = {layout: ([], []) for layout in layouts}
+        slowed: dict[str, list[float]] = {"sleep": [], "spin": []}  # slow raw drains / raw drain
         with tempfile.TemporaryDirectory(prefix="bench-window-") as root:
             for i in range(args.repeat):
                 # Layouts alternate too, so a slow minute of the machine hits both alike.
@@ -437,8 +455,16 @@ def main() -> None:
                         f"merge {out[3].stats.get('merge')}",
                         flush=True,
                     )
-        paced, _ = measured(raw_drain, hook, throughput, PACE_US)
-        print(paced.line(f"raw drain + {PACE_US:g} us/row sleep"), flush=True)
+                    if layout == "shared":
+                        # Two raw drains as slow as the stager: one sleeping, one spinning the
+                        # CPU the stager took over the raw drain in this very pair.
+                        burn_us = max(0.0, (staged.cpu_seconds - raw.cpu_seconds) / staged.events * 1e6)
+                        paced, _ = measured(raw_drain, hook, throughput, PACE_US)
+                        burned, _ = measured(raw_drain, hook, throughput, 0.0, burn_us)
+                        print(paced.line(f"  raw drain + {PACE_US:g} us/row sleep"), flush=True)
+                        print(burned.line(f"  raw drain + {burn_us:.2f} us/row spin"), flush=True)
+                        slowed["sleep"].append(paced.rate / raw.rate)
+                        slowed["spin"].append(burned.rate / raw.rate)
 
         print("\npeak RSS of reader+stager, each window in a fresh process:", flush=True)
         rss: dict[str, dict[str, Any]] = {}
@@ -491,16 +517,17 @@ def main() -> None:
             )
         )
         print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in pair_ratios)}")
-    if "shared" in runs:
-        shared_raw = statistics.median(r.rate for r in runs["shared"][0])
-        print(
-            summary_line(
-                f"[shared] raw drain sleeping {PACE_US:g} us/row / raw",
-                f"{paced.rate / shared_raw:.2f}",
-                "-",
-                "-",
+    for how, label in (("sleep", f"sleeping {PACE_US:g} us/row"), ("spin", "spinning stager CPU")):
+        if slowed[how]:
+            print(
+                summary_line(
+                    f"[shared] raw drain {label} / raw",
+                    f"{statistics.median(slowed[how]):.2f}",
+                    "-",
+                    "-",
+                )
             )
-        )
+            print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in sorted(slowed[how]))}")
     print(summary_line(f"peak RSS, {small.events:,}-event window", f"{mib(small_peak):,.0f} MiB", "-", "-"))
     print(summary_line(f"peak RSS, {large.events:,}-event window", f"{mib(large_peak):,.0f} MiB", "-", "-"))
     print(
