@@ -10,7 +10,7 @@ logged: they travel as gRPC call metadata (vtgate's static auth reads ``username
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ import sqlalchemy
 from airflow.sdk.bases.hook import BaseHook
 from sqlalchemy.engine import URL, Engine
 
-from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2, vtgateservice_pb2_grpc, vtrpc_pb2
+from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2, vtrpc_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError
 from airflow_provider_vitess.hooks.connection_config import (
     EXTRA_FIELDS,
@@ -31,11 +31,8 @@ from airflow_provider_vitess.hooks.connection_config import (
 log = logging.getLogger(__name__)
 
 # The gRPC path of Vitess.VStream (``/vtgateservice.Vitess/VStream``), from our protos.
-VSTREAM_METHOD = "/{}/{}".format(
-    *vtgateservice_pb2.DESCRIPTOR.services_by_name["Vitess"]
-    .methods_by_name["VStream"]
-    .full_name.rsplit(".", 1)
-)
+_VSTREAM = vtgateservice_pb2.DESCRIPTOR.services_by_name["Vitess"].methods_by_name["VStream"]
+VSTREAM_METHOD = f"/{_VSTREAM.containing_service.full_name}/{_VSTREAM.name}"
 
 # MySQL error numbers that mean "you are not who you say" rather than "cannot reach".
 _MYSQL_AUTH_ERRORS = {1044, 1045, 1698}
@@ -161,25 +158,30 @@ class VitessHook(BaseHook):
 
         ``timeout`` bounds the whole call (a window's max duration), not the connect.
         """
-        stub = vtgateservice_pb2_grpc.VitessStub(self.get_channel())
-        call: Iterator[vtgate_pb2.VStreamResponse] = stub.VStream(
-            self.with_caller(request), timeout=timeout, metadata=self.call_metadata()
-        )
-        return call
+        call = self._vstream_call(request, timeout, vtgate_pb2.VStreamResponse.FromString)
+        return cast(Iterator[vtgate_pb2.VStreamResponse], call)
 
     def open_vstream_raw(
         self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None
     ) -> Iterator[bytes]:
         """:meth:`open_vstream`, but each response is left serialized (``VStreamReader`` reads
         them through views that do not parse rows: see ``vstream/wire.py``)."""
+        # No response deserializer: gRPC hands over the bytes.
+        return cast(Iterator[bytes], self._vstream_call(request, timeout, None))
+
+    def _vstream_call(
+        self,
+        request: vtgate_pb2.VStreamRequest,
+        timeout: float | None,
+        deserializer: Callable[[bytes], Any] | None,
+    ) -> Any:
         vstream = self.get_channel().unary_stream(
             VSTREAM_METHOD,
             request_serializer=vtgate_pb2.VStreamRequest.SerializeToString,
-            response_deserializer=None,
+            response_deserializer=deserializer,
         )
-        # No response deserializer: gRPC hands over the bytes. The call is also an iterator.
-        call = vstream(self.with_caller(request), timeout=timeout, metadata=tuple(self.call_metadata()))
-        return cast(Iterator[bytes], call)
+        # The call is also the iterator of its responses.
+        return vstream(self.with_caller(request), timeout=timeout, metadata=tuple(self.call_metadata()))
 
     def with_caller(self, request: vtgate_pb2.VStreamRequest) -> vtgate_pb2.VStreamRequest:
         """``request`` with the connection's user as caller id, unless it names one."""
