@@ -386,6 +386,10 @@ def summary_line(label: str, measured: str, target: str, ratio: str) -> str:
     return f"  {label:<44} {measured:>16} | {target:>9} | {ratio}"
 
 
+def each_run(ratios: list[float]) -> str:
+    return f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in sorted(ratios))}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -412,10 +416,10 @@ def main() -> None:
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    layouts = list(LAYOUTS) if args.cpu_layout == "both" else [args.cpu_layout]
     if args.child:
         child(json.loads(args.child))
         return
+    layouts = list(LAYOUTS) if args.cpu_layout == "both" else [args.cpu_layout]
 
     command = " ".join([".venv/bin/python", "bench/bench_window.py", *sys.argv[1:]])
     hook = connect()
@@ -490,7 +494,7 @@ def main() -> None:
     print(f"\nsummary (medians of {args.repeat} alternating runs; ratio = measured / target)")
     print(summary_line("figure", "measured", "target", "ratio"))
     for layout, (raw_runs, staged_runs) in runs.items():
-        pair_ratios = sorted(s.rate / r.rate for r, s in zip(raw_runs, staged_runs, strict=True))
+        pair_ratios = [s.rate / r.rate for r, s in zip(raw_runs, staged_runs, strict=True)]
         ratio = statistics.median(pair_ratios)
         print(
             summary_line(
@@ -516,7 +520,7 @@ def main() -> None:
                 f"{ratio / RATIO_TARGET:.2f} ({'met' if ratio >= RATIO_TARGET else 'missed'})",
             )
         )
-        print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in pair_ratios)}")
+        print(each_run(pair_ratios))
     for how, label in (("sleep", f"sleeping {PACE_US:g} us/row"), ("spin", "spinning stager CPU")):
         if slowed[how]:
             print(
@@ -527,7 +531,7 @@ def main() -> None:
                     "-",
                 )
             )
-            print(f"  {'':<44} each run: {' '.join(f'{r:.2f}' for r in sorted(slowed[how]))}")
+            print(each_run(slowed[how]))
     print(summary_line(f"peak RSS, {small.events:,}-event window", f"{mib(small_peak):,.0f} MiB", "-", "-"))
     print(summary_line(f"peak RSS, {large.events:,}-event window", f"{mib(large_peak):,.0f} MiB", "-", "-"))
     print(
