@@ -124,7 +124,9 @@ def vitess_sync_dag(
                 checkpoint_conn_id=checkpoint_conn_id,
                 timeout=sensor_timeout,
                 poke_interval=5,
-                soft_fail=True,
+                # Only "no change" skips the rest of the run; errors fail (soft_fail would
+                # turn every failure into a skip).
+                skip_on_timeout=True,
                 deferrable=sensor_deferrable,
             )
             snapshot >> merge_snapshot >> sense >> catch_up >> merge_changes
