@@ -26,6 +26,7 @@ from airflow_provider_vitess.operators._sync import (
     open_store,
     sync_spec,
 )
+from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,10 @@ class VitessSnapshotOperator(_SyncOperator):
         self.checkpoint_every_rows = checkpoint_every_rows
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._snapshot(context)
+
+    def _snapshot(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context)
         settings = runner.spec
         requested = as_tables(self.resnapshot_tables)
@@ -196,6 +201,10 @@ class VitessCatchUpOperator(_SyncOperator):
         self.minimize_skew = minimize_skew
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._catch_up(context)
+
+    def _catch_up(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context, minimize_skew=self.minimize_skew)
         settings = runner.spec
         bounds = ReadBounds(

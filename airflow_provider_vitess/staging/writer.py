@@ -95,6 +95,7 @@ class WindowStager:
         max_buffered_bytes: int | None = None,
         compression: str = "snappy",
         storage_options: Mapping[str, Any] | None = None,
+        writer_id: str | None = None,
     ) -> None:
         if row_group_bytes <= 0:
             raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
@@ -110,6 +111,9 @@ class WindowStager:
         self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
         self._max_buffered = max_buffered_bytes or 4 * row_group_bytes
         self._compression = compression
+        # In part names: two writers of one window (a stalled holder that woke up after another
+        # took the sync over) never write the same file, whatever part number each counts to.
+        self._writer_id = f"-{check_name('writer id', writer_id)}" if writer_id else ""
         self._tables: dict[str, _TableState] = {}
         # table -> keyspace -> shard ("" = every shard) -> buffer. Nested rather than keyed by a
         # (keyspace, shard, table) tuple: building and hashing that tuple per row costs more.
@@ -278,7 +282,7 @@ class WindowStager:
         state = self._tables[buf.table]
         if state.next_part is None:
             state.next_part = next_part_number(self._fs, f"{self._dir}/{buf.table}")
-        path = f"{buf.table}/part-{state.next_part:05d}.parquet"
+        path = f"{buf.table}/part-{state.next_part:05d}{self._writer_id}.parquet"
         state.next_part += 1
         self._own_files.append(path)
         meta = {"sync_id": self.sync_id, "window_seq": self.window_seq, "table": buf.table}
