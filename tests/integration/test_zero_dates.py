@@ -7,7 +7,7 @@ once before the snapshot (the copy phase) and once while the sync streams (the b
 Each phase runs through the real capture runner twice: under the ``error`` policy it fails
 naming table, column, the row's key and the remedy; a rerun under the default policy resumes
 the same unfinished window and stages those values as NULL. Every other value equals
-``SELECT *`` through vtgate.
+``SELECT *`` through vtgate, in the staged Parquet and in the Delta table merged from it.
 """
 
 from __future__ import annotations
@@ -21,18 +21,23 @@ from typing import Any
 
 import pytest
 import sqlalchemy
+from pyspark.sql import functions as F
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import ZeroDateError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
+from tests.integration.delta_check import spark_session
 
 pytestmark = pytest.mark.integration
 
 TABLE = "zero_dates"
 COLUMNS = ("d", "dt", "ts", "p")
+EPOCH = datetime.datetime(1970, 1, 1)
 PERMISSIVE = "ALLOW_INVALID_DATES"  # no NO_ZERO_DATE / NO_ZERO_IN_DATE / STRICT_*: anything goes
 # id -> (d DATE, dt DATETIME(6), ts TIMESTAMP, p DATE)
 COPY_ROWS: dict[int, tuple[str | None, ...]] = {
@@ -174,3 +179,26 @@ def test_zero_dates_never_wedge_snapshot_or_catch_up(
     deletes = [r for r in read_table(caught.manifest, TABLE).to_pylist() if r["_op"] == "delete"]
     assert [r["_before_id"] for r in deletes] == [1]
     assert datetime.date(2001, 2, 3) == got[4]["p"]
+
+    # Merged into Delta: NULL where the source holds a zero/invalid date, the source's value
+    # everywhere else (the oracle: SELECT * through vtgate).
+    delta = str(tmp_path / "delta" / TABLE)
+    plan = MergePlan(
+        sync,
+        (
+            WindowToMerge(snapshot.seq, snapshot.manifest.path, (TABLE,)),
+            WindowToMerge(caught.seq, caught.manifest.path),
+        ),
+        {TABLE: TableTarget(TABLE, delta, ("id",), ("id",))},
+    )
+    spark = spark_session()
+    merge(spark, plan)
+    df = spark.read.format("delta").load(delta)
+    # TIMESTAMP as UTC microseconds: collect() would render it in the driver's time zone.
+    rows = df.select("id", "d", "dt", F.unix_micros("ts").alias("ts"), "p").collect()
+    in_delta = {r["id"]: {c: r[c] for c in COLUMNS} for r in rows}
+    for values in in_delta.values():
+        if values["ts"] is not None:
+            values["ts"] = EPOCH + datetime.timedelta(microseconds=values["ts"])
+    assert sorted(in_delta) == sorted(source)
+    assert_null_for_zero_dates("delta", in_delta, source)
