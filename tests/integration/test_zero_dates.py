@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 from pyspark.sql import functions as F
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -123,15 +122,12 @@ def test_zero_dates_never_wedge_snapshot_or_catch_up(
     permissive: tuple[VitessHook, Any], tmp_path: Path
 ) -> None:
     hook, raw = permissive
-    with hook.connect_sql() as conn:
-        conn.execute(sqlalchemy.text(f"DROP TABLE IF EXISTS commerce.{TABLE}"))
-        conn.execute(
-            sqlalchemy.text(
-                f"CREATE TABLE commerce.{TABLE} (id INT NOT NULL PRIMARY KEY, d DATE, dt DATETIME(6), "
-                "ts TIMESTAMP NULL, p DATE) ENGINE=InnoDB"
-            )
-        )
-        conn.commit()
+    execute(raw, f"DROP TABLE IF EXISTS commerce.{TABLE}")
+    execute(
+        raw,
+        f"CREATE TABLE commerce.{TABLE} (id INT NOT NULL PRIMARY KEY, d DATE, dt DATETIME(6), "
+        "ts TIMESTAMP NULL, p DATE) ENGINE=InnoDB",
+    )
     write(raw, COPY_ROWS)
     source = selected(raw)
     assert source[1]["d"] == "0000-00-00" and source[1]["p"] == "2020-00-15", "the zero dates were stored"
