@@ -49,6 +49,12 @@ class StagingError(VitessProviderError):
     table without a schema, or a staging location that cannot be written."""
 
 
+class ZeroDateError(StagingError):
+    """A zero or invalid DATE/DATETIME/TIMESTAMP value (``0000-00-00``, ``2020-00-15``) of a
+    table whose zero-date policy is ``error``. A retry stages the same value again: the remedy
+    is a change of the policy (or of the source row, in a snapshot)."""
+
+
 class CorruptStagedDataError(StagingError):
     """A staged window whose manifest or part files do not match what was written."""
 
@@ -93,6 +99,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     InvalidVgtidError,
     ValueDecodeError,
     CorruptStagedDataError,
+    ZeroDateError,
     UnknownKeyspaceError,
     UnknownTableError,
     KeyChoiceError,

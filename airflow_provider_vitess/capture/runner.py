@@ -38,6 +38,7 @@ from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidErro
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, reconcile_keys, table_shape
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
@@ -61,6 +62,8 @@ class SyncSpec:
     heartbeat_interval: int = 1
     minimize_skew: bool = False
     stream_timeout: float = 3600.0  # bounds one VStream call (a window's wall time)
+    # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
+    zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ class CaptureRunner:
             key_columns=self._staged_key_columns(),
             storage_options=self.spec.storage_options,
             writer_id=self._writer_id,
+            zero_dates=self.spec.zero_dates,
         )
 
     def _unfinished(self, kind: WindowKind, *, discard: bool = False, reason: str = "") -> Window | None:

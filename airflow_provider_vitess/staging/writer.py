@@ -50,6 +50,7 @@ from airflow_provider_vitess.staging.manifest import (
     TableManifest,
     TableSchema,
 )
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation, RawRows, RowChange
 
@@ -81,7 +82,8 @@ class WindowStager:
 
     ``key_columns`` maps table -> the columns whose before image is staged (the unique key);
     a table not in it gets every column. ``max_buffered_bytes`` (default 4 x
-    ``row_group_bytes``) bounds the rows held in memory over all tables.
+    ``row_group_bytes``) bounds the rows held in memory over all tables. ``zero_dates`` says
+    what a zero or invalid date is staged as, per table (default NULL; see :mod:`.zero_dates`).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class WindowStager:
         compression: str = "snappy",
         storage_options: Mapping[str, Any] | None = None,
         writer_id: str | None = None,
+        zero_dates: ZeroDatePolicies | None = None,
     ) -> None:
         if row_group_bytes <= 0:
             raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
@@ -106,6 +109,7 @@ class WindowStager:
         self._fs, root = open_location(location, storage_options)
         self._dir = window_dir(root, sync_id, window_seq)
         self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
+        self._zero_dates = zero_dates or ZeroDatePolicies()
         self._row_group_bytes = row_group_bytes
         self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
         self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
@@ -153,7 +157,7 @@ class WindowStager:
         buf = state.buffers.get(key)
         if buf is None:
             state.schemas.setdefault(key, schema)
-            buf = state.buffers[key] = RowBuffer(table, schema)
+            buf = state.buffers[key] = RowBuffer(table, schema, self._zero_dates.for_table(table))
         shards = self._routes.setdefault(table, {}).setdefault(keyspace, {})
         if shards.get(shard) is buf and shard:
             return

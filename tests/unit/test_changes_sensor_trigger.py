@@ -193,6 +193,7 @@ def test_only_no_change_skips_errors_fail_and_permanent_ones_without_retries() -
         "d", keyspace="customer", tables=["orders"], staging_location="/s", target_location="/t"
     )
     task = dag.get_task("wait_for_changes")
+    assert isinstance(task, VitessChangesSensor)
     assert (task.soft_fail, task.never_fail, task.skip_on_timeout) == (False, False, True)
     with pytest.raises(AirflowSkipException, match=r"No change to customer\.orders within .*skipped"):
         task.execute_complete(CONTEXT, {"status": "timeout"})
