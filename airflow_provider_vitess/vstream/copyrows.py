@@ -164,9 +164,9 @@ def _run(events: list[bytes], first: Any) -> RowBlock | None:
         return None
     head, trailer, tail = frame
     suffix = trailer + tail
-    if min(map(len, events)) < len(_COPY_ROW_PREFIX) + 2:
-        return None  # too short to hold a two-byte varint: not of the shape
     size = np.fromiter(map(len, events), np.int64, len(events))
+    if int(size.min()) < len(_COPY_ROW_PREFIX) + 2:
+        return None  # too short to hold a two-byte varint: not of the shape
     rest = size - len(_COPY_ROW_PREFIX) - len(tail)  # varint + row event
     two = rest > 128  # a row event of 128 bytes or more has a two-byte length
     length = rest - 1 - two
