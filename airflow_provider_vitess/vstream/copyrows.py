@@ -39,6 +39,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.vstream.rowwire import _varint_at as varint_at
 
 _ROW = binlogdata_pb2.VEventType.ROW
 # VEvent: field 1 (type, varint) = ROW, then field 5 (row_event, length-delimited). A timestamp
@@ -86,15 +87,7 @@ class RowBlock:
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(_MAX_VARINT):
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("varint too long")
+    return varint_at(data, pos, _MAX_VARINT)  # any field's value here: up to 64 bits
 
 
 def _skip_field(data: bytes, pos: int) -> tuple[int, int]:

@@ -174,6 +174,14 @@ def test_a_lone_copy_row_and_a_differing_current_time_stay_events() -> None:
     assert shape(items) == ["BEGIN", "ROW", "VGTID", "ROW", "ROW"]
 
 
+def test_a_shared_current_time_after_the_row_event_keeps_the_block() -> None:
+    # A nanosecond clock is a 9-byte varint after the row event: the same on every event of
+    # the run, it is part of the tail they share, and the block carries it.
+    now = 1_764_000_000 * 10**9
+    (block,) = gathered(*(copy_row(i, current_time=now) for i in range(3)))
+    assert block.events == 3 and block.current_time == now
+
+
 def test_row_events_across_the_128_byte_varint_boundary_share_a_block() -> None:
     # Row events of 127 bytes and less have a one-byte length in their VEvent, longer ones two.
     names = ["x" * n for n in (1, 90, 95, 100, 105, 300, 2)]
