@@ -24,8 +24,12 @@ also the catch-up steps inside a copy) has its commit time. Such events, and any
 (BEGIN, VGTID, LASTPK, FIELD, ...), end a run and pass through unchanged, so positions, schema
 changes and checkpoints fall between blocks exactly where they fell between events.
 
-Cost: three C-level parses of the response and a few C-level passes (``map`` over bytes
-methods) per run, plus per run a walk of one event's fields; no Python code per row.
+Fields in number order are assumed, as every protobuf runtime (vtgate's Go one included) writes
+them; ``rowwire`` assumes the same, and proves the rows' layout again when it stages a block.
+
+Cost: one more C-level parse of the response (each event as bytes) and a few C-level passes
+(``map`` over bytes methods, numpy) per run, plus per run a walk of one event's fields; no
+Python code per row (~0.5 µs a row in all, against ~20 µs of per-event work it saves).
 """
 
 from __future__ import annotations
