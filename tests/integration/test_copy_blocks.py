@@ -8,7 +8,7 @@ exactly the rows the per-event stream does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +27,7 @@ ROWS = 3_000
 
 
 @pytest.fixture
-def hook(vitess_conn_id: str) -> VitessHook:
+def hook(vitess_conn_id: str) -> Iterator[VitessHook]:
     hook = VitessHook(vitess_conn_id)
     with hook.connect_sql() as conn, conn.begin():
         conn.execute(sqlalchemy.text(f"DROP TABLE IF EXISTS commerce.{TABLE}"))
@@ -51,7 +51,9 @@ def hook(vitess_conn_id: str) -> VitessHook:
                     for i in range(first, min(first + 1_000, ROWS))
                 ],
             )
-    return hook
+    yield hook
+    with hook.connect_sql() as conn, conn.begin():
+        conn.execute(sqlalchemy.text(f"DROP TABLE IF EXISTS commerce.{TABLE}"))
 
 
 def copy_rows(hook: VitessHook, open_stream: Callable[..., Iterable[Any]]) -> tuple[list[RowChange], int]:
