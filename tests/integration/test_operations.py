@@ -194,16 +194,22 @@ def test_a_changed_key_asks_for_a_resnapshot_and_windows_merge_with_their_own_ke
 def test_every_read_uses_the_connections_tablet_type(
     vitess: LocalVitess, sync: Sync, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The local cluster has no RDONLY tablet: a read that honours the connection's tablet type
-    # fails naming it; one that ignored it would read the PRIMARY and succeed. (Its REPLICA
-    # tablets are not offered to VStream by vttestserver: "failed to find a REPLICA tablet".)
-    name, value = connection_uri_env("vitess_rdonly", vitess, tablet_type="RDONLY")
-    monkeypatch.setenv(name, value)
+    # vttestserver's vtcombo offers VStream an RDONLY tablet of each shard but no REPLICA one
+    # ("failed to find a REPLICA tablet"). A read that honours the connection's tablet type
+    # fails on REPLICA naming it (one that ignored it would read the PRIMARY and succeed), and
+    # a whole sync reads from RDONLY.
+    for tablet_type in ("REPLICA", "RDONLY"):
+        name, value = connection_uri_env(f"vitess_{tablet_type.lower()}", vitess, tablet_type=tablet_type)
+        monkeypatch.setenv(name, value)
+    replica = CaptureRunner(VitessHook("vitess_replica"), sync.store, sync.spec, holder="test-replica")
+    with pytest.raises(VStreamError, match="failed to find a REPLICA tablet"):
+        replica.snapshot()
     rdonly = CaptureRunner(VitessHook("vitess_rdonly"), sync.store, sync.spec, holder="test-rdonly")
-    with pytest.raises(VStreamError, match="RDONLY tablet"):
-        rdonly.snapshot()
-    sync.runner().snapshot()  # the same sync from the PRIMARY
+    rdonly.snapshot()
     sync.merge()
     sync.workload()
-    with pytest.raises(VStreamError, match="RDONLY tablet"):
-        rdonly.catch_up()
+    with pytest.raises(VStreamError, match="failed to find a REPLICA tablet"):
+        replica.catch_up()
+    rdonly.catch_up()
+    sync.merge()
+    sync.assert_equal()
