@@ -301,5 +301,9 @@ class WindowReader:
             self._stage(self._merger.drain(), bounded=False)
         self._result.stopped_early = reason
         self._result.end_vgtid = self.position()
-        self._result.stats = {"merge": self.merge_stats, "reconnects": self._reader.reconnects}
+        self._result.stats = {
+            "merge": self.merge_stats,
+            "reconnects": self._reader.reconnects,
+            "partial_rows_discarded": self._assembler.discarded_rows,
+        }
         return self._result
