@@ -52,7 +52,6 @@ class SyncSpec:
     allow_all_columns_key: bool = False
     heartbeat_interval: int = 1
     minimize_skew: bool = False
-    stream_timeout: float = 3600.0  # bounds one VStream call (a window's wall time)
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,9 @@ class CaptureRunner:
                 beater.join()
 
     def _open(self, request: Any) -> Any:
-        return self.hook.open_vstream_raw(request, timeout=self.spec.stream_timeout)
+        # No deadline: a long backlog streams as long as it needs. A dead link is found by gRPC
+        # keepalive and by the reader's heartbeat watchdog, and reopened from the last VGTID.
+        return self.hook.open_vstream_raw(request)
 
     def _prepare(self) -> None:
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
@@ -333,6 +334,7 @@ class CaptureRunner:
             checkpoint_every_rows=every,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
+            reset_connection=self.hook.reset_channel,
         )
         try:
             result = reader.run()
@@ -406,6 +408,7 @@ class CaptureRunner:
                 flags=self.hook.vstream_flags(
                     heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
                 ),
+                reset_connection=self.hook.reset_channel,
             )
             try:
                 result = reader.run()
