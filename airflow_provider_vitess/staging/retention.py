@@ -4,7 +4,8 @@ A merge reads its own window and, as context, earlier windows (``merge/context.p
 ``MAX_WINDOWS_BACK`` of them). Windows commit in order, so once window ``n`` is COMMITTED every
 window up to ``n`` is merged, and the merges still to come (``n + 1`` onwards) look back no
 further than ``n + 1 - MAX_WINDOWS_BACK``. Anything older is dead weight: :func:`prune_committed`
-deletes it. The merge task calls it once, after COMMITTED.
+deletes it. The merge task calls it once, after COMMITTED (:func:`prune_after_commit` takes the
+committed window's manifest path, which the checkpoint store records).
 
 ``keep`` may be raised (an audit trail of staged windows) but never lowered below the look-back:
 a merge that finds an earlier window gone warns and merges without it, which can drop a row
@@ -20,11 +21,14 @@ from typing import Any
 
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.merge.context import MAX_WINDOWS_BACK
-from airflow_provider_vitess.staging.files import check_name, open_location, window_dir
+from airflow_provider_vitess.staging.files import MANIFEST_NAME, check_name, open_location, window_dir
 
 log = logging.getLogger(__name__)
 
 _WINDOW_DIR = re.compile(r"window=(\d{10})$")
+_MANIFEST_PATH = re.compile(
+    rf"^(?P<root>.*)/(?P<sync>[^/]+)/window=(?P<seq>\d{{10}})/{re.escape(MANIFEST_NAME)}$"
+)
 
 
 def prunable(committed_seq: int, staged: list[int], keep: int = MAX_WINDOWS_BACK) -> list[int]:
@@ -72,3 +76,19 @@ def prune_committed(
             keep,
         )
     return gone
+
+
+def prune_after_commit(
+    manifest_path: str,
+    *,
+    keep: int = MAX_WINDOWS_BACK,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """:func:`prune_committed` for the window whose manifest is ``manifest_path`` (a path or URL
+    of the staging layout, ``{location}/{sync_id}/window={seq}/_manifest.json``), just COMMITTED."""
+    found = _MANIFEST_PATH.match(manifest_path)
+    if found is None:
+        raise StagingError(f"{manifest_path!r} is not a staged window's manifest path")
+    return prune_committed(
+        found["root"], found["sync"], int(found["seq"]), keep=keep, storage_options=storage_options
+    )

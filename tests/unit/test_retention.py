@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.merge.context import MAX_WINDOWS_BACK
-from airflow_provider_vitess.staging.retention import prunable, prune_committed
+from airflow_provider_vitess.staging.retention import prunable, prune_after_commit, prune_committed
 
 
 def _stage(root: Path, sync_id: str, seqs: range) -> None:
@@ -38,3 +38,12 @@ def test_keep_may_grow_but_never_below_the_look_back() -> None:
     assert prunable(10, list(range(1, 11))) == []
     with pytest.raises(StagingError, match="fewer than a merge may read back"):
         prunable(30, list(range(1, 31)), keep=MAX_WINDOWS_BACK - 1)
+
+
+def test_prune_after_commit_reads_location_sync_and_seq_from_the_manifest_path(tmp_path: Path) -> None:
+    _stage(tmp_path, "s1", range(1, 24))
+    manifest = tmp_path / "s1" / f"window={23:010d}" / "_manifest.json"
+    assert prune_after_commit(str(manifest)) == [1, 2, 3]
+    assert prune_after_commit(f"file://{manifest}") == []
+    with pytest.raises(StagingError, match="not a staged window's manifest path"):
+        prune_after_commit(str(tmp_path / "s1" / "elsewhere.json"))
