@@ -1,4 +1,4 @@
-"""Which staged windows may go: those no later merge can read any more.
+"""Which staged windows may go (those no later merge can read any more), and deleting one.
 
 A merge reads its own window and, as context, earlier windows (``merge/context.py``: at most
 ``MAX_WINDOWS_BACK`` of them). Windows commit in order, so once window ``n`` is COMMITTED every
@@ -64,7 +64,7 @@ def prune_committed(
     staged = [int(m.group(1)) for n in names if (m := _WINDOW_DIR.search(n.rstrip("/")))]
     gone = prunable(committed_seq, staged, keep)
     for seq in gone:
-        fs.rm(window_dir(root, sync_id, seq), recursive=True)
+        delete_window(location, sync_id, seq, storage_options=storage_options)
     if gone:
         log.info(
             "sync %r: deleted %d staged window(s) no merge can read any more (%d..%d; kept the last %d "
@@ -76,6 +76,19 @@ def prune_committed(
             keep,
         )
     return gone
+
+
+def delete_window(
+    location: str, sync_id: str, window_seq: int, *, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Deletes one window's staged files, manifest first: a reader never finds a manifest whose
+    parts are going (what is left without it is an unfinished window's debris)."""
+    fs, root = open_location(location, storage_options)
+    wdir = window_dir(root, sync_id, window_seq)
+    if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
+        fs.rm(f"{wdir}/{MANIFEST_NAME}")
+    if fs.exists(wdir):
+        fs.rm(wdir, recursive=True)
 
 
 def prune_after_commit(
