@@ -53,6 +53,7 @@ from airflow_provider_vitess.vstream.retry import (
     RetryPolicy,
     code_name,
     is_transient,
+    position_gone,
     rpc_status,
 )
 
@@ -273,6 +274,13 @@ class VStreamReader:
         hint = ""
         if code == SC.RESOURCE_EXHAUSTED:
             hint = " (raise the gRPC channel's max receive message length)"
+        elif position_gone(details, started=self._last_vgtid is not None):
+            start = ", ".join(f"{sg.keyspace}/{sg.shard}@{sg.gtid}" for sg in self._start.shard_gtids)
+            hint = (
+                f". The start position {start} may be gone from the source's binlogs (purged; the "
+                "vttablet log then shows MySQL error 1236): if so the changes since it are lost to "
+                "VStream and the sync must be snapshotted again (its snapshot task)"
+            )
         return VStreamError(f"VStream for {self._describe()} failed with gRPC status {name}: {details}{hint}")
 
     def _exhausted(

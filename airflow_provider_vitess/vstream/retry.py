@@ -123,3 +123,17 @@ class Backoff:
         if self.failures > self.policy.max_attempts or self.elapsed + delay > self.policy.max_elapsed:
             return None
         return delay
+
+
+# A start position whose binlogs were purged: the tablet says so (MySQL error 1236), but vtgate
+# v0.23 retries the tablet until its picker gives up and reports only that (CANCELLED "failed to
+# find a PRIMARY tablet for VStream ... context has expired"), seen against the local vtgate.
+_GONE_HINTS = ("errno 1236", "purged", "could not find gtid state")
+_NO_TABLET_HINT = "failed to find a primary tablet for vstream"
+
+
+def position_gone(details: str, *, started: bool) -> bool:
+    """True when a final error may mean the stream's start position is no longer in the binlogs
+    (``started``: the stream had already moved past its start, so the picker message is not it)."""
+    text = details.lower()
+    return any(h in text for h in _GONE_HINTS) or (not started and _NO_TABLET_HINT in text)

@@ -622,3 +622,32 @@ def test_decoded_values_use_the_value_rules() -> None:
     event = dec.decode(ev_row((None, qrow(b"2024-01-02 03:04:05.5", b"0000-00-00")), table="customer.t"))
     assert isinstance(event, RowEvent)
     assert event.changes[0].after == (datetime.datetime(2024, 1, 2, 3, 4, 5, 500000), "0000-00-00")
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        # What vtgate v0.23 really reports for a purged start position (local vtgate, binlogs
+        # purged with PURGE BINARY LOGS): its tablet picker hides the tablet's MySQL error 1236.
+        'error starting stream from shard GTID keyspace:"customer" shard:"-80" gtid:"MariaDB/0-1-802": '
+        "failed to find a PRIMARY tablet for VStream in customer/-80 within the test cell(s): "
+        "context has expired",
+        "vttablet: rpc error: code = Unknown desc = stream (at source tablet) error @ 0-1-802: Could not "
+        "find GTID state requested by slave in any binlog files. Probably the slave state is too old and "
+        "required binlog files have been purged. (errno 1236) (sqlstate HY000)",
+    ],
+)
+def test_a_start_position_gone_from_the_binlogs_says_to_snapshot_again(details: str) -> None:
+    code = SC.CANCELLED if "context has expired" in details else SC.UNKNOWN
+    server = Server([FakeRpcError(code, details)])
+    with pytest.raises(VStreamError, match=r"may be gone from the source's binlogs.*snapshotted again"):
+        list(make_reader(server).events())
+    assert len(server.requests) == 1
+
+
+def test_a_stream_past_its_start_is_not_told_to_snapshot_again() -> None:
+    details = "failed to find a PRIMARY tablet for VStream in customer/-80: context has expired"
+    server = Server([resp(ev_vgtid("MySQL56/a:1")), FakeRpcError(SC.CANCELLED, details)])
+    with pytest.raises(VStreamError) as info:
+        list(make_reader(server).events())
+    assert "snapshotted again" not in str(info.value)
