@@ -28,6 +28,10 @@ class VStreamError(VitessProviderError):
     """A VStream call failed in a way that retrying from the last VGTID cannot fix."""
 
 
+class VStreamDeadlineError(VStreamError):
+    """A bounded read (a stop-position probe, a sensor's poke) did not finish in its time."""
+
+
 class ValueDecodeError(VitessProviderError, ValueError):
     """A row value that does not parse as its declared query.Type."""
 

@@ -34,10 +34,16 @@ from airflow_provider_vitess.checkpoints import (
     WindowKind,
     WindowState,
 )
-from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError, UnknownTableError
+from airflow_provider_vitess.exceptions import (
+    CheckpointError,
+    CorruptStagedDataError,
+    InvalidVgtidError,
+    UnknownTableError,
+)
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, reconcile_keys, table_shape
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
+from airflow_provider_vitess.staging.retention import delete_window
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
@@ -67,7 +73,6 @@ class SyncSpec:
     allow_all_columns_key: bool = False
     heartbeat_interval: int = 1
     minimize_skew: bool = False
-    stream_timeout: float = 3600.0  # bounds one VStream call (a window's wall time)
     # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
 
@@ -133,7 +138,9 @@ class CaptureRunner:
             yield
 
     def _open(self, request: Any) -> Any:
-        return self.hook.open_vstream_raw(request, timeout=self.spec.stream_timeout)
+        # No deadline: a long backlog streams as long as it needs. A dead link is found by gRPC
+        # keepalive and by the reader's heartbeat watchdog, and reopened from the last VGTID.
+        return self.hook.open_vstream_raw(request)
 
     @property
     def _tablet_type(self) -> str:
@@ -246,16 +253,45 @@ class CaptureRunner:
             f"({window.state.value}); finish it before a {kind.value}: {remedy}"
         )
 
-    def _already_staged(self, seq: int, kind: WindowKind) -> WindowOutcome:
-        manifest = load_manifest(
-            self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
-        )
-        if manifest is None:
-            raise CheckpointError(
-                f"sync {self.spec.sync_id!r} window {seq} is recorded as staged but its manifest is missing "
-                f"from {self.spec.staging_location!r}"
+    def _already_staged(self, window: Window) -> WindowOutcome | None:
+        """The outcome of a window staged by an earlier run, or None when its staged files are
+        lost or corrupt and the window was discarded (see :meth:`_discard_lost`)."""
+        seq, kind = window.seq, window.kind
+        try:
+            manifest = load_manifest(
+                self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
             )
-        return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
+            problem = "its manifest is missing" if manifest is None else None
+            if manifest is not None and window.state is WindowState.STAGED:
+                verify(manifest)
+        except CorruptStagedDataError as exc:
+            manifest, problem = None, str(exc)
+        if manifest is not None:
+            return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
+        if window.state is not WindowState.STAGED:
+            # MERGED: its changes are in the target already; only its commit is left to do.
+            raise CheckpointError(
+                f"sync {self.spec.sync_id!r} window {seq} is {window.state.value} but {problem} in "
+                f"{self.spec.staging_location!r}; run the merge task to commit it"
+            )
+        self._discard_lost(window, problem or "unreadable")
+        return None
+
+    def _discard_lost(self, window: Window, problem: str) -> None:
+        """An uncommitted window whose staged files are lost or corrupt is re-readable: its changes
+        are still in vtgate from its start VGTID on. Abandon it (FAILED) and delete what is left
+        of it; the caller plans a new window from the committed position, as a run would have."""
+        spec = self.spec
+        log.warning(
+            "sync %r window %d (%s) was staged but %s; discarding it and reading its changes again from %s",
+            spec.sync_id,
+            window.seq,
+            window.kind.value,
+            problem,
+            window.start_vgtid.to_json(),
+        )
+        delete_window(spec.staging_location, spec.sync_id, window.seq, storage_options=spec.storage_options)
+        self.store.mark_failed(spec.sync_id, window.seq, f"staged files lost or corrupt: {problem}")
 
     def _adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
         """A run killed between writing the manifest and recording STAGED left a complete window:
@@ -309,7 +345,10 @@ class CaptureRunner:
             )
             self._record_sync(chosen_keys, snapshot_of=chosen)
             if window is not None and window.state is not WindowState.PLANNED:
-                return self._already_staged(window.seq, WindowKind.SNAPSHOT)
+                staged = self._already_staged(window)
+                if staged is not None:
+                    return staged
+                window = None  # discarded: copy afresh
             resumed = window is not None
             if window is None:
                 stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
@@ -385,6 +424,7 @@ class CaptureRunner:
             checkpoint_every_rows=every,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
+            reset_connection=self.hook.reset_channel,
         )
         try:
             result = reader.run()
@@ -423,7 +463,10 @@ class CaptureRunner:
             window = self._unfinished(WindowKind.CATCHUP)
             self._record_sync(chosen_keys)
             if window is not None and window.state is not WindowState.PLANNED:
-                return self._already_staged(window.seq, WindowKind.CATCHUP)
+                staged = self._already_staged(window)
+                if staged is not None:
+                    return staged
+                window = None  # discarded: read again from the committed position
             resumed = window is not None
             if window is None:
                 committed, _ = self.store.committed(spec.sync_id)
@@ -460,6 +503,7 @@ class CaptureRunner:
                 flags=self.hook.vstream_flags(
                     heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
                 ),
+                reset_connection=self.hook.reset_channel,
             )
             try:
                 result = reader.run()

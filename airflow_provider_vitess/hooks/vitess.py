@@ -100,10 +100,15 @@ class VitessHook(BaseHook):
             # VStream responses batch many rows; gRPC's 4 MiB default is too small for wide rows.
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
-            # A window may sit idle between heartbeats; keepalives detect a dead peer meanwhile.
+            # Keepalive pings find a dead or black-holed link under a stream (the stream calls
+            # carry no deadline). vtgate answers pings more frequent than its
+            # --grpc_keepalive_enforcement_policy_min_time (10 s by default), or any ping while
+            # no call is open, with GOAWAY "too_many_pings", and gRPC then doubles the ping
+            # interval for good: measured through a fault proxy, a 2 s keepalive took 68 s to
+            # notice a stall, a 10 s one ~20 s. So: no pings without a call.
             ("grpc.keepalive_time_ms", int(cfg.keepalive_seconds * 1000)),
             ("grpc.keepalive_timeout_ms", int(max(cfg.keepalive_seconds, 10) * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.keepalive_permit_without_calls", 0),
             ("grpc.http2.max_pings_without_data", 0),
         ]
         if cfg.tls_server_name:
@@ -136,6 +141,14 @@ class VitessHook(BaseHook):
             ) from None
         self._channel = channel
         return channel
+
+    def reset_channel(self) -> None:
+        """Drops the gRPC channel; the next call connects afresh. For a connection found dead
+        (a stream silent past its heartbeats): a call reopened on the same channel would reuse
+        the same black-holed TCP connection until keepalive gives it up."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def call_metadata(self) -> list[tuple[str, str]]:
         """The credentials as gRPC call metadata (vtgate's static auth); never log it."""
@@ -286,8 +299,6 @@ class VitessHook(BaseHook):
         return UI_FIELD_BEHAVIOUR
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        self.reset_channel()
         if "engine" in self.__dict__:
             self.engine.dispose()

@@ -242,7 +242,10 @@ class VitessChangesSensor(BaseSensorOperator):
             filter=table_filter(self.tables),
             flags=hook.vstream_flags(heartbeat_interval=1),
             tablet_type=cfg.tablet_type,
-            retry=RetryPolicy(max_attempts=3, max_elapsed=self.poke_read_seconds),
+            # The call's own deadline bounds the poke: past it, stop rather than reconnect.
+            retry=RetryPolicy(
+                max_attempts=3, max_elapsed=self.poke_read_seconds, retry_deadline_exceeded=False
+            ),
         )
         deadline = time.monotonic() + self.poke_read_seconds
         events = reader.events()

@@ -1,5 +1,11 @@
 """The staging location's files: layout, atomic writes, hashing, clean-up (fsspec I/O only).
 
+Durability: on a local filesystem a window is recorded STAGED only after its bytes and names
+are on disk, so a power loss cannot leave a STAGED window with a truncated part or no manifest:
+each part file is fsynced when closed, the directories that gained entries are fsynced at each
+checkpoint, and the manifest is fsynced under its temporary name, renamed, and its directory
+fsynced. Object stores need none of it: a PUT is durable once it returns.
+
 Layout under a staging location (a local path or any fsspec URL)::
 
     {location}/{sync_id}/window={window_seq:010d}/_manifest.json
@@ -21,6 +27,8 @@ from airflow_provider_vitess.exceptions import StagingError
 MANIFEST_NAME = "_manifest.json"
 # Filesystems whose rename is atomic; on the others (object stores) a file is one PUT.
 _RENAME_ATOMIC = frozenset({"file", "local", "hdfs", "viewfs", "arrow_hdfs"})
+# Filesystems of this machine's kernel: written bytes sit in its page cache until fsync.
+_LOCAL = frozenset({"file", "local"})
 _TMP_PREFIX = "._tmp-"
 _CHUNK = 4 << 20
 
@@ -44,12 +52,37 @@ def open_location(location: str, storage_options: Mapping[str, Any] | None) -> t
     return fs, root
 
 
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
+def is_local(fs: Any) -> bool:
+    """True for the local filesystem, where durability needs fsync (see the module docstring)."""
+    return bool(_LOCAL.intersection(_protocols(fs)))
+
+
+def fsync_dirs(fs: Any, directories: Iterable[str]) -> None:
+    """Makes the entries of local ``directories`` (new files, renames) durable; no-op elsewhere."""
+    if not is_local(fs):
+        return
+    for directory in sorted(set(directories)):
+        try:
+            fd = os.open(fs._strip_protocol(directory), os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # nothing was written there
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class HashingSink:
     """File wrapper handed to ParquetWriter: hashes and counts the bytes as they are written,
-    so a part's sha256 costs no second read."""
+    so a part's sha256 costs no second read. ``durable``: fsync the file before closing it."""
 
-    def __init__(self, f: Any) -> None:
+    def __init__(self, f: Any, *, durable: bool = False) -> None:
         self._f = f
+        self._durable = durable
         self.sha = hashlib.sha256()
         self.size = 0
         self.closed = False
@@ -72,25 +105,33 @@ class HashingSink:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._durable:
+                self._f.flush()
+                os.fsync(self._f.fileno())
             self._f.close()
 
 
 def write_atomically(fs: Any, path: str, data: bytes) -> None:
     """Readers see no file or the whole file: a rename where renames are atomic, else one PUT
-    (S3, GCS and Azure make an object visible all at once or not at all)."""
+    (S3, GCS and Azure make an object visible all at once or not at all). On a local
+    filesystem the file and the rename are durable when this returns."""
     directory = path.rsplit("/", 1)[0]
     fs.makedirs(directory, exist_ok=True)
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if not _RENAME_ATOMIC.intersection(protocols):
+    if not _RENAME_ATOMIC.intersection(_protocols(fs)):
         fs.pipe_file(path, data)
         return
     tmp = f"{directory}/{_TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}"
-    fs.pipe_file(tmp, data)
     try:
+        with fs.open(tmp, "wb") as f:
+            sink = HashingSink(f, durable=is_local(fs))
+            sink.write(data)
+            sink.close()
         fs.mv(tmp, path)
     except BaseException:
-        fs.rm(tmp)
+        if fs.exists(tmp):
+            fs.rm(tmp)
         raise
+    fsync_dirs(fs, [directory])
 
 
 def next_part_number(fs: Any, table_dir: str) -> int:

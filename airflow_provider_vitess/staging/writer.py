@@ -38,6 +38,8 @@ from airflow_provider_vitess.staging.files import (
     HashingSink,
     check_name,
     delete_except,
+    fsync_dirs,
+    is_local,
     next_part_number,
     open_location,
     window_dir,
@@ -292,7 +294,7 @@ class WindowStager:
         meta = {"sync_id": self.sync_id, "window_seq": self.window_seq, "table": buf.table}
         meta["schema"] = buf.schema.to_dict()
         try:
-            sink = HashingSink(self._fs.open(f"{self._dir}/{path}", "wb"))
+            sink = HashingSink(self._fs.open(f"{self._dir}/{path}", "wb"), durable=is_local(self._fs))
             writer = pq.ParquetWriter(
                 sink,
                 buf.arrow_schema.with_metadata({b"vitess.staging": json.dumps(meta).encode()}),
@@ -342,6 +344,9 @@ class WindowStager:
             for buf in state.buffers.values():
                 self._close_part(buf)
         closed, self._closed = self._closed, []
+        # The parts' names (and their new directories) durable before anyone records them.
+        parents = {self._dir.rsplit("/", 1)[0], self._dir}
+        fsync_dirs(self._fs, parents | {f"{self._dir}/{p.table}" for p in closed})
         return closed
 
     def finish(

@@ -38,10 +38,8 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid
 from airflow_provider_vitess.vstream.changes import Change, ChangeDetector, lag_verdict, start_verdict
 from airflow_provider_vitess.vstream.events import EventDecoder, VgtidEvent
-from airflow_provider_vitess.vstream.reader import RetryPolicy, is_transient
+from airflow_provider_vitess.vstream.retry import AUTH_CODES, Backoff, RetryPolicy, is_transient
 from airflow_provider_vitess.vstream.window import table_filter
-
-_AUTH = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 class VitessChangesTrigger(BaseTrigger):
@@ -152,11 +150,11 @@ class VitessChangesTrigger(BaseTrigger):
         hook = VitessHook(self.vitess_conn_id)
         detector = ChangeDetector(self.keyspace, self.tables)
         policy = RetryPolicy(max_attempts=self.max_reconnects)
+        backoff = Backoff(policy, time.monotonic, random.random)
         self._failing = "no connection to vtgate yet"
         async with AsyncVStreamClient(hook) as client:
             self._failing = None
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
-            failures, first_failure = 0, 0.0
             while True:
                 resume = detector.resume_from(start)
                 call = client.vstream(self._request(hook, resume.to_proto()))
@@ -170,7 +168,7 @@ class VitessChangesTrigger(BaseTrigger):
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:
                             return change
-                        failures = 0  # any response proves the stream healthy (heartbeats too)
+                        backoff.progress()  # any response proves the stream healthy (heartbeats too)
                         self._failing = None
                         if time.monotonic() >= next_lag_check:
                             lag = await self._check_lag(client, hook, start)
@@ -183,14 +181,10 @@ class VitessChangesTrigger(BaseTrigger):
                     self._failing = f"gRPC status {code.name}: {details}"
                     if not is_transient(code, details, policy):
                         raise self._fatal(code, details) from None
-                    now = time.monotonic()
-                    if failures == 0:
-                        first_failure = now
-                    failures += 1
-                    delay = policy.delay(failures, random.random())
-                    if failures > policy.max_attempts or now - first_failure + delay > policy.max_elapsed:
+                    delay = backoff.next_delay()
+                    if delay is None:
                         raise VitessConnectionError(
-                            f"VStream of {self._describe()} gave up after {failures - 1} reconnects: "
+                            f"VStream of {self._describe()} gave up after {backoff.failures - 1} reconnects: "
                             f"gRPC status {code.name}: {details}"
                         ) from None
                     self.log.warning(
@@ -198,7 +192,7 @@ class VitessChangesTrigger(BaseTrigger):
                         self._describe(),
                         code.name,
                         details,
-                        failures,
+                        backoff.failures,
                         delay,
                     )
                     await asyncio.sleep(delay)
@@ -226,7 +220,7 @@ class VitessChangesTrigger(BaseTrigger):
 
     def _fatal(self, code: grpc.StatusCode, details: str) -> Exception:
         message = f"VStream of {self._describe()} failed with gRPC status {code.name}: {details}"
-        if code in _AUTH:
+        if code in AUTH_CODES:
             return VitessConnectionError(
                 f"{message} (check the user and password of connection {self.vitess_conn_id!r})"
             )

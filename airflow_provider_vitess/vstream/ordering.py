@@ -85,6 +85,7 @@ class TransactionAssembler:
     def __init__(self, *, spill_rows: int = 20_000) -> None:
         self._open: dict[ShardKey, _Open] = {}
         self._spill_rows = spill_rows  # a transaction larger than this goes to disk as it arrives
+        self.discarded_rows = 0  # rows of partial transactions dropped at a re-sent BEGIN
 
     def open_shards(self) -> set[ShardKey]:
         """Shards with a transaction begun and not yet committed."""
@@ -98,6 +99,13 @@ class TransactionAssembler:
         if event.timestamp:
             unit.commit_ts = max(unit.commit_ts, event.timestamp)
         if isinstance(event, BeginEvent):
+            if unit.in_transaction:
+                # vtgate never nests transactions: a BEGIN inside one is the reader's resumed
+                # stream sending the cut transaction again from its start (it resumes from the
+                # last VGTID, which precedes that BEGIN). Its rows so far would be staged twice.
+                self.discarded_rows += unit.rows
+                unit.events.close()
+                unit = self._open[key] = _Open(commit_ts=event.timestamp)
             unit.in_transaction = True
             return []
         if isinstance(event, VgtidEvent):

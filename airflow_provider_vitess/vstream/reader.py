@@ -1,7 +1,7 @@
 """One VStream call as an iterator of typed events, reconnecting from the last VGTID.
 
 The reader does no I/O of its own: ``open_stream(request)`` (``VitessHook.open_vstream_raw``:
-the channel, credentials and deadline) returns an iterator of responses, each a serialized
+the channel and credentials) returns an iterator of responses, each a serialized
 ``VStreamResponse`` (read through :mod:`.wire`'s views, so no row is parsed here) or an already
 parsed one (``VitessHook.open_vstream``; unit tests pass a generator function of either).
 
@@ -19,92 +19,88 @@ on where it stopped instead of starting over.
 Retries: exponential backoff with jitter, at most ``max_attempts`` reconnects and
 ``max_elapsed`` seconds in a row *without progress*. Progress (a new VGTID, or a heartbeat that
 proves the connection was healthy) resets both counts, so a long stream survives occasional
-cuts, while a stream that fails again and again at the same place gives up.
+cuts, while a stream that fails again and again at the same place gives up. Which gRPC errors
+are transient: :mod:`.retry` (one rule, shared with the changes trigger).
+
+Liveness: a call has no wall deadline (a healthy stream of a long backlog runs as long as it
+needs). A dead connection is found by gRPC keepalive (the hook's channel options), and a stream
+that asked vtgate for heartbeats and hears nothing for ``idle_timeout`` seconds (default: five
+heartbeats, at least 10 s) is cancelled and reopened like a cut one. A bounded read (the
+stop-position probe) passes ``deadline`` and gets :class:`VStreamDeadlineError` past it.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
+from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import copyrows, wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
+from airflow_provider_vitess.vstream.retry import (
+    AUTH_CODES,
+    SC,
+    Backoff,
+    RetryPolicy,
+    code_name,
+    is_transient,
+    position_gone,
+    rpc_status,
+)
+
+__all__ = ["OpenStream", "RetryPolicy", "VStreamReader", "is_transient"]
 
 log = logging.getLogger(__name__)
 
 OpenStream = Callable[[vtgate_pb2.VStreamRequest], Iterable[vtgate_pb2.VStreamResponse | bytes]]
 
-SC = grpc.StatusCode
-_TRANSIENT = frozenset({SC.UNAVAILABLE, SC.RESOURCE_EXHAUSTED, SC.ABORTED})
-_AUTH = frozenset({SC.UNAUTHENTICATED, SC.PERMISSION_DENIED})
-# INTERNAL is usually a server bug or a resharding that needs a new stream (vtgate's rule), but
-# gRPC also reports a reset HTTP/2 stream as INTERNAL: those are cuts, retried.
-_TRANSPORT_HINTS = (
-    "rst_stream",
-    "stream reset",
-    "transport",
-    "goaway",
-    "connection reset",
-    "socket closed",
-    "stream removed",
-)
-# gRPC's own receive limit says RESOURCE_EXHAUSTED too, but it fails the same way every time.
-_TOO_LARGE_HINTS = ("larger than max", "message too large", "exceeds maximum")
-_MAX_EXPONENT = 64
+# How long a stream that asked for heartbeats may stay silent before it is taken for dead: a
+# few missed heartbeats, never under the time a busy vtgate may take to send its first one.
+_IDLE_HEARTBEATS = 5
+_MIN_IDLE_SECONDS = 10.0
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How to reconnect after transient errors (seconds throughout)."""
+class _Watchdog:
+    """Cancels a call that waits too long for its next response, or outlives its deadline.
 
-    max_attempts: int = 10
-    max_elapsed: float = 600.0
-    initial_delay: float = 1.0
-    max_delay: float = 60.0
-    multiplier: float = 2.0
-    jitter: float = 0.2  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
-    retry_deadline_exceeded: bool = False
+    The reader marks when it starts waiting for a response (``waiting_since``) and clears the
+    mark when one arrives, so time spent by the consumer between responses never counts. One
+    thread per call, polling: marking costs the reader two attribute stores per response.
+    """
 
-    def delay(self, attempt: int, rand: float) -> float:
-        """Delay before reconnect number ``attempt`` (1-based), ``rand`` uniform in [0, 1)."""
-        base = self.initial_delay * self.multiplier ** min(attempt - 1, _MAX_EXPONENT)
-        scaled = min(base, self.max_delay) * (1.0 + self.jitter * (2.0 * rand - 1.0))
-        return max(0.0, min(scaled, self.max_delay))
+    def __init__(self, stream: Any, idle: float | None, deadline: float | None) -> None:
+        self.waiting_since: float | None = None
+        self.fired: str | None = None  # "idle" or "deadline" once it cancelled the call
+        self._stream, self._idle, self._deadline = stream, idle, deadline
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if (idle is not None or deadline is not None) and callable(getattr(stream, "cancel", None)):
+            self._thread = threading.Thread(target=self._watch, name="vstream-watchdog", daemon=True)
+            self._thread.start()
 
+    def _watch(self) -> None:
+        tick = min(1.0, (self._idle or 4.0) / 4)
+        while not self._stop.wait(tick):
+            now, waiting = time.monotonic(), self.waiting_since
+            if self._deadline is not None and now >= self._deadline:
+                self.fired = "deadline"
+            elif self._idle is not None and waiting is not None and now - waiting > self._idle:
+                self.fired = "idle"
+            if self.fired:
+                self._stream.cancel()
+                return
 
-def _status(err: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
-    # A grpc.RpcError raised by a real call is also a grpc.Call; be lenient with others.
-    code_fn = getattr(err, "code", None)
-    details_fn = getattr(err, "details", None)
-    code = code_fn() if callable(code_fn) else None
-    details = details_fn() if callable(details_fn) else None
-    return (code if isinstance(code, grpc.StatusCode) else None), (details or str(err) or "no details")
-
-
-def is_transient(code: grpc.StatusCode | None, details: str, policy: RetryPolicy) -> bool:
-    """True when reopening the stream from the last VGTID may succeed."""
-    text = details.lower()
-    if code == SC.RESOURCE_EXHAUSTED and any(h in text for h in _TOO_LARGE_HINTS):
-        return False
-    if code in _TRANSIENT:
-        return True
-    if code == SC.INTERNAL:
-        return any(h in text for h in _TRANSPORT_HINTS)
-    return code == SC.DEADLINE_EXCEEDED and policy.retry_deadline_exceeded
-
-
-def _code_name(code: grpc.StatusCode | None) -> str:
-    return code.name if code is not None else "UNKNOWN"
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def _tablet_type(value: int | str) -> topodata_pb2.TabletType:
@@ -137,6 +133,9 @@ class VStreamReader:
         flags: vtgate_pb2.VStreamFlags | None = None,
         tablet_type: int | str = "PRIMARY",
         retry: RetryPolicy | None = None,
+        idle_timeout: float | None = None,
+        deadline: float | None = None,
+        reset_connection: Callable[[], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
@@ -155,6 +154,12 @@ class VStreamReader:
         if flags is not None:
             self._template.flags.CopyFrom(flags)
         self._policy = retry or RetryPolicy()
+        heartbeat = self._template.flags.heartbeat_interval
+        if idle_timeout is None and heartbeat:
+            idle_timeout = max(_MIN_IDLE_SECONDS, _IDLE_HEARTBEATS * heartbeat)
+        self._idle_timeout = idle_timeout  # None: no heartbeats asked for, keepalive alone
+        self._deadline = deadline  # time.monotonic() value: the whole read ends by then
+        self._reset_connection = reset_connection  # called when the stream is found dead
         self._sleep, self._clock, self._rand = sleep, clock, rand
         self._decoder = EventDecoder(
             keyspace_in_table_names=not self._template.flags.exclude_keyspace_from_table_name
@@ -183,13 +188,20 @@ class VStreamReader:
 
     def events(self) -> Generator[Event, None, None]:
         """Yield events until the server ends the stream; reconnects on transient errors."""
-        failures = 0  # reconnects in a row without progress
-        first_failure: float | None = None
+        backoff = Backoff(self._policy, self._clock, self._rand)
         while True:
             stream: Iterable[vtgate_pb2.VStreamResponse | bytes] | None = None
+            watchdog: _Watchdog | None = None
             try:
                 stream = self._open_stream(self.build_request(self.resume_vgtid))
-                for response in stream:
+                watchdog = _Watchdog(stream, self._idle_timeout, self._deadline)
+                responses = iter(stream)
+                while True:
+                    watchdog.waiting_since = time.monotonic()
+                    response = next(responses, None)
+                    watchdog.waiting_since = None
+                    if response is None:
+                        return
                     vevents = (
                         copyrows.gather(response, self._parse(response).events)
                         if isinstance(response, bytes)
@@ -199,29 +211,41 @@ class VStreamReader:
                         event = self._decoder.decode(vevent)
                         if isinstance(event, VgtidEvent):
                             self._last_vgtid = event.vgtid
-                            failures, first_failure = 0, None
+                            backoff.progress()
                         elif isinstance(event, HeartbeatEvent):
-                            failures, first_failure = 0, None
+                            backoff.progress()
                         yield event
-                return
             except grpc.RpcError as err:
-                code, details = _status(err)
-                if not is_transient(code, details, self._policy):
+                code, details = rpc_status(err)
+                fired = watchdog.fired if watchdog is not None else None
+                if fired == "deadline":
+                    raise VStreamDeadlineError(
+                        f"VStream for {self._describe()} did not finish by its deadline"
+                    ) from None
+                if fired == "idle":
+                    code = SC.UNAVAILABLE
+                    details = (
+                        f"no message from vtgate for {self._idle_timeout:g}s although heartbeats were "
+                        "asked for: the connection is taken for dead"
+                    )
+                    if self._reset_connection is not None:
+                        self._reset_connection()  # reopened on a new connection, not the dead one
+                elif not is_transient(code, details, self._policy):
                     raise self._fatal(code, details) from err
-                now = self._clock()
-                if first_failure is None:
-                    first_failure = now
-                failures += 1
-                delay = self._policy.delay(failures, self._rand())
-                elapsed = now - first_failure
-                if failures > self._policy.max_attempts or elapsed + delay > self._policy.max_elapsed:
-                    raise self._exhausted(code, details, failures - 1, elapsed) from err
+                delay = backoff.next_delay()
+                if delay is None:
+                    raise self._exhausted(code, details, backoff.failures - 1, backoff.elapsed) from err
+                if self._deadline is not None and time.monotonic() + delay >= self._deadline:
+                    raise VStreamDeadlineError(
+                        f"VStream for {self._describe()} did not finish by its deadline; last error: "
+                        f"gRPC status {code_name(code)}: {details}"
+                    ) from err
                 log.warning(
                     "VStream (%s) cut with gRPC status %s: %s; reconnect %d/%d in %.2fs from %s",
                     self._describe(),
-                    _code_name(code),
+                    code_name(code),
                     details,
-                    failures,
+                    backoff.failures,
                     self._policy.max_attempts,
                     delay,
                     "the last VGTID" if self._last_vgtid is not None else "the start position",
@@ -229,6 +253,8 @@ class VStreamReader:
                 self.reconnects += 1
                 self._sleep(delay)
             finally:
+                if watchdog is not None:
+                    watchdog.stop()
                 # Ends the server side too when the consumer stops early or an error escapes.
                 cancel = getattr(stream, "cancel", None)
                 if callable(cancel):
@@ -244,14 +270,21 @@ class VStreamReader:
             ) from err
 
     def _fatal(self, code: grpc.StatusCode | None, details: str) -> Exception:
-        name = _code_name(code)
-        if code in _AUTH:
+        name = code_name(code)
+        if code in AUTH_CODES:
             return VitessConnectionError(
                 f"vtgate refused the VStream for {self._describe()} (gRPC status {name}): {details}"
             )
         hint = ""
         if code == SC.RESOURCE_EXHAUSTED:
             hint = " (raise the gRPC channel's max receive message length)"
+        elif position_gone(details, started=self._last_vgtid is not None):
+            start = ", ".join(f"{sg.keyspace}/{sg.shard}@{sg.gtid}" for sg in self._start.shard_gtids)
+            hint = (
+                f". The start position {start} may be gone from the source's binlogs (purged; the "
+                "vttablet log then shows MySQL error 1236): if so the changes since it are lost to "
+                "VStream and the sync must be snapshotted again (its snapshot task)"
+            )
         return VStreamError(f"VStream for {self._describe()} failed with gRPC status {name}: {details}{hint}")
 
     def _exhausted(
@@ -259,7 +292,7 @@ class VStreamReader:
     ) -> Exception:
         message = (
             f"VStream for {self._describe()} gave up after {attempts} reconnect attempts in "
-            f"{elapsed:.1f}s without progress; last error: gRPC status {_code_name(code)}: {details}"
+            f"{elapsed:.1f}s without progress; last error: gRPC status {code_name(code)}: {details}"
         )
         if code in (SC.UNAVAILABLE, SC.DEADLINE_EXCEEDED):
             return VitessConnectionError(message)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VStreamError
+from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
 from airflow_provider_vitess.vstream.events import (
     CopyCompletedEvent,
@@ -44,7 +44,7 @@ from airflow_provider_vitess.vstream.ordering import (
     ShardTransaction,
     TransactionAssembler,
 )
-from airflow_provider_vitess.vstream.reader import OpenStream, VStreamReader
+from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +103,19 @@ def capture_stop_position(
     """The keyspace's current position on every shard: a window's stop.
 
     vtgate answers a VStream from ``current`` with a VGTID event listing every shard, but a shard
-    whose stream has not started yet still shows ``current``; wait until none does.
+    whose stream has not started yet still shows ``current``; wait until none does. Heartbeats
+    are asked for so a quiet keyspace still answers, and the whole probe, reconnects included,
+    ends by ``timeout`` (a dead or black-holed link cannot hold it longer).
     """
-    reader = VStreamReader(open_stream, keyspace=keyspace, tablet_type=tablet_type)
-    deadline = time.monotonic() + timeout
+    reader = VStreamReader(
+        open_stream,
+        keyspace=keyspace,
+        tablet_type=tablet_type,
+        flags=vtgate_pb2.VStreamFlags(heartbeat_interval=1),
+        idle_timeout=min(timeout, 10.0),
+        deadline=time.monotonic() + timeout,
+        retry=RetryPolicy(max_elapsed=timeout),
+    )
     events = reader.events()
     try:
         for event in events:
@@ -114,11 +123,14 @@ def capture_stop_position(
                 vgtid = event.to_vgtid()
                 if vgtid.shard_gtids and all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
                     return vgtid
-            if time.monotonic() > deadline:
-                break
+    except VStreamDeadlineError:
+        pass
     finally:
         events.close()
-    raise VStreamError(f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s")
+    raise VStreamDeadlineError(
+        f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s "
+        "(is vtgate reachable, and are the keyspace's primary tablets serving?)"
+    )
 
 
 class WindowReader:
@@ -141,6 +153,7 @@ class WindowReader:
         on_checkpoint: Callable[[Vgtid], None] | None = None,
         on_rows: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reset_connection: Callable[[], None] | None = None,
     ) -> None:
         self._snapshot = stop is None
         self._keyspace, self._tables = keyspace, tuple(tables)
@@ -149,7 +162,12 @@ class WindowReader:
         self._checkpoint_every = checkpoint_every_rows
         self._on_checkpoint, self._on_rows, self._clock = on_checkpoint, on_rows, clock
         self._reader = VStreamReader(
-            open_stream, vgtid=start, filter=table_filter(tables), flags=flags, tablet_type=tablet_type
+            open_stream,
+            vgtid=start,
+            filter=table_filter(tables),
+            flags=flags,
+            tablet_type=tablet_type,
+            reset_connection=reset_connection,
         )
         shards: list[ShardKey] = [(sg.keyspace, sg.shard) for sg in (stop or start).shard_gtids]
         # A snapshot needs no cross-shard order (copied keys are disjoint), so units pass straight
@@ -301,5 +319,9 @@ class WindowReader:
             self._stage(self._merger.drain(), bounded=False)
         self._result.stopped_early = reason
         self._result.end_vgtid = self.position()
-        self._result.stats = {"merge": self.merge_stats, "reconnects": self._reader.reconnects}
+        self._result.stats = {
+            "merge": self.merge_stats,
+            "reconnects": self._reader.reconnects,
+            "partial_rows_discarded": self._assembler.discarded_rows,
+        }
         return self._result

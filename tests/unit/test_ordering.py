@@ -176,3 +176,20 @@ def test_row_changes_pickle_to_equal_values() -> None:
 
     change = RowChange((1, "a"), (1, "b"), frozenset({0, 1}), frozenset({1}))
     assert pickle.loads(pickle.dumps(change)) == change
+
+
+def test_a_begin_inside_a_transaction_drops_the_cut_partial_one() -> None:
+    """After a reconnect vtgate sends the cut transaction again from its BEGIN: the rows that
+    came before the cut must not be staged twice."""
+    asm = TransactionAssembler()
+    first = RowEvent(**common(A, 10), table="t", column_names=("id",), changes=(RowChange(None, (1,)),))
+    second = RowEvent(**common(A, 10), table="t", column_names=("id",), changes=(RowChange(None, (2,)),))
+    out = []
+    for event in [BeginEvent(**common(A, 10)), first]:  # ... cut here, resumed from the last VGTID
+        out.extend(asm.push(event))
+    for event in [BeginEvent(**common(A, 10)), first, second, CommitEvent(**common(A, 10))]:
+        out.extend(asm.push(event))
+    (unit,) = out
+    assert isinstance(unit, ShardTransaction)
+    assert list(unit.events) == [first, second] and unit.rows == 2
+    assert asm.discarded_rows == 1

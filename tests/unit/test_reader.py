@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -10,7 +12,7 @@ import grpc
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
+from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.events import (
@@ -328,6 +330,12 @@ def test_progress_resets_the_backoff() -> None:
         (SC.ABORTED, "vttablet: transaction rolled back"),
         (SC.INTERNAL, "Received RST_STREAM with error code 2"),
         (SC.INTERNAL, "transport is closing"),
+        # vtgate's stream from a tablet broke (tablet restart, reparent): vtgate passes it on.
+        (SC.UNKNOWN, "vstream ended unexpectedly"),
+        (SC.UNKNOWN, "rpc error: code = Unknown desc = stream timeout"),
+        (SC.CANCELLED, "grpc: the client connection is closing"),
+        # No stream call of ours carries a deadline: one from the server side is a cut.
+        (SC.DEADLINE_EXCEEDED, "Deadline Exceeded"),
     ],
 )
 def test_transient_codes_are_retried(code: grpc.StatusCode, details: str) -> None:
@@ -359,7 +367,6 @@ def test_exhausted_non_connection_error_is_vstream_error() -> None:
         (SC.FAILED_PRECONDITION, "Cannot determine tablet for shard -80"),
         (SC.UNKNOWN, "unknown keyspace nope"),
         (SC.INTERNAL, "not all journaling participants are in the stream"),
-        (SC.DEADLINE_EXCEEDED, "Deadline Exceeded"),
         (SC.CANCELLED, "context canceled"),
     ],
 )
@@ -381,13 +388,67 @@ def test_auth_errors_are_connection_errors(code: grpc.StatusCode) -> None:
     assert len(server.requests) == 1
 
 
-def test_deadline_exceeded_retried_only_when_configured() -> None:
+def test_deadline_exceeded_is_final_when_the_caller_bounds_its_call() -> None:
+    server = Server([FakeRpcError(SC.DEADLINE_EXCEEDED, "Deadline Exceeded")])
+    with pytest.raises(VStreamError, match="DEADLINE_EXCEEDED"):
+        list(make_reader(server, retry=RetryPolicy(retry_deadline_exceeded=False)).events())
+    assert len(server.requests) == 1
+
+
+class SilentStream(FakeStream):
+    """A stream whose connection went quiet: ``next()`` blocks until the call is cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self._cancelled = threading.Event()
+
+    def __next__(self) -> vtgate_pb2.VStreamResponse | bytes:
+        if not self._cancelled.wait(30):
+            raise AssertionError("the reader never cancelled a silent stream")
+        raise FakeRpcError(SC.CANCELLED, "Locally cancelled by application!")
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._cancelled.set()
+
+
+def test_a_stream_silent_past_its_heartbeats_is_cancelled_and_reopened() -> None:
+    server = Server([resp(ev_vgtid("MySQL56/a:1"))])
+    silent = SilentStream()
+    calls = iter([silent])
+
+    def open_stream(request: vtgate_pb2.VStreamRequest) -> FakeStream:
+        stream = next(calls, None)
+        return stream if stream is not None else server(request)
+
     clock = Clock()
-    server = Server(
-        [FakeRpcError(SC.DEADLINE_EXCEEDED, "Deadline Exceeded")], [resp(ev_vgtid("MySQL56/a:1"))]
+    reader = make_reader(
+        open_stream,  # type: ignore[arg-type]
+        clock,
+        flags=vtgate_pb2.VStreamFlags(heartbeat_interval=1),
+        idle_timeout=0.2,
     )
-    list(make_reader(server, clock, retry=RetryPolicy(retry_deadline_exceeded=True, jitter=0.0)).events())
-    assert len(server.requests) == 2 and clock.sleeps == [1.0]
+    began = time.monotonic()
+    events = list(reader.events())
+    assert silent.cancelled and reader.reconnects == 1 and clock.sleeps == [1.0]
+    assert [type(e).__name__ for e in events] == ["VgtidEvent"]
+    assert time.monotonic() - began < 5
+
+
+def test_heartbeats_asked_for_set_the_idle_timeout_and_none_asked_for_leave_keepalive_alone() -> None:
+    with_beats = make_reader(Server(), flags=vtgate_pb2.VStreamFlags(heartbeat_interval=3))
+    assert with_beats._idle_timeout == 15.0
+    assert make_reader(Server(), flags=vtgate_pb2.VStreamFlags(heartbeat_interval=1))._idle_timeout == 10.0
+    assert make_reader(Server())._idle_timeout is None
+
+
+def test_a_bounded_read_ends_with_a_deadline_error() -> None:
+    silent = SilentStream()
+    reader = make_reader(lambda request: silent, deadline=time.monotonic() + 0.3)  # type: ignore[arg-type]
+    began = time.monotonic()
+    with pytest.raises(VStreamDeadlineError, match="did not finish by its deadline"):
+        list(reader.events())
+    assert silent.cancelled and time.monotonic() - began < 3
 
 
 def test_message_too_large_is_not_retried() -> None:
@@ -561,3 +622,32 @@ def test_decoded_values_use_the_value_rules() -> None:
     event = dec.decode(ev_row((None, qrow(b"2024-01-02 03:04:05.5", b"0000-00-00")), table="customer.t"))
     assert isinstance(event, RowEvent)
     assert event.changes[0].after == (datetime.datetime(2024, 1, 2, 3, 4, 5, 500000), "0000-00-00")
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        # What vtgate v0.23 really reports for a purged start position (local vtgate, binlogs
+        # purged with PURGE BINARY LOGS): its tablet picker hides the tablet's MySQL error 1236.
+        'error starting stream from shard GTID keyspace:"customer" shard:"-80" gtid:"MariaDB/0-1-802": '
+        "failed to find a PRIMARY tablet for VStream in customer/-80 within the test cell(s): "
+        "context has expired",
+        "vttablet: rpc error: code = Unknown desc = stream (at source tablet) error @ 0-1-802: Could not "
+        "find GTID state requested by slave in any binlog files. Probably the slave state is too old and "
+        "required binlog files have been purged. (errno 1236) (sqlstate HY000)",
+    ],
+)
+def test_a_start_position_gone_from_the_binlogs_says_to_snapshot_again(details: str) -> None:
+    code = SC.CANCELLED if "context has expired" in details else SC.UNKNOWN
+    server = Server([FakeRpcError(code, details)])
+    with pytest.raises(VStreamError, match=r"may be gone from the source's binlogs.*snapshotted again"):
+        list(make_reader(server).events())
+    assert len(server.requests) == 1
+
+
+def test_a_stream_past_its_start_is_not_told_to_snapshot_again() -> None:
+    details = "failed to find a PRIMARY tablet for VStream in customer/-80: context has expired"
+    server = Server([resp(ev_vgtid("MySQL56/a:1")), FakeRpcError(SC.CANCELLED, details)])
+    with pytest.raises(VStreamError) as info:
+        list(make_reader(server).events())
+    assert "snapshotted again" not in str(info.value)

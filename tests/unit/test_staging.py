@@ -9,6 +9,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,6 +25,7 @@ from airflow_provider_vitess.staging import (
     verify,
 )
 from airflow_provider_vitess.staging.arrow_types import decimal_precision_scale
+from airflow_provider_vitess.staging.files import fsync_dirs, is_local, write_atomically
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation
@@ -676,3 +678,21 @@ def test_manifest_part_path_cannot_escape(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace('"t/part-00001.parquet"', '"t/../../x.parquet"'))
     with pytest.raises(CorruptStagedDataError, match="not inside the table's directory"):
         load_manifest(str(tmp_path), "sync1", 1)
+
+
+def test_durable_writes_on_local_disks_only_and_atomic_everywhere(tmp_path: Path) -> None:
+    """Local staging takes the fsync path (parts, directories, manifest before and after its
+    rename: ``staging/files.py``); object stores take the single-PUT path, durable on return.
+
+    What this cannot show is a power loss: the fsync calls themselves are checked by review
+    (HashingSink.close, WindowStager.checkpoint, write_atomically). Here: which path each
+    filesystem takes, and that both leave exactly the final file."""
+    local, _ = fsspec.core.url_to_fs(str(tmp_path))
+    memory, _ = fsspec.core.url_to_fs("memory://durable")
+    assert is_local(local) and is_local(fsspec.filesystem("file"))
+    assert not is_local(memory)
+    for fs, directory in ((local, f"{tmp_path}/w"), (memory, "/durable/w")):
+        write_atomically(fs, f"{directory}/_manifest.json", b'{"ok": true}')
+        assert fs.cat_file(f"{directory}/_manifest.json") == b'{"ok": true}'
+        assert [os.path.basename(p) for p in fs.ls(directory, detail=False)] == ["_manifest.json"]
+    fsync_dirs(local, [f"{tmp_path}/w", f"{tmp_path}/never-created"])  # absent: nothing to sync

@@ -1,0 +1,107 @@
+"""Which staged windows may go (those no later merge can read any more), and deleting one.
+
+A merge reads its own window and, as context, earlier windows (``merge/context.py``: at most
+``MAX_WINDOWS_BACK`` of them). Windows commit in order, so once window ``n`` is COMMITTED every
+window up to ``n`` is merged, and the merges still to come (``n + 1`` onwards) look back no
+further than ``n + 1 - MAX_WINDOWS_BACK``. Anything older is dead weight: :func:`prune_committed`
+deletes it. The merge task calls it once, after COMMITTED (:func:`prune_after_commit` takes the
+committed window's manifest path, which the checkpoint store records).
+
+``keep`` may be raised (an audit trail of staged windows) but never lowered below the look-back:
+a merge that finds an earlier window gone warns and merges without it, which can drop a row
+moved between shards across that window's stop (``merge/apply.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_vitess.exceptions import StagingError
+from airflow_provider_vitess.merge.context import MAX_WINDOWS_BACK
+from airflow_provider_vitess.staging.files import MANIFEST_NAME, check_name, open_location, window_dir
+
+log = logging.getLogger(__name__)
+
+_WINDOW_DIR = re.compile(r"window=(\d{10})$")
+_MANIFEST_PATH = re.compile(
+    rf"^(?P<root>.*)/(?P<sync>[^/]+)/window=(?P<seq>\d{{10}})/{re.escape(MANIFEST_NAME)}$"
+)
+
+
+def prunable(committed_seq: int, staged: list[int], keep: int = MAX_WINDOWS_BACK) -> list[int]:
+    """The staged window seqs no merge after ``committed_seq`` can read: the newest ``keep``
+    committed windows stay, and so does every window not committed yet."""
+    if keep < MAX_WINDOWS_BACK:
+        raise StagingError(
+            f"keep={keep} staged windows is fewer than a merge may read back ({MAX_WINDOWS_BACK}); "
+            "later merges would lose the context of rows moved between shards"
+        )
+    return sorted(seq for seq in staged if seq <= committed_seq - keep)
+
+
+def prune_committed(
+    location: str,
+    sync_id: str,
+    committed_seq: int,
+    *,
+    keep: int = MAX_WINDOWS_BACK,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Deletes the staged windows of ``sync_id`` that :func:`prunable` lets go; returns their seqs.
+
+    Call it after window ``committed_seq`` is COMMITTED (never before: an uncommitted window is
+    the only copy of its changes until its merge is durable). Idempotent: a rerun finds less.
+    """
+    fs, root = open_location(location, storage_options)
+    sync_dir = f"{root.rstrip('/')}/{check_name('sync id', sync_id)}"
+    try:
+        names = fs.ls(sync_dir, detail=False)
+    except FileNotFoundError:
+        return []
+    staged = [int(m.group(1)) for n in names if (m := _WINDOW_DIR.search(n.rstrip("/")))]
+    gone = prunable(committed_seq, staged, keep)
+    for seq in gone:
+        delete_window(location, sync_id, seq, storage_options=storage_options)
+    if gone:
+        log.info(
+            "sync %r: deleted %d staged window(s) no merge can read any more (%d..%d; kept the last %d "
+            "committed)",
+            sync_id,
+            len(gone),
+            gone[0],
+            gone[-1],
+            keep,
+        )
+    return gone
+
+
+def delete_window(
+    location: str, sync_id: str, window_seq: int, *, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Deletes one window's staged files, manifest first: a reader never finds a manifest whose
+    parts are going (what is left without it is an unfinished window's debris)."""
+    fs, root = open_location(location, storage_options)
+    wdir = window_dir(root, sync_id, window_seq)
+    if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
+        fs.rm(f"{wdir}/{MANIFEST_NAME}")
+    if fs.exists(wdir):
+        fs.rm(wdir, recursive=True)
+
+
+def prune_after_commit(
+    manifest_path: str,
+    *,
+    keep: int = MAX_WINDOWS_BACK,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """:func:`prune_committed` for the window whose manifest is ``manifest_path`` (a path or URL
+    of the staging layout, ``{location}/{sync_id}/window={seq}/_manifest.json``), just COMMITTED."""
+    found = _MANIFEST_PATH.match(manifest_path)
+    if found is None:
+        raise StagingError(f"{manifest_path!r} is not a staged window's manifest path")
+    return prune_committed(
+        found["root"], found["sync"], int(found["seq"]), keep=keep, storage_options=storage_options
+    )

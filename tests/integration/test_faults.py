@@ -1,0 +1,261 @@
+"""Network faults between the client and the real vtgate (``faultproxy.FaultProxy``).
+
+Every read here is done twice over the same window: once through an unharmed proxy (the
+reference, which also measures how many bytes the window takes on the wire) and once with a
+fault at a seeded point of those bytes. A window read from the same start to the same stop
+stages the same rows with the same sequence numbers (``vstream/ordering.py``), so the faulty
+read must stage exactly the reference's rows: nothing lost, nothing twice. The reference itself
+replays to ``SELECT *`` through vtgate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy
+
+from airflow_provider_vitess._proto import topodata_pb2, vtgate_pb2
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.exceptions import VStreamError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.window import ReadResult, WindowReader, capture_stop_position
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration.faultproxy import FaultProxy
+from tests.integration.replay import ListStager, StagedChange, replay
+
+pytestmark = pytest.mark.integration
+
+TABLE = "fault_rows"
+ONE_SHARD_CUSTOMER = 1  # every row of the big transaction on one shard: one shard transaction
+
+
+@pytest.fixture
+def proxy(vitess: LocalVitess) -> Iterator[FaultProxy]:
+    p = FaultProxy(vitess.grpc_port)
+    p.start()
+    yield p
+    p.stop()
+
+
+def _hook(
+    vitess: LocalVitess, monkeypatch: pytest.MonkeyPatch, name: str, grpc_port: int, **extra: Any
+) -> VitessHook:
+    env, value = connection_uri_env(name, dataclasses.replace(vitess, grpc_port=grpc_port), **extra)
+    monkeypatch.setenv(env, value)
+    return VitessHook(name)
+
+
+def _execute(hook: VitessHook, *statements: str, params: list[dict[str, Any]] | None = None) -> None:
+    with hook.connect_sql() as conn:
+        for sql in statements:
+            conn.execute(sqlalchemy.text(sql), params or {})
+            conn.commit()
+
+
+def _setup(hook: VitessHook) -> None:
+    _execute(
+        hook,
+        f"DROP TABLE IF EXISTS customer.{TABLE}",
+        f"CREATE TABLE customer.{TABLE} (id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
+        "payload VARBINARY(255), PRIMARY KEY (id))",
+    )
+    try:  # the vschema outlives a dropped table
+        _execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+
+
+def _insert(hook: VitessHook, rng: random.Random, ids: range, customer: int | None = None) -> None:
+    """One transaction inserting ``ids`` (on one shard when ``customer`` is given)."""
+    rows = [
+        {"i": i, "c": customer if customer is not None else rng.randint(1, 1000), "p": rng.randbytes(200)}
+        for i in ids
+    ]
+    with hook.connect_sql() as conn:
+        conn.execute(
+            sqlalchemy.text(f"INSERT INTO customer.{TABLE} (id, customer_id, payload) VALUES (:i, :c, :p)"),
+            rows,
+        )
+        conn.commit()
+
+
+def _source(hook: VitessHook) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    raw = hook.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("SET workload = 'olap'")  # OLTP results stop at 10,000 rows
+        cur.execute(f"SELECT * FROM customer.{TABLE}")
+        return {(r[0],): tuple(r) for r in cur.fetchall()}
+    finally:
+        raw.close()
+
+
+def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[StagedChange], ReadResult]:
+    stager = ListStager()
+    result = WindowReader(
+        hook.open_vstream_raw,
+        stager,
+        keyspace="customer",
+        tables=[TABLE],
+        start=start,
+        stop=stop,
+        flags=hook.vstream_flags(heartbeat_interval=1),
+        reset_connection=hook.reset_channel,
+    ).run()
+    return stager.changes, result
+
+
+def _no_duplicates(changes: list[StagedChange]) -> None:
+    seqs = Counter(c.seq for c in changes)
+    assert max(seqs.values()) == 1
+    inserted = Counter(c.after[0] for c in changes if c.before is None and c.after is not None)
+    twice = [k for k, n in inserted.items() if n > 1]
+    assert not twice, f"{len(twice)} rows staged twice, e.g. id {sorted(twice)[:5]}"
+
+
+def _catch_up_backlog(hook: VitessHook, seed: int) -> tuple[Vgtid, Vgtid]:
+    """Small transactions on both shards around one large one-shard transaction (~1.3 MB)."""
+    rng = random.Random(seed)
+    _setup(hook)
+    start = capture_stop_position(hook.open_vstream_raw, "customer")
+    _insert(hook, rng, range(1, 21))
+    _insert(hook, rng, range(100_000, 106_000), customer=ONE_SHARD_CUSTOMER)
+    _insert(hook, rng, range(21, 41))
+    _execute(hook, f"UPDATE customer.{TABLE} SET payload = 'x' WHERE id < 30")
+    _execute(hook, f"DELETE FROM customer.{TABLE} WHERE id BETWEEN 35 AND 38")
+    return start, capture_stop_position(hook.open_vstream_raw, "customer")
+
+
+def _reference(
+    hook: VitessHook, proxy: FaultProxy, start: Vgtid, stop: Vgtid | None
+) -> tuple[list[StagedChange], int]:
+    """The window read through the unharmed proxy, and the bytes it took on the wire."""
+    before = proxy.stats.bytes_down
+    changes, result = _read(hook, start, stop)
+    assert result.stats["reconnects"] == 0
+    assert replay(changes, key_index=[0]) == _source(hook)
+    _no_duplicates(changes)
+    return changes, proxy.stats.bytes_down - before
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_cut_mid_transaction_in_a_catch_up_stages_each_row_once(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
+    start, stop = _catch_up_backlog(hook, seed)
+    expected, wire_bytes = _reference(hook, proxy, start, stop)
+    # The large transaction is most of the window's bytes: a cut in its middle half falls inside
+    # it, after vtgate has sent some of its responses (the reader resumes from the VGTID before it).
+    cut_at = random.Random(seed).randint(wire_bytes * 3 // 10, wire_bytes * 6 // 10)
+    # A cut drops what gRPC received but the reader had not taken yet: at LAN speed the whole
+    # transaction is in gRPC's buffers before the reader starts on it, and nothing partial is
+    # ever seen. At ~0.5 MB/s the reader keeps up and holds the responses before the cut.
+    proxy.slow(500_000)
+    proxy.cut_after(cut_at)
+    changes, result = _read(hook, start, stop)
+    assert proxy.stats.cuts >= 1 and result.stats["reconnects"] >= 1
+    _no_duplicates(changes)
+    assert changes == expected
+    assert result.stats["partial_rows_discarded"] > 0  # the cut did fall inside a transaction
+    assert result.end_vgtid.has_reached(stop)
+
+
+def test_cut_mid_copy_resumes_the_copy_without_duplicates(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
+    rng = random.Random(3)
+    _setup(hook)
+    for first in range(1, 12_001, 3000):
+        _insert(hook, rng, range(first, first + 3000))
+    shards = capture_stop_position(hook.open_vstream_raw, "customer")
+    start = Vgtid.from_json(
+        "["
+        + ",".join(
+            f'{{"keyspace": "customer", "shard": "{sg.shard}", "gtid": ""}}' for sg in shards.shard_gtids
+        )
+        + "]"
+    )
+    expected, wire_bytes = _reference(hook, proxy, start, None)
+    proxy.cut_after(rng.randint(wire_bytes // 4, wire_bytes * 3 // 4))
+    changes, result = _read(hook, start, None)
+    assert proxy.stats.cuts >= 1 and result.stats["reconnects"] >= 1
+    _no_duplicates(changes)
+    assert replay(changes, key_index=[0]) == replay(expected, key_index=[0]) == _source(hook)
+
+
+def test_stall_longer_than_the_keepalive_timeout_reconnects(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vtgate refuses pings more frequent than every 10 s (its keepalive enforcement policy).
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port, keepalive_seconds=10)
+    start, stop = _catch_up_backlog(hook, 4)
+    expected, _ = _reference(hook, proxy, start, stop)
+    proxy.slow(200_000)  # the read lasts ~7 s, and is black-holed after 1 s
+    stall = threading.Timer(1.0, proxy.stall)
+    stall.start()
+    began = time.monotonic()
+    try:
+        changes, result = _read(hook, start, stop)
+    finally:
+        stall.cancel()
+    assert proxy.stats.stalled >= 1 and result.stats["reconnects"] >= 1
+    assert changes == expected
+    # Found by the heartbeat watchdog (10 s of silence), which drops the dead connection.
+    assert time.monotonic() - began < 30
+
+
+def test_slow_link_completes_the_window(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
+    start, stop = _catch_up_backlog(hook, 5)
+    expected, wire_bytes = _reference(hook, proxy, start, stop)
+    proxy.slow(wire_bytes / 4)  # ~4 s for the window
+    began = time.monotonic()
+    changes, result = _read(hook, start, stop)
+    assert time.monotonic() - began > 2  # the link really was slow
+    assert result.stats["reconnects"] == 0
+    assert changes == expected
+
+
+def test_stop_position_honours_its_timeout_on_a_black_holed_link(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
+    capture_stop_position(hook.open_vstream_raw, "customer")  # the channel is up
+    proxy.stall()
+    proxy.slow(1)  # and every new connection crawls: no position can arrive in time
+    began = time.monotonic()
+    with pytest.raises(VStreamError, match="within 3s"):
+        capture_stop_position(hook.open_vstream_raw, "customer", timeout=3)
+    assert time.monotonic() - began < 6
+
+
+def test_capture_streams_carry_no_wall_deadline(
+    vitess: LocalVitess, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A backlog of hours must not be cut by a fixed per-call deadline (it was 3600 s, and
+    DEADLINE_EXCEEDED was final): the capture runner's real gRPC call has no deadline at all."""
+    hook = _hook(vitess, monkeypatch, "vitess_faults", vitess.grpc_port)
+    spec = SyncSpec("faults", "customer", (TABLE,), str(tmp_path / "staging"))
+    runner = CaptureRunner(hook, CheckpointStore(f"sqlite:///{tmp_path}/store.db"), spec, holder="test")
+    request = vtgate_pb2.VStreamRequest(tablet_type=topodata_pb2.PRIMARY)
+    request.vgtid.CopyFrom(Vgtid.for_keyspace("customer").to_proto())
+    call = runner._open(request)
+    try:
+        next(iter(call))  # the call is really open on vtgate
+        assert call.time_remaining() is None
+    finally:
+        call.cancel()
