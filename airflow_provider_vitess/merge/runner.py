@@ -28,6 +28,7 @@ from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
+from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK, prune_after_commit
 from airflow_provider_vitess.vgtid import Vgtid
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,10 @@ def merged_targets(plan: MergePlan, report: MergeReport | None) -> dict[str, int
     return found
 
 
+def _describe(seqs: list[int]) -> str:
+    return ", ".join(map(str, seqs)) or "none"
+
+
 class MergeRunner:
     """Merges and commits one sync's open window; see the module docstring."""
 
@@ -120,10 +125,13 @@ class MergeRunner:
         *,
         holder: str,
         lock_stale_after: timedelta = timedelta(minutes=2),
+        keep_staged_windows: int = MAX_WINDOWS_BACK,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
+        self._keep, self._storage_options = keep_staged_windows, storage_options
 
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
@@ -148,6 +156,7 @@ class MergeRunner:
                 report = submit(plan)
                 self.store.mark_merged(self.sync_id, window.seq, merged_targets(plan, report))
             committed = self.store.commit(self.sync_id, window.seq)
+            self._prune(window)
             return MergeOutcome(
                 window.seq,
                 window.seq,
@@ -156,3 +165,17 @@ class MergeRunner:
                 report,
                 message=f"committed window {window.seq} at {committed.to_json()}",
             )
+
+    def _prune(self, window: Window) -> None:
+        """Staged windows no later merge can read (its context look-back) go once this one is
+        COMMITTED. Housekeeping: a failure leaves files behind, never a wrong table."""
+        if window.manifest_path is None:
+            return
+        try:
+            deleted = prune_after_commit(
+                window.manifest_path, keep=self._keep, storage_options=self._storage_options
+            )
+        except Exception as exc:
+            log.warning("sync %r: staged windows before %d not deleted: %s", self.sync_id, window.seq, exc)
+            return
+        log.info("sync %r: deleted staged window(s) %s", self.sync_id, _describe(deleted))
