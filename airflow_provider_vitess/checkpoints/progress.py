@@ -1,4 +1,4 @@
-"""Per-table progress rows of a window (DESIGN.md, "Progress and metrics").
+"""Per-table progress rows of a window (docs/design.md, "Progress and metrics").
 
 ``rows_known`` comes from a ``count(*)`` that runs concurrently with the copy and may arrive
 after it started, so every field is optional on update: a writer sets only what it knows and

@@ -111,11 +111,9 @@ def log_group(title: str) -> Iterator[None]:
 
 
 def airflow_conf() -> Any:
-    """Airflow's configuration as the task side reads it (the SDK's, before 3.1 the core's)."""
-    try:
-        from airflow.sdk.configuration import conf
-    except ImportError:  # Airflow 3.0
-        from airflow.configuration import conf
+    """Airflow's configuration as the task side reads it."""
+    from airflow.sdk.configuration import conf
+
     return conf
 
 
