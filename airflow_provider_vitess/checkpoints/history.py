@@ -14,7 +14,7 @@ from typing import Any, cast
 from sqlalchemy import Engine, Table, func, select
 
 from airflow_provider_vitess.checkpoints import models, progress
-from airflow_provider_vitess.checkpoints.states import TableProgress, Window, window_from_row
+from airflow_provider_vitess.checkpoints.states import TableProgress, Window, WindowKind, window_from_row
 
 _SYNC = cast(Table, models.SyncRow.__table__)
 _WINDOW = cast(Table, models.WindowRow.__table__)
@@ -79,10 +79,17 @@ def last_failed_window(engine: Engine, sync_id: str) -> Window | None:
 
 
 def latest_progress(engine: Engine, sync_id: str) -> dict[str, TableProgress]:
-    """Each table's progress row of the newest window that has one (its last snapshot copy)."""
+    """Each table's progress row of its latest snapshot window (its last copy).
+
+    Catch-up windows have progress rows too (the key they staged with, no copy counts), so the
+    newest row of a table is not its copy's: only snapshot windows count here.
+    """
+    snapshots = select(_WINDOW.c.seq).where(
+        _WINDOW.c.sync_id == sync_id, _WINDOW.c.kind == WindowKind.SNAPSHOT.value
+    )
     newest = (
         select(_PROGRESS.c.table_name, func.max(_PROGRESS.c.seq).label("seq"))
-        .where(_PROGRESS.c.sync_id == sync_id)
+        .where(_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq.in_(snapshots))
         .group_by(_PROGRESS.c.table_name)
         .subquery()
     )
