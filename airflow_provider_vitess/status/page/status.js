@@ -37,7 +37,7 @@ function duration(seconds) {
 }
 
 function time(iso) {
-  return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", " UTC") : "-";
+  return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace(/(Z|\+00:00)$/, " UTC") : "-";
 }
 
 function stateBadge(state) {
