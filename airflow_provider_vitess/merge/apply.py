@@ -219,20 +219,34 @@ def table_files(spark: SparkSession, path: str) -> int:
     return int(_latest_snapshot(spark, path).numOfFiles())
 
 
-def table_state(spark: SparkSession, path: str, app_id: str) -> TableState:
-    """Whether the table exists, its schema, and the latest txn version of ``app_id`` in it."""
+def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None = None) -> TableState:
+    """Whether the table exists, its schema, version and the latest txn version of ``app_id``
+    in it; with ``restores_after``, the versions of the RESTORE commits after that version."""
     snap = _latest_snapshot(spark, path)
     if snap.version() < 0:
         return TableState(exists=False)
     txn = snap.transactions().get(app_id)
     schema = T.StructType.fromJson(json.loads(snap.schema().json()))
     mode = snap.metadata().configuration().get("delta.columnMapping.mode")
+    version = int(snap.version())
     return TableState(
         exists=True,
         schema=schema,
         txn_version=int(txn.get()) if txn.isDefined() else None,
         column_mapping=bool(mode.isDefined() and mode.get() != "none"),
+        version=version,
+        restores=_restores(spark, path, restores_after, version),
     )
+
+
+def _restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
+    """RESTORE commits in (after, latest]: reads only those commits' info from the log."""
+    if after is None or latest <= after:
+        return ()
+    from delta.tables import DeltaTable
+
+    rows = DeltaTable.forPath(spark, path).history(latest - after).select("version", "operation").collect()
+    return tuple(sorted(int(r[0]) for r in rows if r[0] > after and str(r[1]) == "RESTORE"))
 
 
 @dataclass(frozen=True)
@@ -255,8 +269,10 @@ def evolve_table(
     add: Sequence[T.StructField],
     widen: Sequence[tuple[str, T.DataType]],
     column_mapping: bool,
+    drop: Sequence[str] = (),
 ) -> None:
-    """Schema changes before a MERGE (each its own commit; repeating them is a no-op)."""
+    """Schema changes before a MERGE (each its own commit; repeating them is a no-op). Dropping
+    needs column mapping, which ``column_mapping`` turns on first (``merge.schema`` decides)."""
     table = f"delta.{q(path)}"
     props = dict(TABLE_PROPERTIES)
     if column_mapping:
@@ -264,6 +280,9 @@ def evolve_table(
     if widen or column_mapping:
         sets = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({sets})")
+    if drop:
+        # IF EXISTS: the plan was made from the schema read when the run started.
+        spark.sql(f"ALTER TABLE {table} DROP COLUMNS IF EXISTS ({', '.join(q(n) for n in drop)})")
     if add:
         cols = ", ".join(
             f"{q(f.name)} {f.dataType.simpleString()}"
@@ -367,17 +386,14 @@ def merge_into(
     prune: Column | None,
 ) -> None:
     """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq).
-    Target columns the window does not have are set to NULL (the source no longer has them)."""
+    ``schema`` is the table's after the window's evolution: every column is one of the window's
+    (the others were dropped, ``merge.schema``)."""
     from delta.tables import DeltaTable
 
     condition = reduce(lambda a, b: a & b, [col(k, "t").eqNullSafe(col(k, "s")) for k in keys])
     if prune is not None:
         condition = condition & prune
-    have = set(final.columns)
-    values: dict[str, str | Column] = {
-        q(f.name): (col(f.name, "s").cast(f.dataType) if f.name in have else F.lit(None).cast(f.dataType))
-        for f in schema.fields
-    }
+    values: dict[str, str | Column] = {q(f.name): col(f.name, "s").cast(f.dataType) for f in schema.fields}
     is_delete = col(OP, "s") == DELETE
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(seq))

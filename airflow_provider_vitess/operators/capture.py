@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.progress import TableProgress
-from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
+from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner, WindowOutcome
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.operators._sync import (
     as_tables,
@@ -27,6 +27,8 @@ from airflow_provider_vitess.operators._sync import (
     sync_spec,
 )
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
+from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,12 @@ class _SyncOperator(BaseOperator):
         key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         allow_all_columns_key: bool = False,
         heartbeat_interval: int = 1,
+        zero_date_policy: str = "null",
+        zero_date_policies: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        ZeroDatePolicies.parse(zero_date_policy, zero_date_policies)  # a typo fails the DAG's import
         self.sync_id = sync_id
         self.keyspace = keyspace
         self.tables = tables
@@ -83,6 +88,8 @@ class _SyncOperator(BaseOperator):
         self.key_overrides = key_overrides
         self.allow_all_columns_key = allow_all_columns_key
         self.heartbeat_interval = heartbeat_interval
+        self.zero_date_policy = zero_date_policy
+        self.zero_date_policies = dict(zero_date_policies or {})
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
         return CaptureRunner(
@@ -98,6 +105,8 @@ class _SyncOperator(BaseOperator):
                 key_overrides=self.key_overrides,
                 allow_all_columns_key=self.allow_all_columns_key,
                 heartbeat_interval=self.heartbeat_interval,
+                zero_date_policy=self.zero_date_policy,
+                zero_date_policies=self.zero_date_policies,
                 **spec,
             ),
             holder=holder(context),
@@ -140,7 +149,8 @@ class VitessSnapshotOperator(_SyncOperator):
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is
         asked for, do nothing (the normal scheduled run). ``False`` forces a full re-snapshot.
-    :param checkpoint_every_rows: how often a long copy records where to resume.
+    :param checkpoint_every_rows: how often a long copy records where to resume: a killed
+        snapshot recopies at most about this many rows.
 
     Returns (XCom) the staged window's summary, or ``{"snapshot": "not needed", ...}``.
     """
@@ -152,7 +162,7 @@ class VitessSnapshotOperator(_SyncOperator):
         *,
         resnapshot_tables: str | Sequence[str] | None = None,
         only_if_needed: bool = True,
-        checkpoint_every_rows: int = 50_000,
+        checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -161,6 +171,10 @@ class VitessSnapshotOperator(_SyncOperator):
         self.checkpoint_every_rows = checkpoint_every_rows
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._snapshot(context)
+
+    def _snapshot(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context)
         settings = runner.spec
         requested = as_tables(self.resnapshot_tables)
@@ -213,6 +227,10 @@ class VitessCatchUpOperator(_SyncOperator):
         self.minimize_skew = minimize_skew
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._catch_up(context)
+
+    def _catch_up(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context, minimize_skew=self.minimize_skew)
         settings = runner.spec
         bounds = ReadBounds(
