@@ -37,6 +37,33 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {"integration-name": "Vitess", "python-modules": ["airflow_provider_vitess.triggers.changes"]}
         ],
+        "extra-links": [
+            "airflow_provider_vitess.operators.links.VitessSyncStatusLink",
+            "airflow_provider_vitess.operators.links.DeltaTableLink",
+            "airflow_provider_vitess.operators.links.SparkUILink",
+        ],
+        "plugins": [
+            {
+                "name": "vitess_status",
+                "plugin-class": "airflow_provider_vitess.plugins.status.VitessStatusPlugin",
+            }
+        ],
+        "config": {
+            "vitess": {
+                "description": "The Vitess provider's settings.",
+                "options": {
+                    "status_checkpoint_conn_ids": {
+                        "description": "Checkpoint stores the status page (Browse -> Vitess syncs) reads: "
+                        "comma-separated connection ids, as given to the operators' checkpoint_conn_id; "
+                        "'default' is the SQLite file under AIRFLOW_HOME they use without one.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "default,vitess_checkpoints",
+                        "default": "default",
+                    }
+                },
+            }
+        },
         "connection-types": [
             {
                 "connection-type": "vitess",

@@ -1,6 +1,6 @@
 """The VGTID: where a VStream is, per keyspace/shard, and how far each table's copy has got.
 
-A VGTID is the only safe checkpoint of a VStream (see DESIGN.md), so it must survive storage
+A VGTID is the only safe checkpoint of a VStream (see docs/design.md), so it must survive storage
 exactly: JSON text (XCom, metadata table) and protobuf (the VStream request) both round-trip
 losslessly, and malformed input fails loudly with a message naming the entry and the problem.
 

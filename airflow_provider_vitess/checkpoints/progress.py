@@ -1,4 +1,4 @@
-"""Per-table progress rows of a window (DESIGN.md, "Progress and metrics").
+"""Per-table progress rows of a window (docs/design.md, "Progress and metrics").
 
 ``rows_known`` comes from a ``count(*)`` that runs concurrently with the copy and may arrive
 after it started, so every field is optional on update: a writer sets only what it knows and
@@ -82,17 +82,19 @@ def load(engine: Engine, sync_id: str, seq: int) -> list[TableProgress]:
             .where(_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq == seq)
             .order_by(_PROGRESS.c.table_name)
         )
-        return [
-            TableProgress(
-                sync_id=r.sync_id,
-                seq=r.seq,
-                table=r.table_name,
-                rows_known=r.rows_known,
-                rows_copied=r.rows_copied,
-                phase=Phase(r.phase),
-                key_columns=r.key_columns,
-                key_source=r.key_source,
-                updated_at=r.updated_at,
-            )
-            for r in rows
-        ]
+        return [from_row(r) for r in rows]
+
+
+def from_row(r: Any) -> TableProgress:
+    """A :class:`TableProgress` from a ``vitess_sync_table_progress`` row."""
+    return TableProgress(
+        sync_id=r.sync_id,
+        seq=r.seq,
+        table=r.table_name,
+        rows_known=r.rows_known,
+        rows_copied=r.rows_copied,
+        phase=Phase(r.phase),
+        key_columns=r.key_columns,
+        key_source=r.key_source,
+        updated_at=r.updated_at,
+    )

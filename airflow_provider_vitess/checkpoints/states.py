@@ -1,6 +1,6 @@
 """The window state machine and the value types the checkpoint store hands out (pure, no I/O).
 
-A window moves ``PLANNED -> STAGED -> MERGED -> COMMITTED`` (DESIGN.md, "Window state
+A window moves ``PLANNED -> STAGED -> MERGED -> COMMITTED`` (docs/design.md, "The window state
 machine"). ``FAILED`` abandons a window that was never merged: its staged files are ignored and
 the next window starts again from the committed position. A MERGED window can only be committed,
 never failed: its rows are already in Delta, and forgetting that would let the checkpoint and

@@ -1,7 +1,7 @@
 """``CheckpointStore``: window states, staged parts, per-table progress, the committed VGTID and
 the per-sync lock, in any SQLAlchemy database (SQLite, MariaDB/MySQL, PostgreSQL).
 
-Correctness rests on two rules (DESIGN.md, "Window state machine"):
+Correctness rests on two rules (docs/design.md, "The window state machine"):
 - every state change is a conditional ``UPDATE ... WHERE state = <the state we read>`` whose row
   count is checked, so two racing processes can never both move the same window;
 - ``commit`` moves the window MERGED -> COMMITTED and the checkpoint in one transaction, so the

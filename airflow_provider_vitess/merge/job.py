@@ -370,7 +370,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         log.exception("merge failed")
         _report_error(args.report_file, exc)
         return 1
-    text = report.to_json()
+    # Which Spark application did it, for the operator's "Spark UI" link (not part of the report).
+    app = {"application_id": spark.sparkContext.applicationId, "ui_url": spark.sparkContext.uiWebUrl}
+    text = json.dumps({**json.loads(report.to_json()), "spark": app}, sort_keys=True)
     if args.report_file:
         _write_text(args.report_file, text)
     print(REPORT_PREFIX + text, flush=True)

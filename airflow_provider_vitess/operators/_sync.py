@@ -17,6 +17,7 @@ from typing import Any
 from airflow_provider_vitess.capture.runner import SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
+from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
@@ -24,14 +25,6 @@ from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 log = logging.getLogger(__name__)
 
 _SYNC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# Airflow connection types -> the SQLAlchemy driver the store uses for them.
-_DRIVERS = {
-    "postgres": "postgresql+psycopg",
-    "postgresql": "postgresql+psycopg",
-    "mysql": "mysql+pymysql",
-    "mariadb": "mysql+pymysql",
-    "sqlite": "sqlite",
-}
 
 
 def sync_spec(
@@ -92,13 +85,7 @@ def store_url(checkpoint_conn_id: str | None) -> str:
         return default_url()
     from airflow.sdk.bases.hook import BaseHook
 
-    conn = BaseHook.get_connection(checkpoint_conn_id)
-    uri = conn.get_uri()
-    scheme, _, rest = uri.partition("://")
-    driver = _DRIVERS.get(scheme.split("+")[0], scheme)
-    if conn.conn_type == "sqlite" and conn.host:
-        return f"sqlite:///{conn.host}"
-    return f"{driver}://{rest}"
+    return url_from_connection(BaseHook.get_connection(checkpoint_conn_id))
 
 
 def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
@@ -126,6 +113,13 @@ def log_group(title: str) -> Iterator[None]:
         yield
     finally:
         print("::endgroup::", flush=True)
+
+
+def airflow_conf() -> Any:
+    """Airflow's configuration as the task side reads it."""
+    from airflow.sdk.configuration import conf
+
+    return conf
 
 
 def _stats() -> Any:

@@ -26,19 +26,36 @@ from airflow_provider_vitess.operators._sync import (
     open_store,
     sync_spec,
 )
+from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
 
-_SYNC_FIELDS = ("sync_id", "keyspace", "tables", "staging_location", "storage_options")
+_SYNC_FIELDS = (
+    "sync_id",
+    "keyspace",
+    "tables",
+    "staging_location",
+    "storage_options",
+    "vitess_conn_id",
+    "checkpoint_conn_id",
+    "key_columns",
+    "key_overrides",
+)
 
 
 class _SyncOperator(BaseOperator):
     """Arguments every capture operator takes; see the subclasses."""
 
     ui_color = "#f0e4ff"
+    template_fields_renderers = {  # noqa: RUF012
+        "storage_options": "json",
+        "key_columns": "json",
+        "key_overrides": "json",
+    }
+    operator_extra_links = (VitessSyncStatusLink(),)
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
 from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store
+from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 
 REPORT_ARG = "--report-file"
@@ -59,13 +60,24 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
+    :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
+        UI" link then opens the merge's application there.
 
     Other arguments are ``SparkSubmitOperator``'s. The Delta package and session settings are
     added to ``packages``/``conf`` unless given. Returns (XCom) the merge summary; the committed
     VGTID is also pushed under the key ``committed_vgtid``.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "sync_id", "target_location")
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "sync_id",
+        "target_location",
+        "targets",
+        "checkpoint_conn_id",
+        "spark_history_url",
+    )
+    template_fields_renderers = {"conf": "json", "env_vars": "json", "targets": "json"}  # noqa: RUF012
+    operator_extra_links = (VitessSyncStatusLink(), DeltaTableLink(), SparkUILink())
     ui_color = "#e4f0ff"
 
     def __init__(
@@ -80,6 +92,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         conf: dict[str, Any] | None = None,
         spark_binary: str | None = None,
         env_vars: dict[str, Any] | None = None,
+        spark_history_url: str | None = None,
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -97,6 +110,8 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.target_location = target_location
         self.targets = targets
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.spark_history_url = spark_history_url
+        self.spark_application_id: str | None = None  # from the job's report, for the link
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -158,7 +173,10 @@ class VitessMergeOperator(SparkSubmitOperator):
                     raise fail_permanently(message) from None
                 raise AirflowException(message) from None
             if report_file.exists():
-                return MergeReport.from_json(report_file.read_text())
+                text = report_file.read_text()
+                # The job adds its Spark application to the report, for the "Spark UI" link.
+                self.spark_application_id = dict(json.loads(text).get("spark") or {}).get("application_id")
+                return MergeReport.from_json(text)
         return None
 
 

@@ -6,9 +6,10 @@ sync's tables, found by streaming from the committed VGTID with the sync's table
 (:mod:`..vstream.changes`); a GTID position comparison alone would see every write to the
 server, whatever table or keyspace it touched.
 
-* Deferrable (default): the task defers at once to :class:`VitessChangesTrigger`, which holds
-  one idle VStream in the triggerer and fires on the first change; the task resumes and
-  succeeds with a summary of that change.
+* Deferrable (the DAG factory's choice; alone, the sensor follows Airflow's
+  ``[operators] default_deferrable``): the task defers at once to :class:`VitessChangesTrigger`,
+  which holds one idle VStream in the triggerer and fires on the first change; the task resumes
+  and succeeds with a summary of that change.
 * Not deferrable: each poke captures the current position, then reads the stream from the
   committed VGTID until that position (or a change, or ``poke_read_seconds``). A poke that
   read part of the way remembers where, so the next poke of the same task goes on from there.
@@ -40,6 +41,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, Airfl
 
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.operators._sync import airflow_conf, store_url
+from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.vgtid import Vgtid
@@ -53,6 +56,11 @@ from airflow_provider_vitess.vstream.changes import (
 from airflow_provider_vitess.vstream.events import VgtidEvent
 from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
 from airflow_provider_vitess.vstream.window import capture_stop_position, table_filter
+
+
+def default_deferrable() -> bool:
+    return bool(airflow_conf().getboolean("operators", "default_deferrable", fallback=False))
+
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -72,7 +80,8 @@ class VitessChangesSensor(BaseSensorOperator):
     :param lag_threshold: also succeed when a shard's current position is more than this many
         transactions past the committed one, whatever tables they touched: keeps a quiet sync's
         checkpoint from falling behind the binlogs the server keeps. None (default): never.
-    :param deferrable: wait in the triggerer (default) instead of poking from a worker slot.
+    :param deferrable: wait in the triggerer instead of poking from a worker slot; default:
+        Airflow's ``[operators] default_deferrable`` (the DAG factory passes True).
     :param heartbeat_interval: seconds between vtgate heartbeats on the trigger's idle stream.
     :param lag_check_interval: seconds between the trigger's lag checks.
     :param poke_read_seconds: longest stream read of one poke (not deferrable).
@@ -87,8 +96,16 @@ class VitessChangesSensor(BaseSensorOperator):
     # triggerer that never answered, so it comes this much later and is a failure.
     DEFERRAL_MARGIN_SECONDS = 60.0
 
-    template_fields: Sequence[str] = ("keyspace", "tables", "sync_id", "start_vgtid")
+    template_fields: Sequence[str] = (
+        "keyspace",
+        "tables",
+        "sync_id",
+        "start_vgtid",
+        "vitess_conn_id",
+        "checkpoint_conn_id",
+    )
     ui_color = "#f3e9ff"
+    operator_extra_links = (VitessSyncStatusLink(),)
 
     def __init__(
         self,
@@ -100,7 +117,7 @@ class VitessChangesSensor(BaseSensorOperator):
         start_vgtid: str | None = None,
         vitess_conn_id: str = VitessHook.default_conn_name,
         lag_threshold: int | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         heartbeat_interval: int = 10,
         lag_check_interval: float = 60.0,
         poke_read_seconds: float = 30.0,
@@ -123,7 +140,8 @@ class VitessChangesSensor(BaseSensorOperator):
         self.start_vgtid = start_vgtid
         self.vitess_conn_id = vitess_conn_id
         self.lag_threshold = lag_threshold
-        self.deferrable = deferrable
+        # Like Airflow's own sensors: [operators] default_deferrable unless told.
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.heartbeat_interval = heartbeat_interval
         self.lag_check_interval = lag_check_interval
         self.poke_read_seconds = poke_read_seconds
@@ -137,8 +155,6 @@ class VitessChangesSensor(BaseSensorOperator):
         """The VGTID to watch from: ``start_vgtid``, or the sync's committed one (None: none yet)."""
         if self.sync_id is None:
             return parse_start_vgtid(self.start_vgtid)
-        from airflow_provider_vitess.operators._sync import store_url
-
         store = CheckpointStore(store_url(self.checkpoint_conn_id))
         try:
             if store.schema_revision() is None:

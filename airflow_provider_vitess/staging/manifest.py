@@ -1,6 +1,6 @@
 """The staged window's manifest: what a window holds, and the checks and reads built on it.
 
-A window without a manifest does not exist (DESIGN.md): the stager writes its Parquet parts
+A window without a manifest does not exist (docs/design.md): the stager writes its Parquet parts
 first and the manifest last, atomically, so a reader either finds no manifest (nothing to
 merge) or a complete one. Every part is listed with its size, row count and sha256, so
 :func:`verify` can tell a complete window from a damaged one before anything is merged.

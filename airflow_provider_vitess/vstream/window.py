@@ -245,7 +245,7 @@ class WindowReader:
             return False  # past this shard's stop: the next window reads it
         if any(isinstance(e, JournalEvent) for e in unit.events):
             # Resharding: vtgate switches the stream to the new shards by itself; positions of
-            # the old shards are not needed after the journal (DESIGN: whole VGTID checkpointed).
+            # the old shards are not needed after the journal (docs/design.md, "Event order").
             self._result.journals += 1
         self._stage(self._merger.push(unit))
         if self._stop is not None and unit.position is not None:

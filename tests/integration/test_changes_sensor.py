@@ -326,6 +326,7 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2025, 1, 1), catchup=Fal
         sync_id={sync_id!r},
         heartbeat_interval=1,
         timeout=120,
+        deferrable=True,
     )
 """
 

@@ -46,3 +46,26 @@ def test_the_connection_type_and_its_form_fields_are_registered(airflow: Airflow
         assert f"extra__vitess__{field}" in info["widgets"], info["widgets"]
     assert "schema" in info["behaviour"]["hidden_fields"]
     assert info["behaviour"]["relabeling"]["host"] == "vtgate host"
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_airflow_plugins_lists_the_status_plugin_once(airflow: AirflowEnv, lazy: str, tmp_path: Path) -> None:
+    """Registered once whether Airflow discovers providers lazily (its default: only the entry
+    point counts) or eagerly (the provider info's ``plugins`` counts, the entry point stands back)."""
+    env = AirflowEnv(airflow.home, {**airflow.env, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy})
+    out = env.airflow("plugins", "-o", "json").stdout
+    listed = json.loads(out[out.index("[") :])
+    ours = [p for p in listed if p["name"] == "vitess_status"]
+    assert len(ours) == 1, [p["name"] for p in listed]
+    assert "'url_prefix': '/vitess'" in str(ours[0]["fastapi_apps"]), ours[0]
+    assert "'url_route': 'vitess-syncs'" in str(ours[0]["external_views"]), ours[0]
+    script = tmp_path / "plugin_errors.py"
+    script.write_text(
+        "import json\nfrom airflow import plugins_manager\n"
+        "print(json.dumps(plugins_manager._get_plugins()[1]))\n"
+    )
+    # Without the checkout on PYTHONPATH: its *.egg-info (from the editable install) would list the
+    # entry point a second time, which no installed package does.
+    installed = AirflowEnv(env.home, {k: v for k, v in env.env.items() if k != "PYTHONPATH"})
+    errors = json.loads(installed.python(str(script)).stdout.strip().splitlines()[-1])
+    assert errors == {}, errors

@@ -119,6 +119,7 @@ def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
         vitess_conn_id="vt",
         lag_threshold=50,
         timeout=600,
+        deferrable=True,
     )
     with pytest.raises(TaskDeferred) as deferred:
         task.execute(CONTEXT)

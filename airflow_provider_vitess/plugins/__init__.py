@@ -1,0 +1,1 @@
+"""Airflow plugins the provider registers (see ``get_provider_info``)."""

@@ -1,0 +1,227 @@
+"""The status documents: what a checkpoint store says about its syncs, as JSON-able models.
+
+Pure data assembly (no Airflow imports): the status page's API serves these models, and users'
+own dashboards can call :func:`overview` / :func:`sync_status` on a
+:class:`~airflow_provider_vitess.checkpoints.CheckpointStore` directly. Every value comes from
+the store; nothing here writes to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, history
+from airflow_provider_vitess.checkpoints.states import TableProgress
+from airflow_provider_vitess.vgtid import Vgtid
+
+DEFAULT_WINDOWS = 20
+MAX_WINDOWS = 500
+_FINAL = frozenset({WindowState.COMMITTED, WindowState.FAILED})
+
+
+class ShardPosition(BaseModel):
+    keyspace: str
+    shard: str
+    gtid: str
+    copying: bool = Field(description="the shard is still in a snapshot's copy phase")
+
+
+class Committed(BaseModel):
+    """The committed position: merged into Delta and durable."""
+
+    seq: int = Field(description="the window that moved it last")
+    committed_at: datetime
+    age_seconds: float = Field(description="seconds since it last moved")
+    vgtid: str = Field(description="the VGTID as JSON, as the operators push it to XCom")
+    shards: list[ShardPosition]
+
+
+class TableStatus(BaseModel):
+    table: str
+    key_columns: list[str] = Field(description="the unique key the merge matches rows on")
+    key_reason: str | None = Field(default=None, description="why that key was chosen")
+    snapshot_seq: int | None = Field(
+        default=None, description="the window of the table's latest snapshot copy"
+    )
+    phase: str | None = None
+    rows_copied: int | None = None
+    rows_known: int | None = Field(default=None, description="count(*) taken while the copy ran")
+    percent: float | None = Field(default=None, description="rows_copied / rows_known, capped at 100")
+
+
+class WindowStatus(BaseModel):
+    seq: int
+    kind: str = Field(description="snapshot or catchup")
+    state: str = Field(description="PLANNED, STAGED, MERGED, COMMITTED or FAILED")
+    created_at: datetime | None
+    updated_at: datetime | None
+    duration_seconds: float | None = Field(
+        default=None, description="planned -> final state; for an open window, planned -> now"
+    )
+    rows: int | None = Field(default=None, description="row events staged")
+    rows_per_table: dict[str, int] = Field(default_factory=dict)
+    shard_lag: dict[str, int] = Field(
+        default_factory=dict, description="per keyspace/shard: transactions behind the window's stop position"
+    )
+    stopped_early: str | None = None
+    error: str | None = None
+
+
+class LockStatus(BaseModel):
+    holder: str
+    acquired_at: datetime
+    heartbeat_at: datetime
+
+
+class LastError(BaseModel):
+    seq: int
+    at: datetime | None
+    error: str
+
+
+class SyncSummary(BaseModel):
+    store: str = Field(description="which configured checkpoint store holds the sync")
+    sync_id: str
+    keyspace: str
+    tables: list[str]
+    committed_seq: int | None
+    committed_age_seconds: float | None
+    latest_window: WindowStatus | None
+    running: bool = Field(description="a task holds the sync's lock")
+
+
+class SyncStatus(SyncSummary):
+    table_status: list[TableStatus]
+    committed: Committed | None
+    windows: list[WindowStatus] = Field(description="the last windows, newest first")
+    lock: LockStatus | None
+    last_error: LastError | None
+
+
+class Overview(BaseModel):
+    generated_at: datetime
+    syncs: list[SyncSummary]
+    errors: dict[str, str] = Field(default_factory=dict, description="stores that could not be read, and why")
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def window_status(window: Window, now: datetime) -> WindowStatus:
+    stats: Mapping[str, Any] = window.stats or {}
+    end = window.updated_at if window.state in _FINAL else now
+    stopped = stats.get("stopped_early")
+    return WindowStatus(
+        seq=window.seq,
+        kind=window.kind.value,
+        state=window.state.value,
+        created_at=window.created_at,
+        updated_at=window.updated_at,
+        duration_seconds=_seconds(window.created_at, end),
+        rows=stats.get("rows"),
+        rows_per_table={str(t): int(n) for t, n in dict(stats.get("rows_per_table") or {}).items()},
+        shard_lag={str(s): int(n) for s, n in dict(stats.get("shard_lag_transactions") or {}).items()},
+        stopped_early=str(stopped) if stopped else None,
+        error=window.error,
+    )
+
+
+def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableStatus:
+    choice = dict(dict(config.get("keys") or {}).get(table) or {})
+    key = list(choice.get("target_columns") or (copied.key_columns if copied else None) or [])
+    status = TableStatus(table=table, key_columns=key, key_reason=choice.get("reason"))
+    if copied is not None:
+        status.snapshot_seq = copied.seq
+        status.phase = copied.phase.value
+        status.rows_copied = copied.rows_copied
+        status.rows_known = copied.rows_known
+        pct = copied.percent
+        status.percent = None if pct is None else round(pct, 1)
+    return status
+
+
+def _committed(point: history.Checkpoint | None, now: datetime) -> Committed | None:
+    if point is None:
+        return None
+    vgtid = Vgtid.from_json(point.committed_vgtid)
+    return Committed(
+        seq=point.committed_seq,
+        committed_at=point.updated_at,
+        age_seconds=_seconds(point.updated_at, now) or 0.0,
+        vgtid=point.committed_vgtid,
+        shards=[ShardPosition(keyspace=s.keyspace, shard=s.shard, gtid=s.gtid, copying=s.is_copying)
+                for s in vgtid.shard_gtids],
+    )  # fmt: skip
+
+
+def _summary(
+    store_name: str, info: history.SyncInfo, committed: Committed | None,
+    latest: Window | None, running: bool, now: datetime,
+) -> SyncSummary:  # fmt: skip
+    return SyncSummary(
+        store=store_name,
+        sync_id=info.sync_id,
+        keyspace=info.keyspace,
+        tables=info.tables,
+        committed_seq=committed.seq if committed else None,
+        committed_age_seconds=committed.age_seconds if committed else None,
+        latest_window=None if latest is None else window_status(latest, now),
+        running=running,
+    )
+
+
+def sync_summary(
+    store: CheckpointStore, store_name: str, info: history.SyncInfo, now: datetime
+) -> SyncSummary:
+    latest = history.recent_windows(store.engine, info.sync_id, 1)
+    committed = _committed(history.checkpoint(store.engine, info.sync_id), now)
+    running = store.lock_holder(info.sync_id) is not None
+    return _summary(store_name, info, committed, latest[0] if latest else None, running, now)
+
+
+def sync_status(
+    store: CheckpointStore, store_name: str, sync_id: str, now: datetime, windows: int = DEFAULT_WINDOWS
+) -> SyncStatus | None:
+    """Everything the store knows about one sync; None if it has no such sync."""
+    info = history.sync(store.engine, sync_id)
+    if info is None:
+        return None
+    recent = history.recent_windows(store.engine, sync_id, max(1, min(windows, MAX_WINDOWS)))
+    committed = _committed(history.checkpoint(store.engine, sync_id), now)
+    lock = store.lock_holder(sync_id)
+    progress = history.latest_progress(store.engine, sync_id)
+    failed = history.last_failed_window(store.engine, sync_id)
+    summary = _summary(store_name, info, committed, recent[0] if recent else None, lock is not None, now)
+    return SyncStatus(
+        **summary.model_dump(),
+        table_status=[_table_status(t, info.config, progress.get(t)) for t in info.tables],
+        committed=committed,
+        windows=[window_status(w, now) for w in recent],
+        lock=None if lock is None else LockStatus(
+            holder=lock.holder, acquired_at=lock.acquired_at, heartbeat_at=lock.heartbeat_at
+        ),
+        last_error=None if failed is None or not failed.error else LastError(
+            seq=failed.seq, at=failed.updated_at, error=failed.error
+        ),
+    )  # fmt: skip
+
+
+def overview(stores: Mapping[str, CheckpointStore], now: datetime) -> Overview:
+    """Every sync of every store; a store that cannot be read is named in ``errors``."""
+    syncs: list[SyncSummary] = []
+    errors: dict[str, str] = {}
+    for name, store in stores.items():
+        try:
+            if store.schema_revision() is None:
+                continue  # no sync ever ran against this store
+            syncs.extend(sync_summary(store, name, info, now) for info in history.syncs(store.engine))
+        except Exception as exc:  # one broken store must not hide the others
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return Overview(generated_at=now, syncs=syncs, errors=errors)

@@ -1,0 +1,156 @@
+"""The status documents built from a real (SQLite) checkpoint store: a sync with a snapshot, a
+committed catch-up window, a failed one and an open one; every value the page shows, checked."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind
+from airflow_provider_vitess.status import documents
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+KEYS = {
+    "corder": {"table": "corder", "source_columns": ["order_id"], "target_columns": ["order_id"],
+               "source_index": "PRIMARY", "reason": "primary key"},
+    "customer": {"table": "customer", "source_columns": ["customer_id"], "target_columns": ["customer_id"],
+                 "source_index": "PRIMARY", "reason": "primary key"},
+}  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def _vgtid(n: int) -> Vgtid:
+    return Vgtid(tuple(ShardGtid("customer", s, f"MariaDB/0-1-{n}") for s in ("-80", "80-")))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> CheckpointStore:
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    store.migrate()
+    store.ensure_sync("orders", "customer", ["customer", "corder"], {"keys": KEYS})
+    # Window 1: the snapshot, 12.5 s from planned to committed.
+    seq = store.plan_window("orders", WindowKind.SNAPSHOT, _vgtid(0))
+    store.update_progress("orders", seq, "customer", rows_known=1000, rows_copied=1000, phase=Phase.COPIED,
+                          key_columns=["customer_id"])  # fmt: skip
+    store.update_progress("orders", seq, "corder", rows_known=4000, rows_copied=3000, phase=Phase.COPYING)
+    clock.advance(10)
+    store.mark_staged("orders", seq, _vgtid(10), "/stage/1/manifest.json", {"rows": 4000})
+    clock.advance(2.5)
+    store.mark_merged("orders", seq)
+    store.commit("orders", seq)
+    # Window 2: a catch-up with lag on one shard.
+    clock.advance(60)
+    seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(10), _vgtid(20))
+    for table in ("customer", "corder"):  # as the capture runner records every window's keys
+        store.update_progress("orders", seq, table, key_columns=[f"{table}_key"], key_source="primary key")
+    clock.advance(3)
+    stats = {
+        "rows": 42,
+        "rows_per_table": {"customer": 40, "corder": 2},
+        "shard_lag_transactions": {"customer/-80": 0, "customer/80-": 7},
+        "stopped_early": "max_events",
+    }
+    store.mark_staged("orders", seq, _vgtid(13), "/stage/2/manifest.json", stats)
+    store.mark_merged("orders", seq)
+    clock.advance(1)
+    store.commit("orders", seq)
+    # Window 3 failed before staging; window 4 is still being read.
+    clock.advance(30)
+    seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(30))
+    clock.advance(4)
+    store.mark_failed("orders", seq, "vtgate unavailable: connection refused")
+    clock.advance(6)
+    store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(31))
+    return store
+
+
+def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Clock) -> None:
+    now = clock.now + timedelta(seconds=5)
+    with store.lock("orders", "dag 'orders' run 'r1' task 'catch_up'"):
+        status = documents.sync_status(store, "default", "orders", now)
+    assert status is not None
+    assert (status.sync_id, status.keyspace, status.store) == ("orders", "customer", "default")
+    assert [(t.table, t.key_columns, t.rows_copied, t.rows_known, t.percent, t.phase, t.snapshot_seq)
+            for t in status.table_status] == [
+        ("customer", ["customer_id"], 1000, 1000, 100.0, "copied", 1),
+        ("corder", ["order_id"], 3000, 4000, 75.0, "copying", 1),
+    ]  # fmt: skip
+    assert status.table_status[0].key_reason == "primary key"
+
+    assert status.committed is not None
+    assert status.committed.seq == 2
+    assert status.committed.age_seconds == 4 + 6 + 30 + 5  # committed, then 30 + 4 + 6 + 5 s went by
+    assert status.committed.committed_at == T0 + timedelta(seconds=12.5 + 60 + 3 + 1)
+    assert [(s.shard, s.gtid, s.copying) for s in status.committed.shards] == [
+        ("-80", "MariaDB/0-1-13", False),
+        ("80-", "MariaDB/0-1-13", False),
+    ]
+    assert json.loads(status.committed.vgtid)[0]["gtid"] == "MariaDB/0-1-13"
+
+    assert [(w.seq, w.kind, w.state) for w in status.windows] == [
+        (4, "catchup", "PLANNED"),
+        (3, "catchup", "FAILED"),
+        (2, "catchup", "COMMITTED"),
+        (1, "snapshot", "COMMITTED"),
+    ]
+    by_seq = {w.seq: w for w in status.windows}
+    assert by_seq[1].duration_seconds == 12.5
+    assert by_seq[2].duration_seconds == 4.0
+    assert by_seq[3].duration_seconds == 4.0
+    assert by_seq[4].duration_seconds == 5.0, "an open window lasts until now"
+    assert (by_seq[2].rows, by_seq[2].rows_per_table) == (42, {"customer": 40, "corder": 2})
+    assert by_seq[2].shard_lag == {"customer/-80": 0, "customer/80-": 7}
+    assert by_seq[2].stopped_early == "max_events"
+    assert by_seq[1].shard_lag == {}
+
+    assert status.last_error is not None
+    assert (status.last_error.seq, status.last_error.error) == (3, "vtgate unavailable: connection refused")
+    assert status.lock is not None and status.lock.holder == "dag 'orders' run 'r1' task 'catch_up'"
+    assert status.running is True
+    assert status.latest_window is not None and status.latest_window.seq == 4
+
+
+def test_windows_are_limited_to_the_newest(store: CheckpointStore, clock: Clock) -> None:
+    status = documents.sync_status(store, "default", "orders", clock.now, windows=2)
+    assert status is not None
+    assert [w.seq for w in status.windows] == [4, 3]
+    assert status.running is False and status.lock is None
+
+
+def test_overview_lists_syncs_and_names_a_store_it_cannot_read(
+    store: CheckpointStore, clock: Clock, tmp_path: Path
+) -> None:
+    empty = CheckpointStore(f"sqlite:///{tmp_path / 'never-migrated.db'}")
+    broken = CheckpointStore(f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}")
+    result = documents.overview({"default": store, "empty": empty, "broken": broken}, clock.now)
+    assert [(s.store, s.sync_id, s.committed_seq, s.tables) for s in result.syncs] == [
+        ("default", "orders", 2, ["customer", "corder"])
+    ]
+    assert result.syncs[0].committed_age_seconds == 40.0
+    assert list(result.errors) == ["broken"] and "unable to open database file" in result.errors["broken"]
+    # The documents are JSON as the API serves them: aware UTC times, plain numbers.
+    dumped = json.loads(result.model_dump_json())
+    assert dumped["syncs"][0]["latest_window"]["created_at"] == "2026-05-01T12:01:56.500000Z"
+
+
+def test_an_unknown_sync_has_no_status(store: CheckpointStore, clock: Clock) -> None:
+    assert documents.sync_status(store, "default", "nope", clock.now) is None
