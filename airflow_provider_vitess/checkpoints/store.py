@@ -48,6 +48,8 @@ _SYNC = cast(Table, models.SyncRow.__table__)
 _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
 _CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
+# Where a MERGED window's stats keep the merge job's report.
+MERGE_REPORT = "merge_report"
 
 
 def default_url() -> str:
@@ -243,10 +245,18 @@ class CheckpointStore:
                 same,
             )
 
-    def mark_merged(self, sync_id: str, seq: int) -> None:
-        """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable."""
+    def mark_merged(self, sync_id: str, seq: int, report: Mapping[str, Any] | None = None) -> None:
+        """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable.
+
+        ``report`` (the merge job's, JSON) is kept in the window's stats under ``merge_report``:
+        a task killed after this step reruns from MERGED and still knows what the merge changed.
+        """
         with self.engine.begin() as conn:
-            self._transition(conn, sync_id, seq, WindowState.MERGED)
+            values = None
+            if report is not None:
+                stats = self._window_row(conn, sync_id, seq).stats or {}
+                values = {"stats": {**stats, MERGE_REPORT: dict(report)}}
+            self._transition(conn, sync_id, seq, WindowState.MERGED, values)
 
     def mark_failed(self, sync_id: str, seq: int, error: str) -> None:
         """Abandon an unmerged window; the next window starts again from the committed VGTID."""
