@@ -24,9 +24,13 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.lineage import assets as lineage_assets
+from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
+from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
 from airflow_provider_vitess.operators._sync import emit_metrics, log_group, open_store
 
@@ -61,7 +65,7 @@ def build_plan(
         renames = {s: t for s, t in zip(from_source, choice.target_columns, strict=True) if s != t}
         planned[table] = TableTarget(
             table=table,
-            path=str(given.get("path") or f"{root}/{table}"),
+            path=target_path(root, table, targets),
             key_columns=choice.target_columns,
             key_from_source=from_source,
             renames={**renames, **dict(given.get("renames") or {})},
@@ -84,6 +88,9 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
+    :param tables: the sync's tables, when known where the DAG is defined: each Delta table is
+        then an outlet Asset, and a window that changed a table emits an event for it (extra:
+        sync id, window seq and kind, committed VGTID, rows inserted/updated/deleted).
 
     Other arguments are ``SparkSubmitOperator``'s. The Delta package and session settings are
     added to ``packages``/``conf`` unless given. Returns (XCom) the merge summary; the committed
@@ -105,6 +112,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         conf: dict[str, Any] | None = None,
         spark_binary: str | None = None,
         env_vars: dict[str, Any] | None = None,
+        tables: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -122,9 +130,12 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.target_location = target_location
         self.targets = targets
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.table_uris = lineage_assets.declare(self, target_location, tables, targets)
+        self._lineage: MergeLineage | None = None
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
+        self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
         store = open_store(self.checkpoint_conn_id)
         window = store.open_window(self.sync_id)
         if window is None:
@@ -136,18 +147,20 @@ class VitessMergeOperator(SparkSubmitOperator):
                 f"sync {self.sync_id!r} window {window.seq} ({window.kind.value}) is still PLANNED: its "
                 "capture task has not finished staging it; rerun that task first"
             )
-        report: dict[str, Any] = {}
+        report: dict[str, Any] = dict(window.stats.get(MERGE_REPORT) or {})  # a rerun from MERGED
+        streamed_before = store.committed(self.sync_id)[0] is not None
         started = time.monotonic()
         if window.state is WindowState.STAGED:
             plan = build_plan(store, self.sync_id, window, self.target_location, self.targets)
             with log_group(f"Merge window {window.seq} of sync {self.sync_id} into Delta"):
                 report = self._submit(plan, context)
-            store.mark_merged(self.sync_id, window.seq)
+            store.mark_merged(self.sync_id, window.seq, report)
         committed = store.commit(self.sync_id, window.seq)
         elapsed = time.monotonic() - started
         self.log.info("committed sync %r window %d at %s", self.sync_id, window.seq, committed.to_json())
         emit_metrics("merge", self.sync_id, {"duration": elapsed}, timing=True)
         context["ti"].xcom_push(key="committed_vgtid", value=committed.to_json())
+        self._lineage = self._record_lineage(context, store, window, committed, report, streamed_before)
         return {
             "sync_id": self.sync_id,
             "merged": window.seq,
@@ -155,6 +168,26 @@ class VitessMergeOperator(SparkSubmitOperator):
             "committed_vgtid": committed.to_json(),
             "report": report,
         }
+
+    def _record_lineage(
+        self, context: Any, store: CheckpointStore, window: Window, committed: Any,
+        report: dict[str, Any], streamed_before: bool,
+    ) -> MergeLineage | None:  # fmt: skip
+        """Asset events for the tables the window changed; what OpenLineage will ask for."""
+        if not report:
+            return None
+        merged = MergeReport.from_json(json.dumps(report))
+        kind = lineage_assets.window_kind(window, streamed_before)
+        events = lineage_assets.window_events(merged, window, kind, committed)
+        emitted = lineage_assets.emit(self, context, self.table_uris, events)
+        self.log.info("asset events for %d changed table(s): %s", len(emitted), emitted or "none")
+        plan = build_plan(store, self.sync_id, window, self.target_location, self.targets)
+        vtgate = store.sync_config(self.sync_id).get("vtgate")
+        return MergeLineage(vtgate, plan, merged, window.seq)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the window's source tables in, its Delta tables out (see ``lineage``)."""
+        return merge_facets(self._lineage)
 
     def _local_master(self) -> bool:
         from airflow.sdk.bases.hook import BaseHook
