@@ -45,6 +45,8 @@ def vitess_sync_dag(
     start_date: datetime | None = None,
     key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     key_columns: Mapping[str, Sequence[str]] | None = None,
+    zero_date_policy: str = "null",
+    zero_date_policies: Mapping[str, str] | None = None,
     max_events: int | None = None,
     max_seconds: float | None = None,
     wait_for_changes: bool = True,
@@ -60,6 +62,9 @@ def vitess_sync_dag(
     ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
     to the tables past the committed position; without one the run ends early (skipped tasks),
     so frequent schedules cost seconds when nothing changes.
+
+    ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
+    what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
     """
     if not tables:
         raise ValueError(f"DAG {dag_id!r}: no tables given")
@@ -73,6 +78,8 @@ def vitess_sync_dag(
         "checkpoint_conn_id": checkpoint_conn_id,
         "key_overrides": dict(key_overrides or {}),
         "key_columns": dict(key_columns or {}),
+        "zero_date_policy": zero_date_policy,
+        "zero_date_policies": dict(zero_date_policies or {}),
     }
     merge: dict[str, Any] = {
         "sync_id": sync,
@@ -125,7 +132,9 @@ def vitess_sync_dag(
                 checkpoint_conn_id=checkpoint_conn_id,
                 timeout=sensor_timeout,
                 poke_interval=5,
-                soft_fail=True,
+                # Only "no change" skips the rest of the run; errors fail (soft_fail would
+                # turn every failure into a skip).
+                skip_on_timeout=True,
                 deferrable=sensor_deferrable,
             )
             snapshot >> merge_snapshot >> sense >> catch_up >> merge_changes

@@ -1,8 +1,12 @@
-"""Errors raised by the provider.
+"""Errors raised by the provider, and the one place that says which of them a retry can fix.
 
 Every error names the object that is wrong (table, keyspace, VGTID, host:port)
 so the message alone tells a user what to fix. None of them ever carries a
 credential.
+
+:func:`is_permanent` is the classification the Airflow edge uses: a permanent error fails the
+task at once (no retries burned: the input or the target must be fixed first), anything else
+(vtgate unreachable, a lost database connection, a lock held by another run) stays retryable.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ class StagingError(VitessProviderError):
     table without a schema, or a staging location that cannot be written."""
 
 
+class ZeroDateError(StagingError):
+    """A zero or invalid DATE/DATETIME/TIMESTAMP value (``0000-00-00``, ``2020-00-15``) of a
+    table whose zero-date policy is ``error``. A retry stages the same value again: the remedy
+    is a change of the policy (or of the source row, in a snapshot)."""
+
+
 class CorruptStagedDataError(StagingError):
     """A staged window whose manifest or part files do not match what was written."""
 
@@ -63,3 +73,54 @@ class KeyChoiceError(VitessProviderError, ValueError):
     The message names the table and either every key found with why it is ineligible, or the
     override column that does not exist / cannot be fed from the source.
     """
+
+
+class MergePlanError(VitessProviderError):
+    """A merge plan that cannot be applied as written."""
+
+
+class MergeSchemaError(VitessProviderError):
+    """A staged schema the target cannot take (names the table and column); nothing was written."""
+
+
+class TargetIntegrityError(VitessProviderError):
+    """A Delta table that is not what the sync last wrote: missing, rolled back (``RESTORE``) or
+    ahead of the checkpoint. Merging into it would leave a partial or wrong table, so the merge
+    refuses before writing; the message names the table, the versions and the remedy."""
+
+
+class KeyChangedError(KeyChoiceError):
+    """A table's key is not the one its Delta table was built with (a new override, a new
+    primary key at the source): the table must be re-snapshotted with the new key."""
+
+
+# Errors no retry can fix: the task fails at once with the message (and its remedy).
+PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
+    InvalidVgtidError,
+    ValueDecodeError,
+    CorruptStagedDataError,
+    ZeroDateError,
+    UnknownKeyspaceError,
+    UnknownTableError,
+    KeyChoiceError,
+    MergePlanError,
+    MergeSchemaError,
+    TargetIntegrityError,
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True if retrying the task cannot help (see :data:`PERMANENT_ERRORS`)."""
+    return isinstance(exc, PERMANENT_ERRORS)
+
+
+def permanent_by_name(type_name: str) -> bool:
+    """:func:`is_permanent` for an error known only by its class name (reported by the Spark
+    job across the process boundary)."""
+    pending: list[type] = list(PERMANENT_ERRORS)
+    while pending:
+        cls = pending.pop()
+        if cls.__name__ == type_name:
+            return True
+        pending.extend(cls.__subclasses__())
+    return False

@@ -25,11 +25,20 @@ from typing import Any
 
 from airflow_provider_vitess.capture import source
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
-from airflow_provider_vitess.checkpoints import CheckpointStore, Part, Phase, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints import (
+    WINDOW_KEYS,
+    CheckpointStore,
+    Part,
+    Phase,
+    Window,
+    WindowKind,
+    WindowState,
+)
 from airflow_provider_vitess.exceptions import CheckpointError, InvalidVgtidError, UnknownTableError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
+from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, reconcile_keys, table_shape
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
@@ -53,6 +62,8 @@ class SyncSpec:
     heartbeat_interval: int = 1
     minimize_skew: bool = False
     stream_timeout: float = 3600.0  # bounds one VStream call (a window's wall time)
+    # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
+    zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
 
 
 @dataclass(frozen=True)
@@ -105,37 +116,40 @@ class CaptureRunner:
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
+        self._writer_id: str | None = None
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """Holds the sync's lock, heartbeating it, so a killed run's lock goes stale quickly
-        (a rerun takes it over after ``lock_stale_after``) while a live one keeps it."""
-        with self.store.lock(self.spec.sync_id, self.holder, self._stale_after) as handle:
-            stop = threading.Event()
-
-            def beat() -> None:
-                while not stop.wait(self._stale_after.total_seconds() / 3):
-                    try:
-                        handle.heartbeat()
-                    except Exception as exc:  # taken over: the run's own store writes will fail
-                        log.error("lost the lock of sync %r: %s", self.spec.sync_id, exc)
-                        return
-
-            beater = threading.Thread(target=beat, name="sync-lock-heartbeat", daemon=True)
-            beater.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                beater.join()
+        """The sync's lock, heartbeated; every store write under it is fenced by its token, and
+        the files this run stages are named with it."""
+        with self.store.hold(self.spec.sync_id, self.holder, self._stale_after) as handle:
+            self._writer_id = handle.token[:12]
+            yield
 
     def _open(self, request: Any) -> Any:
         return self.hook.open_vstream_raw(request, timeout=self.spec.stream_timeout)
 
-    def _prepare(self) -> None:
+    @property
+    def _tablet_type(self) -> str:
+        """The tablet type of the connection (PRIMARY, REPLICA, RDONLY) every read uses."""
+        return self.hook.config.tablet_type
+
+    def _check_source(self) -> dict[str, KeyChoice]:
+        """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
-        self._keys = self.key_choices()
         self.store.migrate()
+        return self.key_choices()
+
+    def _record_sync(self, chosen: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = ()) -> None:
+        """Under the lock: the sync's config, with the key each table's Delta table is built
+        with. Only a (re-)snapshot of a table records a new key for it; a catch-up whose chosen
+        key differs from the recorded one is refused (``KeyChangedError``) before it reads."""
+        try:
+            config = self.store.sync_config(self.spec.sync_id)
+        except CheckpointError:  # a new sync
+            config = {}
+        recorded = {t: KeyChoice.from_dict(c) for t, c in dict(config.get("keys") or {}).items()}
+        self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
         self.store.ensure_sync(
             self.spec.sync_id,
             self.spec.keyspace,
@@ -190,17 +204,43 @@ class CaptureRunner:
             seq,
             key_columns=self._staged_key_columns(),
             storage_options=self.spec.storage_options,
+            writer_id=self._writer_id,
+            zero_dates=self.spec.zero_dates,
         )
 
-    def _unfinished(self, kind: WindowKind) -> Window | None:
-        """The sync's unfinished window, which must be of ``kind``: windows never interleave."""
+    def _unfinished(self, kind: WindowKind, *, discard: bool = False, reason: str = "") -> Window | None:
+        """The sync's unfinished window, which must be of ``kind``: windows never interleave.
+
+        With ``discard``, an unfinished window of the other kind that is not merged yet is
+        abandoned (FAILED) instead: a re-snapshot is the way out of a window that cannot be
+        staged or merged (a value no policy accepts, a schema change Delta cannot take). Nothing
+        is lost: the checkpoint has not moved, so the next catch-up reads those changes again.
+        """
         window = self.store.open_window(self.spec.sync_id)
-        if window is not None and window.kind is not kind:
-            raise CheckpointError(
-                f"sync {self.spec.sync_id!r} has an unfinished {window.kind.value} window {window.seq} "
-                f"({window.state.value}); finish it before a {kind.value}"
+        if window is None or window.kind is kind:
+            return window
+        if discard and window.state in (WindowState.PLANNED, WindowState.STAGED):
+            message = f"discarded by {reason} ({self.holder})"
+            self.store.mark_failed(self.spec.sync_id, window.seq, message)
+            log.warning(
+                "sync %r: unfinished %s window %d (%s) %s; the next catch-up reads its changes again "
+                "from the committed position",
+                self.spec.sync_id,
+                window.kind.value,
+                window.seq,
+                window.state.value,
+                message,
             )
-        return window
+            return None
+        remedy = (
+            "its merge task commits it (clear that task if it failed)"
+            if window.state is WindowState.MERGED
+            else f"its {'snapshot' if window.kind is WindowKind.SNAPSHOT else 'catch_up'} task resumes it"
+        )
+        raise CheckpointError(
+            f"sync {self.spec.sync_id!r} has an unfinished {window.kind.value} window {window.seq} "
+            f"({window.state.value}); finish it before a {kind.value}: {remedy}"
+        )
 
     def _already_staged(self, seq: int, kind: WindowKind) -> WindowOutcome:
         manifest = load_manifest(
@@ -256,14 +296,19 @@ class CaptureRunner:
             raise UnknownTableError(
                 f"sync {spec.sync_id!r} cannot snapshot {unknown}: not among its tables {list(spec.tables)}"
             )
-        self._prepare()
+        chosen_keys = self._check_source()
         with self._locked():
-            window = self._unfinished(WindowKind.SNAPSHOT)
+            committed, _ = self.store.committed(spec.sync_id)
+            resnapshot = committed is not None
+            window = self._unfinished(
+                WindowKind.SNAPSHOT, discard=resnapshot, reason=f"a re-snapshot of {list(chosen)}"
+            )
+            self._record_sync(chosen_keys, snapshot_of=chosen)
             if window is not None and window.state is not WindowState.PLANNED:
                 return self._already_staged(window.seq, WindowKind.SNAPSHOT)
             resumed = window is not None
             if window is None:
-                stop = capture_stop_position(self._open, spec.keyspace)
+                stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
                 start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
                 seq = self.store.plan_window(spec.sync_id, WindowKind.SNAPSHOT, start, None)
                 for table in chosen:  # the window's tables, for a resume (a kill before this: all)
@@ -332,6 +377,7 @@ class CaptureRunner:
             start=position,
             stop=None,
             flags=flags,
+            tablet_type=self._tablet_type,
             checkpoint_every_rows=every,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
@@ -368,9 +414,10 @@ class CaptureRunner:
 
     def catch_up(self, bounds: ReadBounds | None = None) -> WindowOutcome:
         spec = self.spec
-        self._prepare()
+        chosen_keys = self._check_source()
         with self._locked():
             window = self._unfinished(WindowKind.CATCHUP)
+            self._record_sync(chosen_keys)
             if window is not None and window.state is not WindowState.PLANNED:
                 return self._already_staged(window.seq, WindowKind.CATCHUP)
             resumed = window is not None
@@ -381,7 +428,7 @@ class CaptureRunner:
                         f"sync {spec.sync_id!r} has no committed position: snapshot it first"
                     )
                 self._check_keyspace(committed, "the committed position")
-                stop = capture_stop_position(self._open, spec.keyspace)
+                stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
                 seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, committed, stop)
                 start = committed
             else:
@@ -404,6 +451,7 @@ class CaptureRunner:
                 tables=spec.tables,
                 start=start,
                 stop=stop,
+                tablet_type=self._tablet_type,
                 bounds=bounds or ReadBounds(),
                 flags=self.hook.vstream_flags(
                     heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
@@ -426,9 +474,11 @@ class CaptureRunner:
             self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
             return WindowOutcome(seq, WindowKind.CATCHUP, manifest, resumed, result)
 
-    @staticmethod
-    def _stats(result: ReadResult) -> dict[str, Any]:
+    def _stats(self, result: ReadResult) -> dict[str, Any]:
+        """The window's stats (manifest and store): counts, and the key each table was staged
+        with, which is the key its merge uses (``WINDOW_KEYS``)."""
         return {
+            WINDOW_KEYS: {t: choice.to_dict() for t, choice in self._keys.items()},
             "rows": result.rows,
             "units": result.units,
             "rows_per_table": result.rows_per_table,

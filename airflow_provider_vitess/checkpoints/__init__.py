@@ -5,10 +5,12 @@ from __future__ import annotations
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.schema import head_revision
 from airflow_provider_vitess.checkpoints.states import (
+    WINDOW_KEYS,
     LockInfo,
     Part,
     Phase,
     TableProgress,
+    TargetVersion,
     Window,
     WindowKind,
     WindowState,
@@ -18,12 +20,14 @@ from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_u
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "WINDOW_KEYS",
     "CheckpointStore",
     "LockInfo",
     "Part",
     "Phase",
     "SyncLock",
     "TableProgress",
+    "TargetVersion",
     "Window",
     "WindowKind",
     "WindowState",

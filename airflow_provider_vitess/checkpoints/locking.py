@@ -7,16 +7,27 @@ cutoff`` whose row count says who won when two takers race.
 
 Staleness is judged with the callers' clocks (UTC): keep ``stale_after`` far above any clock skew
 between workers and far above the heartbeat interval.
+
+Fencing: each taking of the lock gets a new random token. A holder that stalled past
+``stale_after`` (a stopped VM, a long GC pause) and wakes after another run took the sync over
+still believes it holds the lock; so every store write made under the lock first runs
+:func:`fence` in the same transaction: an ``UPDATE`` of the lock row that matches the holder's
+token (and refreshes its heartbeat). No match, no write: the transaction is rolled back with
+:class:`SyncLockedError`. The ``UPDATE`` also locks the row until the write commits, so a
+taker's conditional ``UPDATE`` waits for it and then finds a fresh heartbeat: a takeover can
+never fall between the check and the write.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import cast
 
 from sqlalchemy import Engine, Table, delete, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints.models import LockRow
@@ -33,15 +44,17 @@ Clock = Callable[[], datetime]
 class SyncLock:
     """A held lock; call :meth:`heartbeat` well within ``stale_after`` while working."""
 
-    def __init__(self, engine: Engine, clock: Clock, sync_id: str, holder: str) -> None:
+    def __init__(self, engine: Engine, clock: Clock, sync_id: str, holder: str, token: str) -> None:
         self._engine, self._clock = engine, clock
-        self.sync_id, self.holder = sync_id, holder
+        self.sync_id, self.holder, self.token = sync_id, holder, token
 
     def heartbeat(self) -> None:
-        heartbeat(self._engine, self._clock(), self.sync_id, self.holder)
+        """Refresh the lock; raises SyncLockedError if it was taken over meanwhile."""
+        with self._engine.begin() as conn:
+            fence(conn, self, self._clock(), "heartbeat")
 
     def release(self) -> bool:
-        return release(self._engine, self.sync_id, self.holder)
+        return release(self._engine, self.sync_id, self.token)
 
 
 def lock_holder(engine: Engine, sync_id: str) -> LockInfo | None:
@@ -57,13 +70,15 @@ def acquire(engine: Engine, clock: Clock, sync_id: str, holder: str, stale_after
     previous try may still be running must not share the sync with it.
     """
     for _ in range(3):
-        now = clock()
+        now, token = clock(), uuid.uuid4().hex
         try:
             with engine.begin() as conn:
                 conn.execute(
-                    insert(_LOCK).values(sync_id=sync_id, holder=holder, acquired_at=now, heartbeat_at=now)
+                    insert(_LOCK).values(
+                        sync_id=sync_id, holder=holder, acquired_at=now, heartbeat_at=now, token=token
+                    )
                 )
-            return SyncLock(engine, clock, sync_id, holder)
+            return SyncLock(engine, clock, sync_id, holder, token)
         except IntegrityError:
             pass  # held: look at the holder below
         current = lock_holder(engine, sync_id)
@@ -75,29 +90,40 @@ def acquire(engine: Engine, clock: Clock, sync_id: str, holder: str, stale_after
             taken = conn.execute(
                 update(_LOCK)
                 .where(_LOCK.c.sync_id == sync_id, _LOCK.c.heartbeat_at < now - stale_after)
-                .values(holder=holder, acquired_at=now, heartbeat_at=now)
+                .values(holder=holder, acquired_at=now, heartbeat_at=now, token=token)
             ).rowcount
         if taken == 1:
             log.warning("%r took over a stale lock: %s", holder, current.describe())
-            return SyncLock(engine, clock, sync_id, holder)
+            return SyncLock(engine, clock, sync_id, holder, token)
         # Another taker won, or the holder heartbeated just now: look again.
     raise SyncLockedError(f"sync {sync_id!r}: {holder!r} could not take the lock, it keeps changing hands")
 
 
-def heartbeat(engine: Engine, now: datetime, sync_id: str, holder: str) -> None:
-    """Refresh the lock; raises SyncLockedError if it was taken over meanwhile."""
-    with engine.begin() as conn:
-        fresh = conn.execute(
-            update(_LOCK).where(_LOCK.c.sync_id == sync_id, _LOCK.c.holder == holder).values(heartbeat_at=now)
-        ).rowcount
-    if fresh != 1:
-        current = lock_holder(engine, sync_id)
-        now_held = current.describe() if current else f"sync {sync_id!r} is not locked"
-        raise SyncLockedError(f"{holder!r} lost its lock: {now_held}")
+def fence(conn: Connection, lock: SyncLock, now: datetime, what: str) -> None:
+    """In the caller's transaction: refresh ``lock``'s heartbeat if it is still held with its
+    token, else raise SyncLockedError (the caller's transaction, and its write, roll back)."""
+    fresh = conn.execute(
+        update(_LOCK)
+        .where(_LOCK.c.sync_id == lock.sync_id, _LOCK.c.token == lock.token)
+        .values(heartbeat_at=now)
+    ).rowcount
+    if fresh == 1:
+        return
+    row = conn.execute(select(_LOCK).where(_LOCK.c.sync_id == lock.sync_id)).first()
+    now_held = (
+        LockInfo(row.sync_id, row.holder, row.acquired_at, row.heartbeat_at).describe()
+        if row is not None
+        else f"sync {lock.sync_id!r} is not locked"
+    )
+    raise SyncLockedError(
+        f"{lock.holder!r} lost its lock: {now_held}. It stalled past the lock's expiry and another "
+        f"run took sync {lock.sync_id!r} over, so its {what} was refused and nothing of it was "
+        "stored; nothing to repair, the run holding the sync goes on from the checkpoint"
+    )
 
 
-def release(engine: Engine, sync_id: str, holder: str) -> bool:
+def release(engine: Engine, sync_id: str, token: str) -> bool:
     """Release our lock; False if it was no longer ours (another holder's lock is never deleted)."""
     with engine.begin() as conn:
-        deleted = conn.execute(delete(_LOCK).where(_LOCK.c.sync_id == sync_id, _LOCK.c.holder == holder))
+        deleted = conn.execute(delete(_LOCK).where(_LOCK.c.sync_id == sync_id, _LOCK.c.token == token))
     return deleted.rowcount == 1

@@ -201,3 +201,20 @@ class LockRow(Base):
     holder: Mapped[str] = mapped_column(Text)
     acquired_at: Mapped[datetime] = mapped_column(UtcDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # New for every taking of the lock: the fence every write under the lock is checked against.
+    token: Mapped[str | None] = mapped_column(String(32))
+
+
+class TargetRow(Base):
+    """The last window merged into a sync's Delta table, and that commit's Delta version
+    (None: the table was covered by a snapshot without rows, so no Delta table was made)."""
+
+    __tablename__ = f"{PREFIX}target"
+
+    sync_id: Mapped[str] = mapped_column(
+        String(SYNC_ID_LENGTH), ForeignKey(SyncRow.sync_id), primary_key=True
+    )
+    table_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    merged_seq: Mapped[int] = mapped_column(Integer)
+    delta_version: Mapped[int | None] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)

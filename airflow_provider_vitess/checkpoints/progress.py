@@ -7,11 +7,13 @@ never overwrites the other writer's field. Written often, so the common path is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Engine, Table, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints.models import TableProgressRow, WindowRow
@@ -43,12 +45,20 @@ def changes(
     return {k: v for k, v in given.items() if v is not None}
 
 
-def save(engine: Engine, now: datetime, sync_id: str, seq: int, table: str, values: dict[str, Any]) -> None:
-    """UPDATE the table's row, or INSERT it the first time (portable: no dialect upsert)."""
+def save(
+    begin: Callable[[], AbstractContextManager[Connection]],
+    now: datetime,
+    sync_id: str,
+    seq: int,
+    table: str,
+    values: dict[str, Any],
+) -> None:
+    """UPDATE the table's row, or INSERT it the first time (portable: no dialect upsert);
+    ``begin`` opens the store's (fenced) write transaction."""
     values = {**values, "updated_at": now}
     where = (_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq == seq, _PROGRESS.c.table_name == table)
     for _ in range(2):
-        with engine.begin() as conn:
+        with begin() as conn:
             if conn.execute(update(_PROGRESS).where(*where).values(**values)).rowcount == 1:
                 return
             window = select(_WINDOW.c.seq).where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq)
@@ -56,7 +66,7 @@ def save(engine: Engine, now: datetime, sync_id: str, seq: int, table: str, valu
                 # A clear error instead of the database's foreign key violation.
                 raise CheckpointError(f"sync {sync_id!r} has no window {seq}")
         try:
-            with engine.begin() as conn:
+            with begin() as conn:
                 first = {"rows_copied": 0, "phase": Phase.COPYING.value, **values}
                 conn.execute(insert(_PROGRESS).values(sync_id=sync_id, seq=seq, table_name=table, **first))
             return

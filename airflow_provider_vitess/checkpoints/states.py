@@ -56,6 +56,11 @@ TRANSITIONS: Mapping[WindowState, frozenset[WindowState]] = {
 OPEN_STATES: frozenset[WindowState] = frozenset({WindowState.PLANNED, WindowState.STAGED, WindowState.MERGED})
 
 
+# The window stats entry holding each table's key choice as the window was staged: the key the
+# window is merged with, whatever the sync's current key config says.
+WINDOW_KEYS = "keys"
+
+
 def is_open(state: WindowState) -> bool:
     return state in OPEN_STATES
 
@@ -176,6 +181,16 @@ class TableProgress:
     @property
     def percent(self) -> float | None:
         return percent(self.rows_known, self.rows_copied)
+
+
+@dataclass(frozen=True)
+class TargetVersion:
+    """What the sync last wrote to one Delta table: the window seq (its Delta transaction
+    version) and the table's version after that commit (None: no Delta table was made)."""
+
+    table: str
+    merged_seq: int
+    delta_version: int | None
 
 
 @dataclass(frozen=True)

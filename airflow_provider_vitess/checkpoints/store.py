@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from airflow_provider_vitess.checkpoints.states import (
     Part,
     Phase,
     TableProgress,
+    TargetVersion,
     Window,
     WindowKind,
     WindowState,
@@ -48,6 +50,7 @@ _SYNC = cast(Table, models.SyncRow.__table__)
 _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
 _CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
+_TARGET = cast(Table, models.TargetRow.__table__)
 # Where a MERGED window's stats keep the merge job's report.
 MERGE_REPORT = "merge_report"
 
@@ -76,6 +79,16 @@ class CheckpointStore:
         )
         # Injected so tests can age a lock without sleeping; must return aware UTC times.
         self._clock = clock
+        # The lock held through :meth:`lock`: while set, every write checks it (``_begin``).
+        self._fence: SyncLock | None = None
+
+    @contextmanager
+    def _begin(self, what: str) -> Iterator[Connection]:
+        """A write transaction; under a held lock, fenced by it (see ``locking.fence``)."""
+        with self.engine.begin() as conn:
+            if self._fence is not None:
+                locking.fence(conn, self._fence, self._clock(), what)
+            yield conn
 
     def close(self) -> None:
         if self._owns_engine:
@@ -98,7 +111,7 @@ class CheckpointStore:
         """Create the sync, or update its tables and config; its keyspace can never change."""
         now, values = self._clock(), {"tables": list(tables), "config": dict(config)}
         for _ in range(2):
-            with self.engine.begin() as conn:
+            with self._begin("sync update") as conn:
                 row = conn.execute(select(_SYNC).where(_SYNC.c.sync_id == sync_id)).first()
                 if row is not None:
                     if row.keyspace != keyspace:
@@ -112,7 +125,7 @@ class CheckpointStore:
                         )
                     return
             try:
-                with self.engine.begin() as conn:
+                with self._begin("sync creation") as conn:
                     conn.execute(
                         insert(_SYNC).values(
                             sync_id=sync_id, keyspace=keyspace, created_at=now, updated_at=now, **values
@@ -168,7 +181,7 @@ class CheckpointStore:
         kind = WindowKind(kind)
         now, start, seq = self._clock(), start_vgtid.to_json(), 0
         try:
-            with self.engine.begin() as conn:
+            with self._begin("window plan") as conn:
                 if conn.execute(select(_SYNC.c.sync_id).where(_SYNC.c.sync_id == sync_id)).first() is None:
                     raise CheckpointError(f"unknown sync {sync_id!r}: call ensure_sync first")
                 # Only the latest window can be open (earlier ones are final), so one read gives
@@ -235,7 +248,7 @@ class CheckpointStore:
                     f"ending at {row.end_vgtid}; staged windows are immutable"
                 )
 
-        with self.engine.begin() as conn:
+        with self._begin("STAGED mark") as conn:
             self._transition(
                 conn,
                 sync_id,
@@ -245,22 +258,47 @@ class CheckpointStore:
                 same,
             )
 
-    def mark_merged(self, sync_id: str, seq: int, report: Mapping[str, Any] | None = None) -> None:
+    def mark_merged(
+        self,
+        sync_id: str,
+        seq: int,
+        targets: Mapping[str, int | None] | None = None,
+        report: Mapping[str, Any] | None = None,
+    ) -> None:
         """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable.
 
+        ``targets``: the tables that now hold this window, with the Delta version of its commit
+        (None where no Delta table was needed or the version is unknown); recorded in the same
+        transaction, for the integrity check of the next merge (:meth:`target_versions`).
         ``report`` (the merge job's, JSON) is kept in the window's stats under ``merge_report``:
         a task killed after this step reruns from MERGED and still knows what the merge changed.
         """
-        with self.engine.begin() as conn:
+        with self._begin("MERGED mark") as conn:
             values = None
             if report is not None:
                 stats = self._window_row(conn, sync_id, seq).stats or {}
                 values = {"stats": {**stats, MERGE_REPORT: dict(report)}}
             self._transition(conn, sync_id, seq, WindowState.MERGED, values)
+            for table, delta_version in (targets or {}).items():
+                self._record_target(conn, sync_id, table, seq, delta_version)
+
+    def _record_target(
+        self, conn: Connection, sync_id: str, table: str, seq: int, delta_version: int | None
+    ) -> None:
+        values = {"merged_seq": seq, "delta_version": delta_version, "updated_at": self._clock()}
+        where = (_TARGET.c.sync_id == sync_id, _TARGET.c.table_name == table)
+        if conn.execute(update(_TARGET).where(*where).values(**values)).rowcount == 0:
+            conn.execute(insert(_TARGET).values(sync_id=sync_id, table_name=table, **values))
+
+    def target_versions(self, sync_id: str) -> dict[str, TargetVersion]:
+        """Per table, the last window merged into its Delta table and that commit's version."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(_TARGET).where(_TARGET.c.sync_id == sync_id))
+            return {r.table_name: TargetVersion(r.table_name, r.merged_seq, r.delta_version) for r in rows}
 
     def mark_failed(self, sync_id: str, seq: int, error: str) -> None:
         """Abandon an unmerged window; the next window starts again from the committed VGTID."""
-        with self.engine.begin() as conn:
+        with self._begin("FAILED mark") as conn:
             self._transition(conn, sync_id, seq, WindowState.FAILED, {"error": error})
 
     def commit(self, sync_id: str, seq: int) -> Vgtid:
@@ -268,7 +306,7 @@ class CheckpointStore:
 
         Returns the committed VGTID (also on an idempotent repeat, for the XCom push).
         """
-        with self.engine.begin() as conn:
+        with self._begin("commit") as conn:
             row = self._window_row(conn, sync_id, seq)
             changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
             end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
@@ -350,7 +388,7 @@ class CheckpointStore:
         known path is refused. Returns the number of parts newly recorded.
         """
         resume, now = resume_vgtid.to_json(), self._clock()
-        with self.engine.begin() as conn:
+        with self._begin("staged parts") as conn:
             state = WindowState(self._window_row(conn, sync_id, seq).state)
             if state is not WindowState.PLANNED:
                 raise CheckpointError(
@@ -437,7 +475,7 @@ class CheckpointStore:
     ) -> None:
         """Set the given fields of one table's progress; None leaves a field as it is."""
         values = progress.changes(rows_known, rows_copied, phase, key_columns, key_source)
-        progress.save(self.engine, self._clock(), sync_id, seq, table, values)
+        progress.save(lambda: self._begin("progress"), self._clock(), sync_id, seq, table, values)
 
     def progress(self, sync_id: str, seq: int) -> list[TableProgress]:
         """Every table's progress in the window, by table name; ``.percent`` when count is known."""
@@ -454,24 +492,47 @@ class CheckpointStore:
         """Take the sync's lock (or a stale one over); SyncLockedError names the current holder."""
         return locking.acquire(self.engine, self._clock, sync_id, holder, stale_after)
 
-    def heartbeat(self, sync_id: str, holder: str) -> None:
-        """Refresh ``holder``'s lock; SyncLockedError if it was taken over meanwhile."""
-        locking.heartbeat(self.engine, self._clock(), sync_id, holder)
-
-    def release_lock(self, sync_id: str, holder: str) -> bool:
-        return locking.release(self.engine, sync_id, holder)
-
     @contextmanager
     def lock(
         self, sync_id: str, holder: str, stale_after: timedelta = DEFAULT_STALE_AFTER
     ) -> Iterator[SyncLock]:
-        """Hold the sync's lock for the block; released on exit, exceptions included.
+        """Hold the sync's lock for the block; released on exit, exceptions included. Every
+        write of this store inside the block is fenced by the lock: refused once another holder
+        took the sync over.
 
         ``holder`` should say who to wait for, e.g. ``"dag_id/run_id/try 2"``.
         """
         handle = self.acquire_lock(sync_id, holder, stale_after)
+        outer, self._fence = self._fence, handle
         try:
             yield handle
         finally:
+            self._fence = outer
             if not handle.release():
                 log.warning("%r no longer held the lock of sync %r at release", holder, sync_id)
+
+    @contextmanager
+    def hold(
+        self, sync_id: str, holder: str, stale_after: timedelta = DEFAULT_STALE_AFTER
+    ) -> Iterator[SyncLock]:
+        """:meth:`lock`, heartbeating from a thread every third of ``stale_after``: a killed
+        holder's lock goes stale quickly (a rerun takes it over), a live one keeps it however
+        long its work takes."""
+        with self.lock(sync_id, holder, stale_after) as handle:
+            stop = threading.Event()
+
+            def beat() -> None:
+                while not stop.wait(stale_after.total_seconds() / 3):
+                    try:
+                        handle.heartbeat()
+                    except Exception as exc:  # taken over: the holder's own writes now fail too
+                        log.error("lost the lock of sync %r: %s", sync_id, exc)
+                        return
+
+            beater = threading.Thread(target=beat, name="sync-lock-heartbeat", daemon=True)
+            beater.start()
+            try:
+                yield handle
+            finally:
+                stop.set()
+                beater.join()

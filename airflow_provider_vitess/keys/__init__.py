@@ -14,6 +14,7 @@ from airflow_provider_vitess.keys.rules import (
     best_key,
     choose_key,
     explain_no_key,
+    reconcile_keys,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "best_key",
     "choose_key",
     "explain_no_key",
+    "reconcile_keys",
     "shape_from_rows",
     "table_shape",
 ]

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_provider_vitess.exceptions import KeyChoiceError
+from airflow_provider_vitess.exceptions import KeyChangedError, KeyChoiceError
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,46 @@ class KeyChoice:
             reason=value["reason"],
             target_from_source=tuple(value.get("target_from_source", ())),
         )
+
+    def columns(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """What identifies rows (source, target, and what feeds the target): two choices with
+        the same columns are the same key, whatever index or reason named them."""
+        return self.source_columns, self.target_columns, self.target_from_source or self.source_columns
+
+    def describe(self) -> str:
+        if self.target_columns == self.source_columns:
+            return str(list(self.source_columns))
+        return f"{list(self.source_columns)} (target {list(self.target_columns)})"
+
+
+def reconcile_keys(
+    sync_id: str,
+    recorded: Mapping[str, KeyChoice],
+    chosen: Mapping[str, KeyChoice],
+    snapshot_of: Collection[str] = (),
+) -> dict[str, KeyChoice]:
+    """The key of each table for the next window: the key its Delta table was built with.
+
+    A table being (re-)snapshotted, or not recorded yet, takes the key chosen now. Any other
+    table keeps its recorded key, and a chosen key that differs from it (a new override, a new
+    primary key at the source) raises :class:`KeyChangedError`: merging by another key than the
+    Delta table was built with would duplicate or lose rows.
+    """
+    keys: dict[str, KeyChoice] = {}
+    for table, choice in chosen.items():
+        before = recorded.get(table)
+        if before is None or table in snapshot_of:
+            keys[table] = choice
+        elif before.columns() != choice.columns():
+            raise KeyChangedError(
+                f"sync {sync_id!r} table {table!r}: its key is now {choice.describe()} ({choice.reason}), "
+                f"but its Delta table was built with key {before.describe()} ({before.reason}); "
+                f"re-snapshot the table to rebuild it with the new key (trigger the DAG with "
+                f'{{"resnapshot_tables": ["{table}"]}}), or restore the old key'
+            )
+        else:
+            keys[table] = before
+    return keys
 
 
 # ----- ranking ----------------------------------------------------------------------------------

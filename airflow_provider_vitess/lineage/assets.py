@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from airflow_provider_vitess.checkpoints import Window, WindowKind
+from airflow_provider_vitess.checkpoints import WindowKind
 from airflow_provider_vitess.lineage.uris import location_uri
 from airflow_provider_vitess.merge.plan import target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableResult, TableStatus
@@ -36,11 +36,11 @@ def table_uris(
     return {t: location_uri(target_path(target_location, t, targets)) for t in tables}
 
 
-def window_kind(window: Window, streamed_before: bool) -> str:
+def window_kind(kind: WindowKind | None, streamed_before: bool) -> str:
     """``snapshot``, ``catchup`` or ``re-snapshot`` (a snapshot of a sync that already streamed)."""
-    if window.kind is WindowKind.SNAPSHOT and streamed_before:
+    if kind is WindowKind.SNAPSHOT and streamed_before:
         return RESNAPSHOT
-    return window.kind.value
+    return WindowKind(kind).value
 
 
 def event_extra(sync_id: str, seq: int, kind: str, committed: Vgtid, result: TableResult) -> dict[str, Any]:
@@ -67,13 +67,10 @@ def changed_tables(report: MergeReport, seq: int) -> list[TableResult]:
     return [] if window is None else [t for t in window.tables if t.status in _CHANGED]
 
 
-def window_events(
-    report: MergeReport, window: Window, kind: str, committed: Vgtid
-) -> dict[str, dict[str, Any]]:
-    """``{table: extra}`` for each table the window changed."""
+def window_events(report: MergeReport, seq: int, kind: str, committed: Vgtid) -> dict[str, dict[str, Any]]:
+    """``{table: extra}`` for each table window ``seq`` changed."""
     return {
-        t.table: event_extra(report.sync_id, window.seq, kind, committed, t)
-        for t in changed_tables(report, window.seq)
+        t.table: event_extra(report.sync_id, seq, kind, committed, t) for t in changed_tables(report, seq)
     }
 
 

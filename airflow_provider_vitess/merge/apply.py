@@ -219,20 +219,34 @@ def table_files(spark: SparkSession, path: str) -> int:
     return int(_latest_snapshot(spark, path).numOfFiles())
 
 
-def table_state(spark: SparkSession, path: str, app_id: str) -> TableState:
-    """Whether the table exists, its schema, and the latest txn version of ``app_id`` in it."""
+def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None = None) -> TableState:
+    """Whether the table exists, its schema, version and the latest txn version of ``app_id``
+    in it; with ``restores_after``, the versions of the RESTORE commits after that version."""
     snap = _latest_snapshot(spark, path)
     if snap.version() < 0:
         return TableState(exists=False)
     txn = snap.transactions().get(app_id)
     schema = T.StructType.fromJson(json.loads(snap.schema().json()))
     mode = snap.metadata().configuration().get("delta.columnMapping.mode")
+    version = int(snap.version())
     return TableState(
         exists=True,
         schema=schema,
         txn_version=int(txn.get()) if txn.isDefined() else None,
         column_mapping=bool(mode.isDefined() and mode.get() != "none"),
+        version=version,
+        restores=_restores(spark, path, restores_after, version),
     )
+
+
+def _restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
+    """RESTORE commits in (after, latest]: reads only those commits' info from the log."""
+    if after is None or latest <= after:
+        return ()
+    from delta.tables import DeltaTable
+
+    rows = DeltaTable.forPath(spark, path).history(latest - after).select("version", "operation").collect()
+    return tuple(sorted(int(r[0]) for r in rows if r[0] > after and str(r[1]) == "RESTORE"))
 
 
 @dataclass(frozen=True)

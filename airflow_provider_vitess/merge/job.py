@@ -37,6 +37,7 @@ input the job refuses (message on stderr and as ``VITESS_MERGE_ERROR <json>``); 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -47,8 +48,9 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from airflow_provider_vitess.exceptions import VitessProviderError
+from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
 from airflow_provider_vitess.merge import apply, context
+from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -104,7 +106,11 @@ def merge(
     """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what."""
     started = time.monotonic()
     manifests = load_windows(plan)
-    states = {t: apply.table_state(spark, tt.path, plan.txn_app_id(t)) for t, tt in plan.targets.items()}
+    states = {
+        t: apply.table_state(spark, tt.path, plan.txn_app_id(t), restores_after=tt.last_delta_version)
+        for t, tt in plan.targets.items()
+    }
+    check_targets(plan, states)
     steps = plan_steps(plan, manifests, states)
     by_seq = {m.window_seq: m for m in manifests}
     # Manifests by seq, the plan's and earlier windows' read for context: each read once per run.
@@ -115,6 +121,9 @@ def merge(
         result = _run(
             spark, plan, by_seq[step.seq], step, rows_per_file, progress or (lambda *_: None), mapping, known
         )
+        if result.status is TableStatus.ALREADY_APPLIED and result.delta_version is None:
+            # Held by a commit of an earlier run: the table's version now stands for it.
+            result = dataclasses.replace(result, delta_version=states[step.table].version)
         log.info("window %d table %s: %s", step.seq, step.table, json.dumps(result.to_dict()))
         results[step.seq].append(result)
     log.info("sync %s: %d window(s) in %.1fs", plan.sync_id, len(plan.windows), time.monotonic() - started)
@@ -330,6 +339,18 @@ def session(app_name: str) -> SparkSession:
     return builder.getOrCreate()
 
 
+def _report_error(report_file: str | None, exc: Exception) -> None:
+    """The error as ``VITESS_MERGE_ERROR <json>`` and in the report file, with whether a retry
+    can fix it: the operator fails a permanent one at once (``exceptions.is_permanent``)."""
+    text = json.dumps({"error": str(exc)[:2000], "type": type(exc).__name__, "permanent": is_permanent(exc)})
+    print(ERROR_PREFIX + text, flush=True)
+    if report_file:
+        try:
+            _write_text(report_file, text)
+        except Exception as write_error:  # the stdout line above still tells
+            log.warning("could not write the error to %s: %s", report_file, write_error)
+
+
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     args = _args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
@@ -345,11 +366,11 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         report = merge(spark, plan, rows_per_file=args.rows_per_file, progress=emit)
     except VitessProviderError as exc:
         print(f"merge failed: {exc}", file=sys.stderr, flush=True)
-        print(ERROR_PREFIX + json.dumps({"error": str(exc), "type": type(exc).__name__}), flush=True)
+        _report_error(args.report_file, exc)
         return 2
     except Exception as exc:
         log.exception("merge failed")
-        print(ERROR_PREFIX + json.dumps({"error": str(exc)[:2000], "type": type(exc).__name__}), flush=True)
+        _report_error(args.report_file, exc)
         return 1
     text = report.to_json()
     if args.report_file:

@@ -16,11 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_vitess.exceptions import VitessProviderError
-
-
-class MergePlanError(VitessProviderError):
-    """A merge plan that cannot be applied as written."""
+from airflow_provider_vitess.exceptions import MergePlanError as MergePlanError
 
 
 @dataclass(frozen=True)
@@ -38,6 +34,11 @@ class TableTarget:
     key_columns: tuple[str, ...]
     key_from_source: tuple[str, ...]
     renames: Mapping[str, str] = field(default_factory=dict)
+    # What the checkpoint store says the sync last wrote to the table: the window seq (None:
+    # never) and that commit's Delta version (None: no Delta table was needed). The job checks
+    # the table against them before writing (``merge.integrity``).
+    last_merged_seq: int | None = None
+    last_delta_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.key_columns:
@@ -58,6 +59,8 @@ class TableTarget:
             "key_columns": list(self.key_columns),
             "key_from_source": list(self.key_from_source),
             "renames": dict(self.renames),
+            "last_merged_seq": self.last_merged_seq,
+            "last_delta_version": self.last_delta_version,
         }
 
     @classmethod
@@ -68,7 +71,13 @@ class TableTarget:
             key_columns=tuple(map(str, d["key_columns"])),
             key_from_source=tuple(map(str, d["key_from_source"])),
             renames={str(k): str(v) for k, v in dict(d.get("renames") or {}).items()},
+            last_merged_seq=_int_or_none(d.get("last_merged_seq")),
+            last_delta_version=_int_or_none(d.get("last_delta_version")),
         )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)

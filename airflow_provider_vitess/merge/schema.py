@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.exceptions import VitessProviderError
+from airflow_provider_vitess.exceptions import MergeSchemaError as MergeSchemaError
 from airflow_provider_vitess.merge.plan import TableTarget
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.manifest import ColumnSchema, TableManifest, TableSchema
@@ -61,10 +61,6 @@ from airflow_provider_vitess.staging.manifest import ColumnSchema, TableManifest
 SPARK_MAX_DECIMAL_PRECISION = 38
 # Delta refuses these in column names unless columns are mapped by name.
 INVALID_NAME_CHARS = frozenset(" ,;{}()\n\t=")
-
-
-class MergeSchemaError(VitessProviderError):
-    """A staged schema the target cannot take (names the table and column); nothing was written."""
 
 
 class Conversion(enum.Enum):

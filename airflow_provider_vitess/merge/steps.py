@@ -43,6 +43,9 @@ class TableState:
     schema: T.StructType = field(default_factory=T.StructType)
     txn_version: int | None = None  # latest window seq committed by this sync to the table
     column_mapping: bool = False
+    version: int | None = None  # the table's latest Delta version
+    # Delta versions of RESTORE commits after the version the sync last wrote (target integrity).
+    restores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

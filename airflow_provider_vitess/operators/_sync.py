@@ -19,6 +19,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,13 @@ def sync_spec(
     tables: Sequence[str],
     staging_location: str,
     key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    zero_date_policy: str | None = None,
+    zero_date_policies: Mapping[str, str] | None = None,
     **spec: Any,
 ) -> SyncSpec:
     """The capture runner's :class:`SyncSpec` from operator arguments (after template rendering):
-    the sync id checked, per-table key overrides parsed from the DAG's dicts."""
+    the sync id checked, per-table key overrides and zero-date policies parsed from the DAG's
+    dicts."""
     if not _SYNC_ID.match(sync_id):
         raise VitessProviderError(
             f"sync_id {sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
@@ -62,6 +66,7 @@ def sync_spec(
         tables=tuple(tables),
         staging_location=staging_location,
         key_overrides=overrides,
+        zero_dates=ZeroDatePolicies.parse(zero_date_policy, zero_date_policies, tables),
         **spec,
     )
 

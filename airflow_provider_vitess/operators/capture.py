@@ -27,6 +27,8 @@ from airflow_provider_vitess.operators._sync import (
     open_store,
     sync_spec,
 )
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
+from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,12 @@ class _SyncOperator(BaseOperator):
         key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         allow_all_columns_key: bool = False,
         heartbeat_interval: int = 1,
+        zero_date_policy: str = "null",
+        zero_date_policies: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        ZeroDatePolicies.parse(zero_date_policy, zero_date_policies)  # a typo fails the DAG's import
         self.sync_id = sync_id
         self.keyspace = keyspace
         self.tables = tables
@@ -67,6 +72,8 @@ class _SyncOperator(BaseOperator):
         self.key_overrides = key_overrides
         self.allow_all_columns_key = allow_all_columns_key
         self.heartbeat_interval = heartbeat_interval
+        self.zero_date_policy = zero_date_policy
+        self.zero_date_policies = dict(zero_date_policies or {})
         self._lineage: CaptureLineage | None = None
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
@@ -83,6 +90,8 @@ class _SyncOperator(BaseOperator):
                 key_overrides=self.key_overrides,
                 allow_all_columns_key=self.allow_all_columns_key,
                 heartbeat_interval=self.heartbeat_interval,
+                zero_date_policy=self.zero_date_policy,
+                zero_date_policies=self.zero_date_policies,
                 **spec,
             ),
             holder=holder(context),
@@ -158,6 +167,10 @@ class VitessSnapshotOperator(_SyncOperator):
         self.checkpoint_every_rows = checkpoint_every_rows
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._snapshot(context)
+
+    def _snapshot(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context)
         settings = runner.spec
         requested = as_tables(self.resnapshot_tables)
@@ -210,6 +223,10 @@ class VitessCatchUpOperator(_SyncOperator):
         self.minimize_skew = minimize_skew
 
     def execute(self, context: Any) -> dict[str, Any]:
+        with task_failures(self.log):
+            return self._catch_up(context)
+
+    def _catch_up(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context, minimize_skew=self.minimize_skew)
         settings = runner.spec
         bounds = ReadBounds(

@@ -1,13 +1,15 @@
 """``VitessMergeOperator``: apply the sync's staged window to Delta with spark-submit.
 
-The window state machine (see the design) is driven here and only here on the apply side:
+Thin: :class:`~airflow_provider_vitess.merge.runner.MergeRunner` drives the window state
+machine on the apply side (under the sync's lock: STAGED -> merged by the Spark job -> MERGED
+-> COMMITTED); this operator gives it the spark-submit of ``merge/job.py`` with a
+:class:`MergePlan`, and turns the job's outcome into the task's: the report as XCom, the
+committed VGTID under the key ``committed_vgtid``, a refused plan or staged input as a failure
+without retries (see ``exceptions.is_permanent``).
 
-* STAGED -> submit ``spark_jobs/merge_cdc.py`` with a :class:`MergePlan`; on success MERGED.
-  Delta's transaction ids (sync + table, window seq) make a resubmitted window a no-op, so a
-  task killed after the Delta commit but before MERGED was recorded is simply run again.
-* MERGED -> COMMITTED: the checkpoint advances and the committed VGTID goes to XCom.
-
-On any failure the window stays STAGED and the checkpoint does not move.
+Delta's transaction ids (sync + table, window seq) make a resubmitted window a no-op, so a task
+killed after the Delta commit but before MERGED was recorded is simply run again. On any
+failure the window stays STAGED and the checkpoint does not move.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
-from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
-from airflow_provider_vitess.exceptions import CheckpointError
-from airflow_provider_vitess.keys import KeyChoice
+from airflow_provider_vitess.exceptions import permanent_by_name
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
-from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
+from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
+from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
-from airflow_provider_vitess.operators._sync import emit_metrics, log_group, open_store
+from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store
+from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 
 REPORT_ARG = "--report-file"
 
@@ -48,35 +50,6 @@ def _default_spark_binary() -> str | None:
         return None
     beside = Path(sys.executable).parent / "spark-submit"
     return str(beside) if beside.exists() else None
-
-
-def build_plan(
-    store: CheckpointStore, sync_id: str, window: Window, target_location: str,
-    targets: Mapping[str, Mapping[str, Any]] | None = None,
-) -> MergePlan:  # fmt: skip
-    """The plan for one staged window: each table's Delta path and key from the recorded choice."""
-    config = store.sync_config(sync_id)
-    keys = {t: KeyChoice.from_dict(c) for t, c in dict(config.get("keys") or {}).items()}
-    root = target_location.rstrip("/")
-    planned: dict[str, TableTarget] = {}
-    for table, choice in keys.items():
-        given = dict((targets or {}).get(table) or {})
-        from_source = choice.target_from_source or choice.source_columns
-        renames = {s: t for s, t in zip(from_source, choice.target_columns, strict=True) if s != t}
-        planned[table] = TableTarget(
-            table=table,
-            path=target_path(root, table, targets),
-            key_columns=choice.target_columns,
-            key_from_source=from_source,
-            renames={**renames, **dict(given.get("renames") or {})},
-        )
-    replace: tuple[str, ...] = ()
-    if window.kind is WindowKind.SNAPSHOT:
-        copied = {p.table for p in store.progress(sync_id, window.seq)}
-        replace = tuple(t for t in planned if t in copied) or tuple(planned)
-    if window.manifest_path is None:
-        raise CheckpointError(f"sync {sync_id!r} window {window.seq} is STAGED without a manifest path")
-    return MergePlan(sync_id, (WindowToMerge(window.seq, window.manifest_path, replace),), planned)
 
 
 class VitessMergeOperator(SparkSubmitOperator):
@@ -136,54 +109,46 @@ class VitessMergeOperator(SparkSubmitOperator):
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
         self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
-        store = open_store(self.checkpoint_conn_id)
-        window = store.open_window(self.sync_id)
-        if window is None:
-            committed, seq = store.committed(self.sync_id)
-            self.log.info("sync %r has no staged window to merge (committed window %d)", self.sync_id, seq)
-            return {"sync_id": self.sync_id, "merged": None, "committed_seq": seq}
-        if window.state is WindowState.PLANNED:
-            raise CheckpointError(
-                f"sync {self.sync_id!r} window {window.seq} ({window.kind.value}) is still PLANNED: its "
-                "capture task has not finished staging it; rerun that task first"
-            )
-        report: dict[str, Any] = dict(window.stats.get(MERGE_REPORT) or {})  # a rerun from MERGED
-        streamed_before = store.committed(self.sync_id)[0] is not None
+        runner = MergeRunner(
+            open_store(self.checkpoint_conn_id),
+            self.sync_id,
+            self.target_location,
+            self.targets,
+            holder=holder(context),
+        )
         started = time.monotonic()
-        if window.state is WindowState.STAGED:
-            plan = build_plan(store, self.sync_id, window, self.target_location, self.targets)
-            with log_group(f"Merge window {window.seq} of sync {self.sync_id} into Delta"):
-                report = self._submit(plan, context)
-            store.mark_merged(self.sync_id, window.seq, report)
-        committed = store.commit(self.sync_id, window.seq)
-        elapsed = time.monotonic() - started
-        self.log.info("committed sync %r window %d at %s", self.sync_id, window.seq, committed.to_json())
-        emit_metrics("merge", self.sync_id, {"duration": elapsed}, timing=True)
-        context["ti"].xcom_push(key="committed_vgtid", value=committed.to_json())
-        self._lineage = self._record_lineage(context, store, window, committed, report, streamed_before)
+        with task_failures(self.log):
+            outcome = runner.run(lambda plan: self._submit(plan, context))
+        self.log.info("sync %r: %s", self.sync_id, outcome.message)
+        if outcome.seq is None:
+            return {"sync_id": self.sync_id, "merged": None, "committed_seq": outcome.committed_seq}
+        assert outcome.committed_vgtid is not None and outcome.kind is not None
+        emit_metrics("merge", self.sync_id, {"duration": time.monotonic() - started}, timing=True)
+        context["ti"].xcom_push(key="committed_vgtid", value=outcome.committed_vgtid.to_json())
+        self._lineage = self._record_lineage(context, runner, outcome)
+        report = outcome.report
         return {
             "sync_id": self.sync_id,
-            "merged": window.seq,
-            "kind": window.kind.value,
-            "committed_vgtid": committed.to_json(),
-            "report": report,
+            "merged": outcome.seq,
+            "kind": outcome.kind.value,
+            "committed_vgtid": outcome.committed_vgtid.to_json(),
+            "report": {} if report is None else json.loads(report.to_json()),
         }
 
     def _record_lineage(
-        self, context: Any, store: CheckpointStore, window: Window, committed: Any,
-        report: dict[str, Any], streamed_before: bool,
-    ) -> MergeLineage | None:  # fmt: skip
+        self, context: Any, runner: MergeRunner, outcome: MergeOutcome
+    ) -> MergeLineage | None:
         """Asset events for the tables the window changed; what OpenLineage will ask for."""
-        if not report:
+        if outcome.report is None or outcome.seq is None or outcome.committed_vgtid is None:
             return None
-        merged = MergeReport.from_json(json.dumps(report))
-        kind = lineage_assets.window_kind(window, streamed_before)
-        events = lineage_assets.window_events(merged, window, kind, committed)
+        kind = lineage_assets.window_kind(outcome.kind, outcome.streamed_before)
+        events = lineage_assets.window_events(outcome.report, outcome.seq, kind, outcome.committed_vgtid)
         emitted = lineage_assets.emit(self, context, self.table_uris, events)
         self.log.info("asset events for %d changed table(s): %s", len(emitted), emitted or "none")
-        plan = build_plan(store, self.sync_id, window, self.target_location, self.targets)
-        vtgate = store.sync_config(self.sync_id).get("vtgate")
-        return MergeLineage(vtgate, plan, merged, window.seq)
+        window = runner.store.window(self.sync_id, outcome.seq)
+        plan = build_plan(runner.store, self.sync_id, window, self.target_location, self.targets)
+        vtgate = runner.store.sync_config(self.sync_id).get("vtgate")
+        return MergeLineage(vtgate, plan, outcome.report, outcome.seq)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the window's source tables in, its Delta tables out (see ``lineage``)."""
@@ -198,17 +163,38 @@ class VitessMergeOperator(SparkSubmitOperator):
             return False
         return (conn.host or "").startswith("local")
 
-    def _submit(self, plan: MergePlan, context: Any) -> dict[str, Any]:
+    def _submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
+        """spark-submit the job with ``plan``; its report, or its error as the task's."""
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
             # a small window's merge time; the user's own conf still wins.
             self.conf = {**LOCAL_CONF, **(self.conf or {})}
-        with tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp:
+        with (
+            log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} into Delta"),
+            tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp,
+        ):
             report_file = Path(tmp) / "report.json"
             self.application_args = ["--plan-json", plan.to_json(), REPORT_ARG, str(report_file)]
             self._hook = None  # the hook captures application_args when built
-            super().execute(context)
+            try:
+                super().execute(context)
+            except AirflowException:
+                error = _job_error(report_file)
+                if error is None:
+                    raise  # spark-submit itself failed (no JVM, cluster unreachable): retryable
+                message = f"the merge job refused window {plan.windows[-1].seq}: {error['error']}"
+                if permanent_by_name(str(error.get("type", ""))):
+                    raise fail_permanently(message) from None
+                raise AirflowException(message) from None
             if report_file.exists():
-                report: dict[str, Any] = json.loads(report_file.read_text())
-                return report
-        return {}
+                return MergeReport.from_json(report_file.read_text())
+        return None
+
+
+def _job_error(report_file: Path) -> dict[str, Any] | None:
+    """The error the job wrote instead of a report (see ``merge.job``), if it got that far."""
+    try:
+        found = json.loads(report_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and "error" in found else None

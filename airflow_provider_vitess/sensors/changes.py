@@ -16,6 +16,13 @@ server, whatever table or keyspace it touched.
 Either way it succeeds at once when there is no committed VGTID yet (never snapshotted: the
 snapshot must run) or the committed VGTID is still in its copy phase.
 
+Only "no change within ``timeout``" may end the wait without success: with
+``skip_on_timeout=True`` (what ``vitess_sync_dag`` sets) the task is then skipped, and so is the
+rest of the run. Every other outcome (vtgate unreachable, refused credentials, a position vtgate
+no longer has) fails the task; permanent errors fail it without retries. Do not use
+``soft_fail`` for this: Airflow turns *any* failure of a soft-failing sensor into a skip, so an
+outage would look like "no changes" forever.
+
 The summary (the task's XCom ``return_value``) is small: ``reason`` (``row``, ``ddl``,
 ``field``, ``journal``, ``lag``, ``no_checkpoint``, ``copy_unfinished``) and, for a change,
 ``keyspace``, ``table``, ``shard``, ``commit_ts`` and ``commit_time`` of the first change seen.
@@ -29,11 +36,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
+from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.changes import (
     Change,
@@ -68,10 +76,16 @@ class VitessChangesSensor(BaseSensorOperator):
     :param heartbeat_interval: seconds between vtgate heartbeats on the trigger's idle stream.
     :param lag_check_interval: seconds between the trigger's lag checks.
     :param poke_read_seconds: longest stream read of one poke (not deferrable).
+    :param skip_on_timeout: no change within ``timeout`` skips the task (and with it the rest of
+        the run) instead of failing it; errors still fail it.
 
-    ``poke_interval``, ``timeout``, ``soft_fail`` and ``mode`` are the usual sensor arguments;
-    ``timeout`` also bounds the deferral.
+    ``poke_interval``, ``timeout`` and ``mode`` are the usual sensor arguments; ``timeout`` also
+    bounds the deferral.
     """
+
+    # The trigger ends its own wait at ``timeout``; the deferral's timeout only catches a
+    # triggerer that never answered, so it comes this much later and is a failure.
+    DEFERRAL_MARGIN_SECONDS = 60.0
 
     template_fields: Sequence[str] = ("keyspace", "tables", "sync_id", "start_vgtid")
     ui_color = "#f3e9ff"
@@ -90,6 +104,7 @@ class VitessChangesSensor(BaseSensorOperator):
         heartbeat_interval: int = 10,
         lag_check_interval: float = 60.0,
         poke_read_seconds: float = 30.0,
+        skip_on_timeout: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -112,6 +127,7 @@ class VitessChangesSensor(BaseSensorOperator):
         self.heartbeat_interval = heartbeat_interval
         self.lag_check_interval = lag_check_interval
         self.poke_read_seconds = poke_read_seconds
+        self.skip_on_timeout = skip_on_timeout
         # committed VGTID (JSON) -> a position read up to without a change (poke mode).
         self._scanned: dict[str, Vgtid] = {}
 
@@ -142,14 +158,24 @@ class VitessChangesSensor(BaseSensorOperator):
 
     # ----- deferrable ---------------------------------------------------------------------
 
+    def _no_change(self) -> Exception:
+        message = f"No change to {self.keyspace}.{','.join(self.tables)} within {self.timeout:g} s"
+        if self.skip_on_timeout:
+            return AirflowSkipException(f"{message}: nothing to do, the rest of this run is skipped")
+        return AirflowSensorTimeout(message)
+
     def execute(self, context: Context) -> Any:
-        committed = self.committed_vgtid()
-        verdict = start_verdict(committed, self.keyspace)
+        with task_failures(self.log):
+            committed = self.committed_vgtid()
+            verdict = start_verdict(committed, self.keyspace)
         if verdict is not None:
             return self._done(verdict)
         assert committed is not None
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout:
+                raise self._no_change() from None
         self.log.info("Deferring until %s.%s changes", self.keyspace, ",".join(self.tables))
         self.defer(
             trigger=VitessChangesTrigger(
@@ -163,19 +189,19 @@ class VitessChangesSensor(BaseSensorOperator):
                 timeout_at=time.time() + float(self.timeout),
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
+            timeout=timedelta(seconds=self.timeout + self.DEFERRAL_MARGIN_SECONDS),
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger: the change it saw becomes the task's result."""
         if event and event.get("status") == "timeout":
-            # soft_fail turns this into a skip (the rest of the run is skipped: nothing to do).
-            raise AirflowSensorTimeout(
-                f"No change to {self.keyspace}.{','.join(self.tables)} within {self.timeout:g} s"
-            )
+            raise self._no_change()
         if not event or event.get("status") != "change":
             message = (event or {}).get("message", "the trigger ended without an event")
-            raise AirflowException(f"Watching {self.keyspace} for changes failed: {message}")
+            failure = f"Watching {self.keyspace} for changes failed: {message}"
+            if (event or {}).get("permanent"):
+                raise fail_permanently(failure)
+            raise AirflowException(failure)
         return self._done(Change.from_summary(event))
 
     # ----- poke (not deferrable) ----------------------------------------------------------
@@ -188,7 +214,8 @@ class VitessChangesSensor(BaseSensorOperator):
         assert committed is not None
         hook = VitessHook(self.vitess_conn_id)
         try:
-            change = self.read_once(hook, committed)
+            with task_failures(self.log):
+                change = self.read_once(hook, committed)
         finally:
             hook.close()
         if change is None:

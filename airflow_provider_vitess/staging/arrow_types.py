@@ -38,8 +38,9 @@ Why these choices:
   derived from ``column_length``, which MySQL sets to precision + 1 for the sign (unless
   UNSIGNED) + 1 for the point (if scale > 0).
 
-Values the Arrow type cannot hold (the decoder's ``str`` for a zero date ``0000-00-00``, an
-integer out of range) raise :class:`StagingError` naming the table, column and value.
+Values the Arrow type cannot hold (an integer out of range) raise :class:`StagingError` naming
+the table, column and value. The decoder's ``str`` for a zero or invalid date (``0000-00-00``)
+is first handed to the column's ``repair`` (the zero-date policy, :mod:`.zero_dates`).
 """
 
 from __future__ import annotations
@@ -181,15 +182,25 @@ def _excerpt(value: object) -> str:
     return text if len(text) <= _MAX_EXCERPT else f"{text[:_MAX_EXCERPT]}...({len(text)} chars)"
 
 
+# (values, describe) -> the values to convert instead, or None when there is nothing to repair.
+Repair = Callable[[list[Any], Callable[[int], str]], "list[Any] | None"]
+
+
 def to_array(
-    values: list[Any], type_: pa.DataType, describe: Callable[[int], str], *, maybe_constant: bool = False
+    values: list[Any],
+    type_: pa.DataType,
+    describe: Callable[[int], str],
+    *,
+    maybe_constant: bool = False,
+    repair: Repair | None = None,
 ) -> pa.Array:
     """One column of Python values as an Arrow array of ``type_``.
 
     ``describe(i)`` names the table/column/row of value ``i`` for the error message; it is only
     called on failure, so the fast path is a single ``pa.array`` call. With ``maybe_constant``
     a column whose values are all equal (a C-level ``count``, ~1 ns a value) is built with
-    ``pa.repeat`` instead of converting every value (~40-80 ns each).
+    ``pa.repeat`` instead of converting every value (~40-80 ns each). When Arrow refuses the
+    values, ``repair`` may give others to convert instead (or raise its own error).
     """
     try:
         if maybe_constant and values and values.count(values[0]) == len(values):
@@ -199,7 +210,12 @@ def to_array(
             return pa.repeat(pa.scalar(value, type_), len(values))
         return pa.array(values, type=type_)
     except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-        raise _explain(values, type_, describe, exc) from exc
+        refused = exc
+    # Outside the except block: a repair's own error is not chained to Arrow's.
+    repaired = repair(values, describe) if repair is not None else None
+    if repaired is None:
+        raise _explain(values, type_, describe, refused) from refused
+    return to_array(repaired, type_, describe, maybe_constant=maybe_constant)
 
 
 def _explain(
@@ -210,12 +226,8 @@ def _explain(
         try:
             pa.array([value], type=type_)
         except (pa.ArrowException, OverflowError, TypeError, ValueError) as one:
-            hint = ""
-            if isinstance(value, str) and pa.types.is_temporal(type_):
-                # The decoder keeps MySQL's zero/invalid dates as text, as pymysql does.
-                hint = " (a zero or invalid MySQL date has no Parquet value: fix the row at the source)"
             return StagingError(
                 f"{describe(i)}: cannot stage value {_excerpt(value)} ({type(value).__name__}) as "
-                f"Parquet {type_}: {one}{hint}"
+                f"Parquet {type_}: {one}"
             )
     return StagingError(f"{describe(0)}: cannot build a {type_} column: {type(exc).__name__}: {exc}")

@@ -42,6 +42,7 @@ from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
 from airflow_provider_vitess.staging.manifest import TableSchema
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy
 from airflow_provider_vitess.vstream.events import Operation, RawRows
 from airflow_provider_vitess.vstream.rowwire import LocatedRows, locate_rows
 
@@ -78,7 +79,9 @@ def _row_size(after: Any, before: Any) -> int:
 class RowBuffer:
     """Rows of one table version (one schema), and the Arrow batches made of them."""
 
-    def __init__(self, table: str, schema: TableSchema) -> None:
+    def __init__(
+        self, table: str, schema: TableSchema, zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL
+    ) -> None:
         self.table = table
         self.schema = schema
         self.schema_json = schema.to_json()
@@ -100,8 +103,10 @@ class RowBuffer:
         self.dictionary_columns = [arrow_types.OP, arrow_types.KEYSPACE, arrow_types.SHARD] + [
             f.name for f in fields if f.type in arrow_types.FEW_VALUE_TYPES
         ]
-        self.plans = [ColumnPlan(f, table) for f in fields]
+        self.plans = [ColumnPlan(f, table, zero_dates) for f in fields]
         self.key_index = idx
+        # The plan of each staged column (None for the metadata ones), in schema order.
+        self._staged_plans = [None] * len(arrow_types.META_FIELDS) + self.plans + [self.plans[j] for j in idx]
         self.flat: list[Any] = []  # W slots per row
         self.blocks: list[RawBlock] = []  # raw rows, in order (see add_block)
         self.raw_bytes = 0
@@ -189,15 +194,21 @@ class RowBuffer:
             f = schema.field(i)
 
             def describe(row: int, name: str = f.name) -> str:
+                after = afters[row]
+                key = befores[row] if after is self.null_after else self.key_of(after)
                 return (
                     f"table {self.table!r} column {name!r} (keyspace {keyspaces[row]!r}, shard "
-                    f"{shards[row]!r}, seq {seqs[row]})"
+                    f"{shards[row]!r}, seq {seqs[row]}, key {self._key_text(key)})"
                 )
 
             # Often constant in a batch: metadata (one shard; all inserts in a copy phase) and
             # the before image (all NULL for inserts).
             constant = i < 4 or i >= first_before
-            arrays.append(arrow_types.to_array(values, f.type, describe, maybe_constant=constant))
+            plan = self._staged_plans[i]
+            if plan is None:
+                arrays.append(arrow_types.to_array(values, f.type, describe, maybe_constant=constant))
+            else:
+                arrays.append(plan.to_array(values, describe, maybe_constant=constant))
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         op_counts = {ops[0]: n} if ops.count(ops[0]) == n else Counter(ops)
         for op, count in op_counts.items():
@@ -285,7 +296,7 @@ class RowBuffer:
         rows = located.rows
         counts = np.array([b.rows.n_rows for b in blocks], dtype=np.int64)
         schema = self.arrow_schema
-        describe = self._describer(blocks, counts)
+        describe = self._describer(located, blocks, counts)
         arrays = self._meta_arrays(located, blocks, counts)
         for image, indexes in ((located.after, range(self.n_columns)), (located.before, self.key_index)):
             plans = [self.plans[j] for j in indexes]
@@ -315,7 +326,9 @@ class RowBuffer:
         out.append(pa.array(np.repeat(first - starts, counts) + np.arange(located.rows, dtype=np.int64)))
         return out
 
-    def _describer(self, blocks: list[RawBlock], counts: Any) -> Callable[[str, int], str]:
+    def _describer(
+        self, located: LocatedRows, blocks: list[RawBlock], counts: Any
+    ) -> Callable[[str, int], str]:
         starts = np.cumsum(counts) - counts
 
         def describe(name: str, row: int) -> str:
@@ -323,10 +336,35 @@ class RowBuffer:
             b = blocks[k]
             return (
                 f"table {self.table!r} column {name!r} (keyspace {b.keyspace!r}, shard "
-                f"{b.shard!r}, seq {b.first_seq + row - int(starts[k])})"
+                f"{b.shard!r}, seq {b.first_seq + row - int(starts[k])}, "
+                f"key {self._key_text(self._located_key(located, row))})"
             )
 
         return describe
+
+    def _located_key(self, located: LocatedRows, row: int) -> tuple[Any, ...]:
+        """The key of one located row (after image, else before), for an error message only."""
+        image = located.after
+        if image is None or not image.present[row]:
+            image = located.before
+        if image is None:
+            return ()
+        lengths = [int(n) for n in image.lengths[row]]
+        offsets = np.cumsum([0, *(max(n, 0) for n in lengths)]) + int(image.starts[row])
+        out = []
+        for j in self.key_index:
+            data = located.buffer[offsets[j] : offsets[j] + lengths[j]]
+            try:
+                out.append(None if lengths[j] < 0 else self.plans[j].convert_one(data))
+            except Exception:
+                out.append(data)
+        return tuple(out)
+
+    def _key_text(self, key: Any) -> str:
+        """``key`` (one value or a tuple of them: column values are never tuples) as
+        ``{column: value}``."""
+        values = key if isinstance(key, tuple) else (key,)
+        return repr(dict(zip(self.schema.key_columns, values, strict=False)))
 
     def take_batches(self) -> pa.Table | None:
         """The converted rows as one table (a row group), emptying the batches."""

@@ -21,13 +21,17 @@ A cast is used only where its result is *exactly* what the per-row decoder
 * bytes: no conversion at all.
 
 Anything else (other types, or a value outside those shapes, or a cast Arrow refuses) converts
-that column of the batch with the per-row converters, so values, errors and the zero-date rule
-stay those of :mod:`airflow_provider_vitess.vstream.values`.
+that column of the batch with the per-row converters, so values and errors stay those of
+:mod:`airflow_provider_vitess.vstream.values`; a zero or invalid date (the decoder's text) then
+becomes what the table's zero-date policy says (:mod:`.zero_dates`), in :meth:`ColumnPlan.to_array`,
+which the decoded-rows path (:mod:`.buffer`) calls too.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +41,7 @@ import pyarrow.compute as pc
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.exceptions import ValueDecodeError
 from airflow_provider_vitess.staging import arrow_types
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy, replace_invalid
 from airflow_provider_vitess.vstream import values
 from airflow_provider_vitess.vstream.rowwire import Images
 
@@ -56,15 +61,27 @@ _DIGITS_TO_D = bytes.maketrans(b"0123456789", b"dddddddddd")
 class ColumnPlan:
     """How one column's text becomes its staged Arrow array."""
 
-    __slots__ = ("arrow_type", "convert_one", "field", "kind", "name", "table")
+    __slots__ = ("_repair", "arrow_type", "convert_one", "field", "kind", "name", "table")
 
-    def __init__(self, field: query_pb2.Field, table: str) -> None:
+    def __init__(
+        self, field: query_pb2.Field, table: str, zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL
+    ) -> None:
         self.field = field
         self.name = field.name
         self.table = table
         self.arrow_type = arrow_types.arrow_type(field)
         self.convert_one = values.converter_for(field)
         self.kind = self._kind()
+        t = self.arrow_type
+        self._repair: arrow_types.Repair | None = None
+        if pa.types.is_date(t) or pa.types.is_timestamp(t):
+            self._repair = functools.partial(
+                replace_invalid,
+                policy=zero_dates,
+                table=table,
+                column_type=arrow_types.type_name(field.type),
+                is_date=pa.types.is_date(t),
+            )
 
     def _kind(self) -> str:
         # Decided by the per-row converter itself, so both paths always agree on the mapping.
@@ -102,7 +119,14 @@ class ColumnPlan:
             out = [None if v is None else convert(v) for v in raw]
         except Exception:
             raise self._decode_error(raw) from None
-        return arrow_types.to_array(out, self.arrow_type, describe)
+        return self.to_array(out, describe)
+
+    def to_array(self, decoded: list[Any], describe: Describe, *, maybe_constant: bool = False) -> pa.Array:
+        """Decoded values of this column as its staged array; a zero or invalid date becomes
+        what the table's zero-date policy says (only looked for when Arrow refuses a value)."""
+        return arrow_types.to_array(
+            decoded, self.arrow_type, describe, maybe_constant=maybe_constant, repair=self._repair
+        )
 
     def _decode_error(self, raw: list[bytes | None]) -> ValueDecodeError:
         where = f"table {self.table!r}: " if self.table else ""

@@ -50,6 +50,7 @@ from airflow_provider_vitess.staging.manifest import (
     TableManifest,
     TableSchema,
 )
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation, RawRows, RowChange
 
@@ -81,7 +82,8 @@ class WindowStager:
 
     ``key_columns`` maps table -> the columns whose before image is staged (the unique key);
     a table not in it gets every column. ``max_buffered_bytes`` (default 4 x
-    ``row_group_bytes``) bounds the rows held in memory over all tables.
+    ``row_group_bytes``) bounds the rows held in memory over all tables. ``zero_dates`` says
+    what a zero or invalid date is staged as, per table (default NULL; see :mod:`.zero_dates`).
     """
 
     def __init__(
@@ -95,6 +97,8 @@ class WindowStager:
         max_buffered_bytes: int | None = None,
         compression: str = "snappy",
         storage_options: Mapping[str, Any] | None = None,
+        writer_id: str | None = None,
+        zero_dates: ZeroDatePolicies | None = None,
     ) -> None:
         if row_group_bytes <= 0:
             raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
@@ -105,11 +109,15 @@ class WindowStager:
         self._fs, root = open_location(location, storage_options)
         self._dir = window_dir(root, sync_id, window_seq)
         self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
+        self._zero_dates = zero_dates or ZeroDatePolicies()
         self._row_group_bytes = row_group_bytes
         self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
         self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
         self._max_buffered = max_buffered_bytes or 4 * row_group_bytes
         self._compression = compression
+        # In part names: two writers of one window (a stalled holder that woke up after another
+        # took the sync over) never write the same file, whatever part number each counts to.
+        self._writer_id = f"-{check_name('writer id', writer_id)}" if writer_id else ""
         self._tables: dict[str, _TableState] = {}
         # table -> keyspace -> shard ("" = every shard) -> buffer. Nested rather than keyed by a
         # (keyspace, shard, table) tuple: building and hashing that tuple per row costs more.
@@ -149,7 +157,7 @@ class WindowStager:
         buf = state.buffers.get(key)
         if buf is None:
             state.schemas.setdefault(key, schema)
-            buf = state.buffers[key] = RowBuffer(table, schema)
+            buf = state.buffers[key] = RowBuffer(table, schema, self._zero_dates.for_table(table))
         shards = self._routes.setdefault(table, {}).setdefault(keyspace, {})
         if shards.get(shard) is buf and shard:
             return
@@ -278,7 +286,7 @@ class WindowStager:
         state = self._tables[buf.table]
         if state.next_part is None:
             state.next_part = next_part_number(self._fs, f"{self._dir}/{buf.table}")
-        path = f"{buf.table}/part-{state.next_part:05d}.parquet"
+        path = f"{buf.table}/part-{state.next_part:05d}{self._writer_id}.parquet"
         state.next_part += 1
         self._own_files.append(path)
         meta = {"sync_id": self.sync_id, "window_seq": self.window_seq, "table": buf.table}

@@ -27,7 +27,12 @@ import grpc.aio
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_vitess._proto import vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VitessProviderError, VStreamError
+from airflow_provider_vitess.exceptions import (
+    VitessConnectionError,
+    VitessProviderError,
+    VStreamError,
+    is_permanent,
+)
 from airflow_provider_vitess.hooks.aio import AsyncVStreamClient
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid
@@ -53,7 +58,8 @@ class VitessChangesTrigger(BaseTrigger):
     :param max_reconnects: reconnects in a row without progress before giving up.
 
     The event payload is ``{"status": "change", "reason": ..., "table": ..., "shard": ...,
-    "commit_ts": ...}`` (see :meth:`Change.summary`) or ``{"status": "error", "message": ...}``.
+    "commit_ts": ...}`` (see :meth:`Change.summary`), ``{"status": "timeout", ...}`` at
+    ``timeout_at``, or ``{"status": "error", "message": ..., "permanent": bool}``.
     """
 
     def __init__(
@@ -86,6 +92,9 @@ class VitessChangesTrigger(BaseTrigger):
         # enforce the deferral timeout, so the trigger ends the wait itself.
         self.timeout_at = timeout_at
         self.streams_opened = 0  # for tests and logs: 1 + reconnects
+        # The error of the last failed stream while no stream has answered since: a wait that
+        # ends in that state ends in an error, not in "no change".
+        self._failing: str | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -111,12 +120,20 @@ class VitessChangesTrigger(BaseTrigger):
                 left = max(0.0, self.timeout_at - time.time())
                 change = await asyncio.wait_for(self.wait_for_change(), timeout=left)
         except asyncio.TimeoutError:
+            if self._failing is not None:
+                message = (
+                    f"could not watch {self._describe()}: vtgate did not answer until the sensor's "
+                    f"timeout ({self._failing})"
+                )
+                self.log.error("%s", message)
+                yield TriggerEvent({"status": "error", "message": message, "permanent": False})
+                return
             self.log.info("No change to %s before the sensor's timeout", self._describe())
             yield TriggerEvent({"status": "timeout", "message": f"no change to {self._describe()}"})
             return
         except (VitessProviderError, grpc.RpcError) as exc:
             self.log.error("Watching %s for changes failed: %s", self._describe(), exc)
-            yield TriggerEvent({"status": "error", "message": str(exc)})
+            yield TriggerEvent({"status": "error", "message": str(exc), "permanent": is_permanent(exc)})
             return
         self.log.info("Change found for %s: %s", self._describe(), change.summary())
         yield TriggerEvent({"status": "change", **change.summary()})
@@ -135,7 +152,9 @@ class VitessChangesTrigger(BaseTrigger):
         hook = VitessHook(self.vitess_conn_id)
         detector = ChangeDetector(self.keyspace, self.tables)
         policy = RetryPolicy(max_attempts=self.max_reconnects)
+        self._failing = "no connection to vtgate yet"
         async with AsyncVStreamClient(hook) as client:
+            self._failing = None
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
             failures, first_failure = 0, 0.0
             while True:
@@ -152,6 +171,7 @@ class VitessChangesTrigger(BaseTrigger):
                         if change is not None:
                             return change
                         failures = 0  # any response proves the stream healthy (heartbeats too)
+                        self._failing = None
                         if time.monotonic() >= next_lag_check:
                             lag = await self._check_lag(client, hook, start)
                             if lag is not None:
@@ -160,6 +180,7 @@ class VitessChangesTrigger(BaseTrigger):
                     raise VStreamError(f"vtgate ended the VStream of {self._describe()} unexpectedly")
                 except grpc.aio.AioRpcError as err:
                     code, details = err.code(), err.details() or "no details"
+                    self._failing = f"gRPC status {code.name}: {details}"
                     if not is_transient(code, details, policy):
                         raise self._fatal(code, details) from None
                     now = time.monotonic()

@@ -142,8 +142,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0001"
-    assert empty_store.migrate() == "0001"
+    assert empty_store.migrate() == head_revision() == "0002"
+    assert empty_store.migrate() == "0002"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -155,9 +155,10 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_table_progress",
         "vitess_sync_checkpoint",
         "vitess_sync_lock",
+        "vitess_sync_target",
     }
-    assert versions == ["0001"]
-    assert empty_store.schema_revision() == "0001"
+    assert versions == ["0002"]
+    assert empty_store.schema_revision() == "0002"
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -198,11 +199,11 @@ def test_two_processes_migrating_at_once_both_succeed(db_url: str) -> None:
         p.stdin.flush()
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [(p.returncode, out.strip()) for p, (out, _) in zip(procs, outputs, strict=True)] == [
-        (0, "0001"),
-        (0, "0001"),
+        (0, "0002"),
+        (0, "0002"),
     ], "\n".join(err for _, err in outputs)
     store = CheckpointStore(db_url)
-    assert store.schema_revision() == "0001"
+    assert store.schema_revision() == "0002"
     store.close()
 
 
@@ -215,7 +216,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0001"
+    assert empty_store.migrate() == "0002"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(
@@ -248,7 +249,7 @@ def test_happy_path_advances_the_committed_vgtid(store: CheckpointStore) -> None
     assert store.window(SYNC, 1).state is WindowState.STAGED
     store.mark_staged(SYNC, 1, END_1, "s3://lake/staging/1/manifest.json")  # a retried task: no-op
     report = {"sync_id": SYNC, "windows": [{"seq": 1, "tables": []}]}
-    store.mark_merged(SYNC, 1, report)
+    store.mark_merged(SYNC, 1, report=report)
     store.mark_merged(SYNC, 1)  # Delta already had the txn version: no-op
     assert store.committed(SYNC) == (None, 0)  # merged is not committed
     # Kept beside the staging stats: a rerun from MERGED still knows what the merge changed.
@@ -515,3 +516,35 @@ def test_the_lock_is_released_when_the_block_raises(store: CheckpointStore) -> N
     with store.lock(SYNC, "worker-b"):
         info = store.lock_holder(SYNC)
         assert info is not None and info.holder == "worker-b"
+
+
+def test_writes_under_a_lock_that_was_taken_over_are_refused_in_their_own_transaction(
+    store: CheckpointStore,
+) -> None:
+    # A holder that stalled past the lock's expiry (no heartbeat) wakes after another took the
+    # sync over: each of its writes is refused, and nothing of it is stored.
+    clock = FakeClock()
+    stalled, taker = (CheckpointStore(engine=store.engine, clock=clock) for _ in range(2))
+    stale_after = timedelta(minutes=10)
+    with stalled.lock(SYNC, "worker-a", stale_after):
+        seq = stalled.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START)
+        stalled.record_parts(SYNC, seq, [_part("p1")], END_1)
+        clock.now += timedelta(minutes=11)
+        with taker.lock(SYNC, "worker-b", stale_after):
+            refused = r"'worker-a' lost its lock: sync '.*' is locked by 'worker-b'.*its {} was refused"
+            with pytest.raises(SyncLockedError, match=refused.format("staged parts")):
+                stalled.record_parts(SYNC, seq, [_part("p2", digit="b")], END_2)
+            with pytest.raises(SyncLockedError, match=refused.format("progress")):
+                stalled.update_progress(SYNC, seq, "customer", rows_copied=99)
+            with pytest.raises(SyncLockedError, match=refused.format("STAGED mark")):
+                stalled.mark_staged(SYNC, seq, END_2, "s3://lake/staging/m.json")
+            assert [p.path for p in taker.parts(SYNC, seq)] == [_part("p1").path]
+            window = taker.window(SYNC, seq)
+            assert (window.state, window.resume_vgtid) == (WindowState.PLANNED, END_1)
+            assert taker.progress(SYNC, seq) == []
+            # The holder now writes as usual; each write also refreshes its heartbeat.
+            clock.now += timedelta(minutes=1)
+            taker.record_parts(SYNC, seq, [_part("p2", digit="b")], END_2)
+            info = taker.lock_holder(SYNC)
+            assert info is not None and (info.holder, info.heartbeat_at) == ("worker-b", clock.now)
+        assert stalled.lock_holder(SYNC) is None  # released by its holder only

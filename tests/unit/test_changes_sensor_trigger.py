@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskDeferred
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    TaskDeferred,
+)
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.sensors import VitessChangesSensor
@@ -117,7 +123,9 @@ def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
     with pytest.raises(TaskDeferred) as deferred:
         task.execute(CONTEXT)
     assert deferred.value.method_name == "execute_complete"
-    assert deferred.value.timeout == timedelta(seconds=600)
+    # The trigger ends the wait at the sensor's timeout (a "timeout" event, a skip); the deferral
+    # outlives it by a margin, so only a triggerer that never answered fails the task that way.
+    assert deferred.value.timeout == timedelta(seconds=600 + VitessChangesSensor.DEFERRAL_MARGIN_SECONDS)
     trigger = deferred.value.trigger
     assert isinstance(trigger, VitessChangesTrigger)
     _, kwargs = trigger.serialize()
@@ -174,3 +182,57 @@ def test_the_trigger_ends_the_wait_itself_at_its_deadline() -> None:
     assert asyncio.run(first_event())["status"] == "timeout"
     with pytest.raises(AirflowSensorTimeout, match=r"No change to customer\.orders within"):
         sensor(start_vgtid=START.to_json(), timeout=5).execute_complete(CONTEXT, {"status": "timeout"})
+
+
+def test_only_no_change_skips_errors_fail_and_permanent_ones_without_retries() -> None:
+    # What vitess_sync_dag's sensor does (skip_on_timeout, never soft_fail): an outage, refused
+    # credentials or a purged position must fail the task, never look like "no changes".
+    from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+    dag = vitess_sync_dag(
+        "d", keyspace="customer", tables=["orders"], staging_location="/s", target_location="/t"
+    )
+    task = dag.get_task("wait_for_changes")
+    assert isinstance(task, VitessChangesSensor)
+    assert (task.soft_fail, task.never_fail, task.skip_on_timeout) == (False, False, True)
+    with pytest.raises(AirflowSkipException, match=r"No change to customer\.orders within .*skipped"):
+        task.execute_complete(CONTEXT, {"status": "timeout"})
+    refused = {"status": "error", "message": "gRPC status UNAUTHENTICATED: bad password", "permanent": False}
+    with pytest.raises(AirflowException, match="UNAUTHENTICATED") as failed:
+        task.execute_complete(CONTEXT, refused)
+    assert not isinstance(failed.value, (AirflowSkipException, AirflowFailException))
+    unknown = {"status": "error", "message": "keyspace 'nope' is not served", "permanent": True}
+    with pytest.raises(AirflowFailException, match=r"not served.*not retried"):
+        task.execute_complete(CONTEXT, unknown)
+
+
+def test_a_wait_that_never_reached_vtgate_ends_in_an_error_not_in_no_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VT_DOWN",
+        json.dumps(
+            {"conn_type": "vitess", "host": "127.0.0.1", "port": port, "extra": {"timeout_seconds": 30}}
+        ),
+    )
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="vt_down", keyspace="customer", tables=["orders"], start_vgtid=START.to_json(),
+        timeout_at=time.time() + 2,
+    )  # fmt: skip
+
+    async def first_event() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    event = asyncio.run(first_event())
+    assert (event["status"], event["permanent"]) == ("error", False)
+    assert event["message"] == (
+        "could not watch keyspace 'customer' tables orders: vtgate did not answer until the sensor's "
+        "timeout (no connection to vtgate yet)"
+    )

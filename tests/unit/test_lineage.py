@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from airflow.sdk import Asset
 
-from airflow_provider_vitess.checkpoints import Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints import WindowKind
 from airflow_provider_vitess.get_provider_info import get_provider_info
 from airflow_provider_vitess.lineage import assets
 from airflow_provider_vitess.lineage.uris import (
@@ -87,10 +87,6 @@ def test_provider_info_names_importable_asset_functions() -> None:
         assert callable(getattr(importlib.import_module(module), name))
 
 
-def _window(kind: WindowKind, seq: int = 4) -> Window:
-    return Window("s", seq, kind, WindowState.MERGED, COMMITTED, None, COMMITTED, None, "/m", None)
-
-
 def _report() -> MergeReport:
     written = TableResult(
         "customer",
@@ -119,7 +115,7 @@ def _report() -> MergeReport:
 
 
 def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
-    events = assets.window_events(_report(), _window(WindowKind.CATCHUP), "catchup", COMMITTED)
+    events = assets.window_events(_report(), 4, "catchup", COMMITTED)
     assert set(events) == {"customer", "item"}, "corder had no changes: no event"
     assert events["customer"] == {
         "sync_id": "s",
@@ -138,9 +134,9 @@ def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
 
 
 def test_window_kind_tells_a_re_snapshot_from_the_first_snapshot() -> None:
-    assert assets.window_kind(_window(WindowKind.SNAPSHOT), streamed_before=False) == "snapshot"
-    assert assets.window_kind(_window(WindowKind.SNAPSHOT), streamed_before=True) == "re-snapshot"
-    assert assets.window_kind(_window(WindowKind.CATCHUP), streamed_before=True) == "catchup"
+    assert assets.window_kind(WindowKind.SNAPSHOT, streamed_before=False) == "snapshot"
+    assert assets.window_kind(WindowKind.SNAPSHOT, streamed_before=True) == "re-snapshot"
+    assert assets.window_kind(WindowKind.CATCHUP, streamed_before=True) == "catchup"
 
 
 def test_outlets_are_withheld_then_only_changed_tables_come_back_with_their_extra() -> None:

@@ -13,9 +13,9 @@ from airflow_provider_vitess.dag_factory import RESNAPSHOT_PARAM, vitess_sync_da
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.runner import build_plan
 from airflow_provider_vitess.operators._sync import as_tables, store_url, sync_spec
 from airflow_provider_vitess.operators.capture import VitessSnapshotOperator
-from airflow_provider_vitess.operators.merge import build_plan
 from airflow_provider_vitess.vgtid import Vgtid
 
 

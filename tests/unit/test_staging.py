@@ -24,6 +24,7 @@ from airflow_provider_vitess.staging import (
     verify,
 )
 from airflow_provider_vitess.staging.arrow_types import decimal_precision_scale
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation
 from airflow_provider_vitess.vstream.values import RowDecoder
@@ -228,8 +229,8 @@ def test_decoded_rows_round_trip(tmp_path: Path) -> None:
     assert tuple(out[f.name] for f in fields) == decoded
 
 
-def test_zero_date_is_a_clear_error(tmp_path: Path) -> None:
-    s = stager(tmp_path)
+def test_zero_date_under_the_error_policy_is_a_clear_error(tmp_path: Path) -> None:
+    s = stager(tmp_path, key_columns={"events": ["id"]}, zero_dates=ZeroDatePolicies(ZeroDatePolicy.ERROR))
     s.set_schema(KS, "events", [fld("id", T.INT64), fld("day", T.DATE)])
     s.add_change(KS, "events", "-80", INS, 1, 1, None, (1, datetime.date(2020, 1, 1)))
     s.add_change(KS, "events", "-80", INS, 1, 2, None, (2, "0000-00-00"))
@@ -237,6 +238,7 @@ def test_zero_date_is_a_clear_error(tmp_path: Path) -> None:
         s.checkpoint()
     msg = str(err.value)
     assert "'events'" in msg and "'day'" in msg and "'0000-00-00'" in msg and "seq 2" in msg
+    assert "key {'id': 2}" in msg
 
 
 def test_integer_out_of_range_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,0 +1,89 @@
+"""Is each Delta table what the sync last wrote to it? Checked before a merge writes (pure).
+
+A catch-up window holds only the changes since the previous window. Merged into a table that
+is not the one the previous windows built, it silently makes a wrong table: into a missing
+table it creates a partial one from this window's rows alone; into a table rolled back with
+``RESTORE`` (or replaced) it re-applies nothing of what was lost. So before writing, each table
+a window merges into (not one it replaces: a snapshot rebuilds it whole) is compared with what
+the checkpoint store recorded when the sync last merged into it (``TableTarget.last_*``):
+
+* the table must exist, unless the sync never needed one (its snapshot copied no rows);
+* its Delta transaction version for the sync's app id must be at least the recorded window
+  seq (lower: rolled back or replaced) and at most the plan's last window (higher: written by
+  a run whose checkpoint store is not this one);
+* its Delta version must not be below the recorded commit's (recreated), and no ``RESTORE``
+  may have been committed since.
+
+Any mismatch raises :class:`TargetIntegrityError` naming the table, what was expected and found,
+and the remedy: re-snapshot that table (nothing was written; other tables are unaffected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from airflow_provider_vitess.exceptions import TargetIntegrityError
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
+from airflow_provider_vitess.merge.steps import TableState
+
+
+def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
+    """Raise :class:`TargetIntegrityError` for the first table that is not what the sync wrote."""
+    last_seq = max(w.seq for w in plan.windows)
+    for table in sorted(plan.targets):
+        if all(table in w.replace_tables for w in plan.windows):
+            continue  # rebuilt whole from a snapshot: nothing earlier counts
+        problem = _problem(plan.targets[table], states[table], last_seq)
+        if problem is not None:
+            target = plan.targets[table]
+            raise TargetIntegrityError(
+                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {problem}; "
+                "merging this window into it would leave a partial or wrong table, so nothing was "
+                "written. Re-snapshot the table to rebuild it (trigger the DAG with "
+                f'{{"resnapshot_tables": ["{table}"]}}); the other tables are unaffected'
+            )
+
+
+def _problem(target: TableTarget, state: TableState, last_seq: int) -> str | None:
+    seq, version = target.last_merged_seq, target.last_delta_version
+    if seq is None:
+        if not state.exists:
+            return "does not exist and this sync never built it (no snapshot of the table was merged)"
+        if state.txn_version is None:
+            return "exists but holds no window of this sync (it was not built by this sync)"
+    elif not state.exists:
+        if version is None:
+            return None  # its snapshot copied no rows: this window may create it
+        return (
+            f"is missing: this sync last merged window {seq} into it (Delta version {version}); "
+            "it was deleted or moved"
+        )
+    elif state.txn_version is None:
+        return (
+            f"holds no window of this sync, but window {seq} was merged into it: it was replaced "
+            "by another writer"
+        )
+    elif state.txn_version < seq:
+        return (
+            f"holds this sync's windows only up to {state.txn_version}, but window {seq} was merged "
+            "into it: it was rolled back (RESTORE) or replaced by an older copy"
+        )
+    if state.txn_version is not None and state.txn_version > last_seq:
+        expected = "no window" if seq is None else f"window {seq}"
+        return (
+            f"holds window {state.txn_version} of this sync, ahead of the checkpoint store "
+            f"({expected} merged, window {last_seq} to merge now): it was written by a run with "
+            "another checkpoint store, or the store was restored from an older backup"
+        )
+    if version is not None and state.version is not None and state.version < version:
+        return (
+            f"is at Delta version {state.version}, below version {version} this sync committed "
+            f"window {seq} as: it was recreated"
+        )
+    if state.restores:
+        at = ", ".join(map(str, state.restores))
+        return (
+            f"was restored to an earlier version (RESTORE at Delta version {at}) after this sync "
+            "last wrote it"
+        )
+    return None

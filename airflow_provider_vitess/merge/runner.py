@@ -1,0 +1,169 @@
+"""The apply side of the window state machine: merge the sync's staged window, then commit.
+
+``MergeRunner.run`` holds the sync's lock (the same one capture holds: one writer at a time,
+every store write fenced by its token), and drives the window the store says is open:
+
+* none: nothing was staged since the last commit; nothing to do.
+* PLANNED: its capture task has not finished staging it; the capture task resumes it (this is
+  not the merge's work, so the merge does nothing and says which task owns the window).
+* STAGED: build the :class:`MergePlan` (each table's key as recorded when the window was staged,
+  and what the sync last wrote to each Delta table, for the integrity check), hand it to
+  ``submit`` (the Spark job), record MERGED with the tables the job wrote.
+* MERGED (a merge whose commit was interrupted): commit only.
+
+Then MERGED -> COMMITTED moves the checkpoint. No Airflow import: the operator passes the
+Spark submission as a function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
+from airflow_provider_vitess.exceptions import CheckpointError
+from airflow_provider_vitess.keys import KeyChoice
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
+from airflow_provider_vitess.merge.report import MergeReport, TableStatus
+from airflow_provider_vitess.vgtid import Vgtid
+
+log = logging.getLogger(__name__)
+
+# The capture task that stages each kind of window (the DAG factory's task ids).
+CAPTURE_TASK = {WindowKind.SNAPSHOT: "snapshot", WindowKind.CATCHUP: "catch_up"}
+
+Submit = Callable[[MergePlan], MergeReport | None]
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What a merge task did: the window merged and committed (``seq``), or nothing (None)."""
+
+    committed_seq: int
+    seq: int | None = None
+    kind: WindowKind | None = None
+    committed_vgtid: Vgtid | None = None
+    report: MergeReport | None = None
+    message: str = ""
+    streamed_before: bool = False  # the sync had a committed position before this window
+
+
+def build_plan(
+    store: CheckpointStore,
+    sync_id: str,
+    window: Window,
+    target_location: str,
+    targets: Mapping[str, Mapping[str, Any]] | None = None,
+) -> MergePlan:
+    """The plan for one staged window: each table's Delta path and the key it was staged with,
+    and what the sync last wrote to each table (for the job's integrity check)."""
+    keys = window_keys(store, sync_id, window)
+    written = store.target_versions(sync_id)
+    root = target_location.rstrip("/")
+    planned: dict[str, TableTarget] = {}
+    for table, choice in keys.items():
+        given = dict((targets or {}).get(table) or {})
+        from_source = choice.target_from_source or choice.source_columns
+        renames = {s: t for s, t in zip(from_source, choice.target_columns, strict=True) if s != t}
+        last = written.get(table)
+        planned[table] = TableTarget(
+            table=table,
+            path=target_path(root, table, targets),
+            key_columns=choice.target_columns,
+            key_from_source=from_source,
+            renames={**renames, **dict(given.get("renames") or {})},
+            last_merged_seq=None if last is None else last.merged_seq,
+            last_delta_version=None if last is None else last.delta_version,
+        )
+    replace: tuple[str, ...] = ()
+    if window.kind is WindowKind.SNAPSHOT:
+        copied = {p.table for p in store.progress(sync_id, window.seq)}
+        replace = tuple(t for t in planned if t in copied) or tuple(planned)
+    if window.manifest_path is None:
+        raise CheckpointError(f"sync {sync_id!r} window {window.seq} is STAGED without a manifest path")
+    return MergePlan(sync_id, (WindowToMerge(window.seq, window.manifest_path, replace),), planned)
+
+
+def window_keys(store: CheckpointStore, sync_id: str, window: Window) -> dict[str, KeyChoice]:
+    """The keys the window was staged with (recorded with it), else the sync's (older windows)."""
+    recorded = window.stats.get(WINDOW_KEYS) or store.sync_config(sync_id).get("keys") or {}
+    return {t: KeyChoice.from_dict(c) for t, c in dict(recorded).items()}
+
+
+def recorded_report(window: Window) -> MergeReport | None:
+    """The report a MERGED window's merge kept in the store (:meth:`CheckpointStore.mark_merged`)."""
+    kept = window.stats.get(MERGE_REPORT)
+    return None if not kept else MergeReport.from_json(json.dumps(kept))
+
+
+def merged_targets(plan: MergePlan, report: MergeReport | None) -> dict[str, int | None]:
+    """The tables that hold the plan's window once the job succeeded, with their Delta version:
+    what the next merge checks each table against. A replaced table without rows (its
+    snapshot was empty) holds the window without a Delta table."""
+    window = plan.windows[-1]
+    if report is None:
+        return {}
+    found: dict[str, int | None] = {}
+    for result in report.window(window.seq).tables:
+        if result.status in (TableStatus.WRITTEN, TableStatus.ALREADY_APPLIED):
+            found[result.table] = result.delta_version
+        elif result.table in window.replace_tables:
+            found[result.table] = None
+    return found
+
+
+class MergeRunner:
+    """Merges and commits one sync's open window; see the module docstring."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        sync_id: str,
+        target_location: str,
+        targets: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        holder: str,
+        lock_stale_after: timedelta = timedelta(minutes=2),
+    ) -> None:
+        self.store, self.sync_id, self.holder = store, sync_id, holder
+        self.target_location, self.targets = target_location, targets
+        self._stale_after = lock_stale_after
+
+    def run(self, submit: Submit) -> MergeOutcome:
+        with self.store.hold(self.sync_id, self.holder, self._stale_after):
+            window = self.store.open_window(self.sync_id)
+            before, committed_seq = self.store.committed(self.sync_id)
+            if window is None:
+                return MergeOutcome(
+                    committed_seq, message=f"nothing staged to merge (committed window {committed_seq})"
+                )
+            if window.state is WindowState.PLANNED:
+                return MergeOutcome(
+                    committed_seq,
+                    message=(
+                        f"nothing staged to merge: {window.kind.value} window {window.seq} is still "
+                        f"being read (PLANNED); its {CAPTURE_TASK[window.kind]!r} task resumes it "
+                        "(clear that task in the run where it failed, or let the next run's task do it)"
+                    ),
+                )
+            report = recorded_report(window)  # a MERGED window: what its merge recorded
+            if window.state is WindowState.STAGED:
+                plan = build_plan(self.store, self.sync_id, window, self.target_location, self.targets)
+                report = submit(plan)
+                kept = None if report is None else json.loads(report.to_json())
+                self.store.mark_merged(self.sync_id, window.seq, merged_targets(plan, report), kept)
+            committed = self.store.commit(self.sync_id, window.seq)
+            return MergeOutcome(
+                window.seq,
+                window.seq,
+                window.kind,
+                committed,
+                report,
+                message=f"committed window {window.seq} at {committed.to_json()}",
+                streamed_before=before is not None,
+            )

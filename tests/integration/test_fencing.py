@@ -1,0 +1,112 @@
+"""One writer at a time, fenced: a capture process that stalls past its lock's expiry (SIGSTOP)
+while another run takes the sync over cannot write anything after it wakes (SIGCONT): every
+store write under the lock names the lock's token and is refused once the lock changed hands,
+and its staged files never take the names of the new holder's. The window the new holder
+stages equals the source, row for row, with no row staged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.staging import load_manifest
+from tests.conftest import REPO, LocalVitess, connection_uri_env
+from tests.integration.test_snapshot import BIG_ROWS, _copied, _select, _staged, big_table  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+SYNC = "fenced"
+
+
+def _start(spec: dict[str, object]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.capture_child", "snapshot", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def _wait(what: str, done: object, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
+    vitess: LocalVitess,
+    big_table: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name, value = connection_uri_env("vitess_fenced", vitess)
+    spec: dict[str, object] = {
+        "sync_id": SYNC,
+        "keyspace": "commerce",
+        "tables": ["big"],
+        "staging": str(tmp_path / "stage"),
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "conn_id": "vitess_fenced",
+        "env": {name: value},
+        "checkpoint_every_rows": 5000,
+        "lock_stale_seconds": 3,
+    }
+    observer = CheckpointStore(str(spec["store_url"]))
+    stalled = _start(spec)
+    try:
+        _wait("the first run to record some copied rows", lambda: _copied(observer, SYNC) >= 20_000)
+        stalled.send_signal(signal.SIGSTOP)  # a frozen worker: no heartbeat, no progress
+        first = observer.lock_holder(SYNC)
+        assert first is not None and first.holder == f"pid {stalled.pid}"
+        time.sleep(4)  # past the lock's expiry
+
+        taker = _start(spec)
+        _wait(
+            "the second run to take the sync over",
+            lambda: (h := observer.lock_holder(SYNC)) is not None and h.holder == f"pid {taker.pid}",
+        )
+        copied_at_takeover = _copied(observer, SYNC)
+        _wait("the second run to copy on", lambda: _copied(observer, SYNC) > copied_at_takeover)
+        stalled.send_signal(signal.SIGCONT)  # wakes up mid-copy of the new holder, still "holding"
+        out, err = stalled.communicate(timeout=300)
+        taken_out, taken_err = taker.communicate(timeout=600)
+    finally:
+        for proc in (stalled, locals().get("taker")):
+            if isinstance(proc, subprocess.Popen) and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.communicate()
+
+    assert stalled.returncode != 0, f"the stalled run went on writing:\n{out}\n{err[-3000:]}"
+    # The run itself ended on the refusal of its next write (not only its heartbeat thread).
+    refusal = [
+        line
+        for line in err.splitlines()
+        if line.startswith("airflow_provider_vitess.exceptions.SyncLockedError:")
+    ]
+    assert refusal, err[-3000:]
+    assert f"'pid {stalled.pid}' lost its lock: sync '{SYNC}' is locked by 'pid {taker.pid}'" in refusal[-1]
+    assert "was refused and nothing of it was stored" in refusal[-1]
+    assert taker.returncode == 0, taken_err[-3000:]
+    assert json.loads(taken_out.strip().splitlines()[-1]) == {"seq": 1, "resumed": True}
+
+    window = observer.window(SYNC, 1)
+    assert window.state is WindowState.STAGED
+    manifest = load_manifest(str(spec["staging"]), SYNC, 1)
+    assert manifest is not None
+    staged, n = _staged(manifest, "big")
+    source = _select(VitessHook("vitess_big"), "commerce", "big")
+    assert staged == source
+    assert n == len(source) == BIG_ROWS  # no row staged twice, none lost

@@ -1,0 +1,213 @@
+"""Operating events against the real vtgate, Spark and Delta: a target that is not what the sync
+last wrote is refused before anything is written, a re-snapshot heals it (discarding the
+unfinished window it was stuck on), a changed key asks for a re-snapshot, windows merge with
+the key they were staged with, and the connection's tablet type is the one every read uses.
+
+The merge runs through :class:`MergeRunner` (the merge operator's own code path) with the Spark
+job's ``merge`` in this process instead of a spark-submit, to keep each merge at seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
+from airflow_provider_vitess.exceptions import KeyChangedError, TargetIntegrityError, VStreamError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.keys import KeyOverrides
+from airflow_provider_vitess.merge.report import MergeReport
+from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
+from spark_jobs.merge_cdc import merge
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration.delta_check import assert_delta_equals_source, delta_history, spark_session
+from tests.integration.merge_workload import execute
+
+pytestmark = pytest.mark.integration
+
+A, B = "ops_a", "ops_b"
+
+
+@pytest.fixture(scope="module")
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    name, value = connection_uri_env("vitess_ops", vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        hook = VitessHook("vitess_ops")
+        execute(
+            hook,
+            f"CREATE TABLE IF NOT EXISTS commerce.{A} (id BIGINT NOT NULL PRIMARY KEY, "
+            "code VARCHAR(32) NOT NULL, note VARCHAR(64), UNIQUE KEY uk_code (code))",
+            f"CREATE TABLE IF NOT EXISTS commerce.{B} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(64))",
+        )
+        yield hook
+        hook.close()
+
+
+@dataclass
+class Sync:
+    """One sync of ``ops_a``/``ops_b`` with its store, staging and Delta root (all in tmp)."""
+
+    hook: VitessHook
+    root: Path
+    spec: SyncSpec
+    store: CheckpointStore
+    rng: random.Random
+
+    def runner(self, **spec: Any) -> CaptureRunner:
+        return CaptureRunner(self.hook, self.store, replace(self.spec, **spec), holder="test-ops")
+
+    def merge(self) -> MergeOutcome:
+        def submit(plan: object) -> MergeReport:
+            return merge(spark_session(), plan)  # type: ignore[arg-type]
+
+        return MergeRunner(self.store, self.spec.sync_id, str(self.delta), holder="test-ops-merge").run(
+            submit
+        )
+
+    @property
+    def delta(self) -> Path:
+        return self.root / "delta"
+
+    def workload(self, n: int = 20) -> None:
+        """Inserts, updates and deletes in both tables (fresh ids, so reruns never collide)."""
+        statements = []
+        for table in self.spec.tables:
+            for _ in range(n):
+                i = self.rng.randrange(1, 2**40)
+                code = f"'c{i}'" if table == A else None
+                cols = "id, code, note" if table == A else "id, note"
+                values = f"{i}, {code}, 'n{i}'" if table == A else f"{i}, 'n{i}'"
+                statements.append(f"INSERT INTO commerce.{table} ({cols}) VALUES ({values})")
+            statements.append(
+                f"UPDATE commerce.{table} SET note = 'u{self.rng.random():.6f}' ORDER BY id LIMIT 3"
+            )
+            statements.append(f"DELETE FROM commerce.{table} ORDER BY id DESC LIMIT 2")
+        execute(self.hook, *statements)
+
+    def assert_equal(self, tables: Sequence[str] | None = None) -> None:
+        assert_delta_equals_source(self.hook, "commerce", tables or self.spec.tables, self.delta)
+
+
+@pytest.fixture
+def sync(hook: VitessHook, tmp_path: Path) -> Iterator[Sync]:
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"ops-{uuid.uuid4().hex[:8]}", "commerce", (A, B), str(tmp_path / "stage"))
+    made = Sync(hook, tmp_path, spec, store, random.Random(11))
+    made.workload()
+    yield made
+    store.close()
+
+
+def test_a_deleted_or_restored_delta_table_is_refused_and_a_resnapshot_heals_it(sync: Sync) -> None:
+    sync.runner().snapshot()
+    sync.merge()
+    sync.workload()
+    sync.runner().catch_up()
+    assert sync.merge().seq == 2
+    sync.assert_equal()
+
+    # Deleted between runs: the next catch-up must not rebuild it from one window's rows.
+    shutil.rmtree(sync.delta / A)
+    versions_b = [c["version"] for c in delta_history(sync.delta / B)]
+    sync.workload()
+    sync.runner().catch_up()
+    with pytest.raises(TargetIntegrityError) as refused:
+        sync.merge()
+    message = str(refused.value)
+    assert f"table '{A}': the Delta table at {sync.delta / A} is missing" in message
+    assert "this sync last merged window 2 into it" in message
+    assert f'{{"resnapshot_tables": ["{A}"]}}' in message and "nothing was written" in message
+    assert not (sync.delta / A).exists()
+    assert [c["version"] for c in delta_history(sync.delta / B)] == versions_b  # untouched
+    stuck = sync.store.open_window(sync.spec.sync_id)
+    assert stuck is not None and (stuck.seq, stuck.state) == (3, WindowState.STAGED)
+
+    # The way out: re-snapshot that table. It discards the stuck window (not merged, so its
+    # changes are read again by the next catch-up) and rebuilds the table.
+    sync.runner().snapshot(tables=[A])
+    discarded = sync.store.window(sync.spec.sync_id, 3)
+    assert discarded.state is WindowState.FAILED and "discarded by a re-snapshot of ['ops_a']" in (
+        discarded.error or ""
+    )
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    sync.runner().catch_up()
+    sync.merge()
+    sync.assert_equal()
+
+    # Rolled back with RESTORE (Delta keeps the sync's transaction version through it).
+    spark_session().sql(f"RESTORE TABLE delta.`{sync.delta / B}` TO VERSION AS OF 0")
+    sync.workload()
+    sync.runner().catch_up()
+    with pytest.raises(
+        TargetIntegrityError, match=rf"table '{B}'.*was restored to an earlier version \(RESTORE"
+    ):
+        sync.merge()
+    sync.runner().snapshot(tables=[B])
+    sync.merge()
+    sync.runner().catch_up()
+    sync.merge()
+    sync.assert_equal()
+
+
+def test_a_changed_key_asks_for_a_resnapshot_and_windows_merge_with_their_own_key(sync: Sync) -> None:
+    sync.runner().snapshot()
+    sync.merge()
+    sync.workload()
+    by_code = {A: KeyOverrides(source_unique_key_columns=("code",))}
+    with pytest.raises(KeyChangedError) as refused:
+        sync.runner(key_overrides=by_code).catch_up()
+    message = str(refused.value)
+    assert f"table '{A}': its key is now ['code']" in message
+    assert "its Delta table was built with key ['id']" in message
+    assert f'{{"resnapshot_tables": ["{A}"]}}' in message
+    assert sync.store.open_window(sync.spec.sync_id) is None  # refused before planning a window
+
+    # A window staged with the old key keeps it for its merge, even after the key changed.
+    sync.runner().catch_up()
+    sync.runner(key_overrides=by_code).snapshot(tables=[A])  # re-snapshot with the new key...
+    staged = sync.store.window(sync.spec.sync_id, 2)
+    assert staged.state is WindowState.FAILED  # ...discards the unmerged window first
+    sync.merge()
+    assert json.loads(json.dumps(sync.store.sync_config(sync.spec.sync_id)["keys"][A]))["source_columns"] == [
+        "code"
+    ]
+    sync.workload()
+    sync.runner(key_overrides=by_code).catch_up()
+    window = sync.store.open_window(sync.spec.sync_id)
+    assert window is not None and window.stats["keys"][A]["source_columns"] == ["code"]
+    assert window.stats["keys"][B]["source_columns"] == ["id"]
+    sync.merge()
+    sync.assert_equal()
+
+
+def test_every_read_uses_the_connections_tablet_type(
+    vitess: LocalVitess, sync: Sync, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The local cluster has PRIMARY and REPLICA tablets and no RDONLY one.
+    for tablet_type in ("REPLICA", "RDONLY"):
+        name, value = connection_uri_env(f"vitess_{tablet_type.lower()}", vitess, tablet_type=tablet_type)
+        monkeypatch.setenv(name, value)
+    replica = VitessHook("vitess_replica")
+    runner = CaptureRunner(replica, sync.store, sync.spec, holder="test-replica")
+    runner.snapshot()
+    sync.merge()
+    sync.workload()
+    runner.catch_up()
+    sync.merge()
+    sync.assert_equal()
+
+    rdonly = CaptureRunner(VitessHook("vitess_rdonly"), sync.store, sync.spec, holder="test-rdonly")
+    with pytest.raises((VStreamError, Exception)) as failed:
+        rdonly.catch_up()
+    assert "RDONLY" in str(failed.value) or "rdonly" in str(failed.value).lower(), str(failed.value)

@@ -1,0 +1,179 @@
+"""The apply side of the window state machine without Spark: what a merge does with each
+window state, the key it merges with, the lock it holds, and what it records for the next
+merge's integrity check; and how the provider's errors end a task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
+from airflow_provider_vitess.exceptions import (
+    CheckpointError,
+    CorruptStagedDataError,
+    KeyChangedError,
+    StagingError,
+    SyncLockedError,
+    is_permanent,
+    permanent_by_name,
+)
+from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
+from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.report import (
+    MergeReport,
+    TableResult,
+    TableStatus,
+    WindowResult,
+    WriteMode,
+)
+from airflow_provider_vitess.merge.runner import MergeRunner, build_plan, merged_targets
+from airflow_provider_vitess.operators.merge import VitessMergeOperator
+from airflow_provider_vitess.utils.failures import task_failures
+from airflow_provider_vitess.vgtid import Vgtid
+
+START = Vgtid.for_keyspace("customer", "")
+END = Vgtid.from_json('[{"keyspace":"customer","shard":"0","gtid":"MariaDB/0-1-5","table_p_ks":[]}]')
+BY_ID = KeyChoice("t", ("id",), ("id",), "PRIMARY", "primary key", ("id",))
+BY_CODE = KeyChoice("t", ("code",), ("code",), "uk_code", "override", ("code",))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    store.ensure_sync("s1", "customer", ["t"], {"keys": {"t": BY_ID.to_dict()}})
+    return store
+
+
+def _never(plan: MergePlan) -> MergeReport:
+    raise AssertionError("nothing may be submitted")
+
+
+def _committed_snapshot(store: CheckpointStore) -> None:
+    seq = store.plan_window("s1", WindowKind.SNAPSHOT, START)
+    store.mark_staged("s1", seq, END, "/stage/s1/window=0000000001/_manifest.json")
+    store.mark_merged("s1", seq, {"t": 3})
+    store.commit("s1", seq)
+
+
+def test_a_window_merges_with_the_key_it_was_staged_with(store: CheckpointStore) -> None:
+    _committed_snapshot(store)
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, END)
+    stats = {"keys": {"t": BY_ID.to_dict()}}
+    store.mark_staged("s1", seq, END, "/stage/s1/window=0000000002/_manifest.json", stats)
+    # Meanwhile the sync's key config changed (e.g. a capture run with a new override).
+    store.ensure_sync("s1", "customer", ["t"], {"keys": {"t": BY_CODE.to_dict()}})
+    plan = build_plan(store, "s1", store.window("s1", seq), "/delta")
+    assert plan.targets["t"].key_columns == ("id",)
+    # ...and the plan carries what the sync last wrote to the table, for the integrity check.
+    assert (plan.targets["t"].last_merged_seq, plan.targets["t"].last_delta_version) == (1, 3)
+
+
+def test_a_merge_with_nothing_staged_does_nothing_and_names_the_task_that_owns_the_window(
+    store: CheckpointStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _committed_snapshot(store)
+    store.plan_window("s1", WindowKind.CATCHUP, END, END)  # its catch_up task failed while reading
+    outcome = MergeRunner(store, "s1", "/delta", holder="merge").run(_never)
+    assert (outcome.seq, outcome.committed_seq) == (None, 1)
+    assert "catchup window 2 is still being read (PLANNED); its 'catch_up' task resumes it" in outcome.message
+    # Through the operator (the DAG's merge_snapshot task in a run that snapshots nothing).
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STORE", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "store.db")})
+    )
+    operator = VitessMergeOperator(
+        task_id="merge_snapshot", sync_id="s1", target_location="/delta", checkpoint_conn_id="store"
+    )
+    assert operator.execute({}) == {"sync_id": "s1", "merged": None, "committed_seq": 1}
+
+
+def test_the_merge_holds_the_sync_lock(store: CheckpointStore) -> None:
+    _committed_snapshot(store)
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, END)
+    store.mark_staged("s1", seq, END, "/stage/s1/window=0000000002/_manifest.json")
+    with (
+        store.lock("s1", "capture of another run"),
+        pytest.raises(SyncLockedError, match="capture of another"),
+    ):
+        MergeRunner(store, "s1", "/delta", holder="merge").run(_never)
+    assert store.window("s1", seq).state is WindowState.STAGED
+
+
+def test_a_merged_window_records_the_tables_that_hold_it() -> None:
+    plan = MergePlan.from_json(
+        json.dumps(
+            {
+                "sync_id": "s1",
+                "windows": [{"seq": 4, "manifest_path": "/m", "replace_tables": ["empty"]}],
+                "targets": {
+                    t: {"table": t, "path": f"/d/{t}", "key_columns": ["id"], "key_from_source": ["id"]}
+                    for t in ("written", "again", "untouched", "empty")
+                },
+            }
+        )
+    )
+    results = (
+        TableResult("written", "/d/written", TableStatus.WRITTEN, delta_version=7),
+        TableResult("again", "/d/again", TableStatus.ALREADY_APPLIED, delta_version=5),
+        TableResult("untouched", "/d/untouched", TableStatus.NO_CHANGES),
+        TableResult("empty", "/d/empty", TableStatus.NO_CHANGES, WriteMode.REPLACE),
+    )
+    report = MergeReport("s1", (WindowResult(4, results),))
+    assert merged_targets(plan, report) == {"written": 7, "again": 5, "empty": None}
+
+
+def test_keys_change_only_through_a_resnapshot() -> None:
+    assert reconcile_keys("s1", {}, {"t": BY_CODE}) == {"t": BY_CODE}  # a new sync
+    assert reconcile_keys("s1", {"t": BY_ID}, {"t": BY_ID}) == {"t": BY_ID}
+    assert reconcile_keys("s1", {"t": BY_ID}, {"t": BY_CODE}, snapshot_of=["t"]) == {"t": BY_CODE}
+    with pytest.raises(KeyChangedError) as changed:
+        reconcile_keys("s1", {"t": BY_ID}, {"t": BY_CODE})
+    assert str(changed.value) == (
+        "sync 's1' table 't': its key is now ['code'] (override), but its Delta table was built with "
+        "key ['id'] (primary key); re-snapshot the table to rebuild it with the new key (trigger the "
+        'DAG with {"resnapshot_tables": ["t"]}), or restore the old key'
+    )
+
+
+def test_permanent_errors_fail_the_task_without_retries_and_without_their_library_chain() -> None:
+    assert is_permanent(KeyChangedError("x")) and permanent_by_name("KeyChangedError")
+    assert permanent_by_name("MergeSchemaError") and permanent_by_name("TargetIntegrityError")
+    assert not is_permanent(SyncLockedError("x")) and not permanent_by_name("SyncLockedError")
+    assert not permanent_by_name("Py4JJavaError")
+
+    def corrupt() -> None:
+        try:
+            raise OSError("short read")
+        except OSError as exc:
+            raise CorruptStagedDataError("part t/part-00001.parquet: 10 bytes, expected 20") from exc
+
+    with pytest.raises(AirflowFailException) as failed, task_failures(_Log()):
+        corrupt()
+    assert str(failed.value) == (
+        "CorruptStagedDataError: part t/part-00001.parquet: 10 bytes, expected 20 "
+        "(a permanent error: the task is not retried)"
+    )
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__
+
+    def transient() -> None:
+        try:
+            raise ConnectionResetError("peer")
+        except ConnectionResetError as exc:
+            raise StagingError("cannot write /stage") from exc
+
+    with pytest.raises(StagingError) as retried, task_failures(_Log()):
+        transient()
+    assert retried.value.__cause__ is None and retried.value.__suppress_context__
+    with pytest.raises(CheckpointError), task_failures(_Log()):
+        raise CheckpointError("kept as it is: retried")
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def debug(self, event: object, /, *args: object, **kwargs: object) -> None:
+        self.lines.append(str(event) % args)
