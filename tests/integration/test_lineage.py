@@ -111,18 +111,6 @@ def _ok(result: dict[str, Any], *tasks: str) -> None:
     assert not bad, f"tasks not successful: {bad}; all: {result['tasks']}\n{result['log'][-5000:]}"
 
 
-def _events(airflow: AirflowEnv) -> dict[str, list[dict[str, Any]]]:
-    """Asset events in Airflow's metadata database: {asset uri: [extra, ...]} in order."""
-    with sqlite3.connect(airflow.home / "airflow.db") as db:
-        rows = db.execute(
-            "SELECT a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
-        ).fetchall()
-    out: dict[str, list[dict[str, Any]]] = {}
-    for uri, extra in rows:
-        out.setdefault(uri, []).append(json.loads(extra))
-    return out
-
-
 def _queued(airflow: AirflowEnv) -> set[str]:
     """DAGs Airflow queued for an asset-triggered run (what the scheduler turns into runs)."""
     with sqlite3.connect(airflow.home / "airflow.db") as db:
@@ -164,7 +152,7 @@ def test_assets_and_openlineage_of_a_snapshot_then_a_catch_up_of_one_table(
     first = airflow.run_dag(DAG_ID)
     _ok(first, "snapshot", "merge_snapshot")
     uris = {t: f"file://{lake}/delta/{t}" for t in TABLES}
-    after_snapshot = _events(airflow)
+    after_snapshot = airflow.asset_events()
     for table in TABLES:
         (extra,) = after_snapshot[uris[table]]
         assert extra["sync_id"] == SYNC and extra["window_seq"] == 1 and extra["kind"] == "snapshot"
@@ -191,7 +179,7 @@ def test_assets_and_openlineage_of_a_snapshot_then_a_catch_up_of_one_table(
     )
     second = airflow.run_dag(DAG_ID)
     _ok(second, "wait_for_changes", "catch_up", "merge")
-    events = _events(airflow)
+    events = airflow.asset_events()
     assert len(events[uris["corder"]]) == 1, "a window that did not touch corder emitted an event for it"
     assert len(events[uris["customer"]]) == 2
     extra = events[uris["customer"]][-1]
