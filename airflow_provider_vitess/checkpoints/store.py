@@ -51,6 +51,7 @@ _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
 _CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
 _TARGET = cast(Table, models.TargetRow.__table__)
+_PROGRESS = cast(Table, models.TableProgressRow.__table__)
 # Where a MERGED window's stats keep the merge job's report.
 MERGE_REPORT = "merge_report"
 
@@ -311,16 +312,25 @@ class CheckpointStore:
             changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
             end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
             checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
-            if checkpoint is not None and WindowKind(row.kind) is WindowKind.SNAPSHOT:
-                # A re-snapshot (of some tables) while the sync already streams: the other tables
+            resnapshot = WindowKind(row.kind) is WindowKind.SNAPSHOT and checkpoint is not None
+            if checkpoint is not None and resnapshot and not self._covers_every_table(conn, sync_id, seq):
+                # A re-snapshot of some tables while the sync already streams: the other tables
                 # are only at the committed position, so the stream resumes there. Replaying the
                 # changes between it and the re-snapshot's end onto the re-copied tables is
                 # harmless: the merge keeps each key's last change, which is the copied state or
-                # newer.
+                # newer. (A re-snapshot of every table is a new start: the stream resumes at its
+                # end, past any change that could not be staged.)
                 end = cast(str, checkpoint.committed_vgtid)
             if changed:
                 self._advance_checkpoint(conn, sync_id, seq, end)
         return Vgtid.from_json(end)
+
+    def _covers_every_table(self, conn: Connection, sync_id: str, seq: int) -> bool:
+        tables = conn.execute(select(_SYNC.c.tables).where(_SYNC.c.sync_id == sync_id)).scalar()
+        copied = conn.execute(
+            select(_PROGRESS.c.table_name).where(_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq == seq)
+        ).scalars()
+        return set(tables or ()) <= set(copied)
 
     def _advance_checkpoint(self, conn: Connection, sync_id: str, seq: int, end: str) -> None:
         now = self._clock()

@@ -269,8 +269,10 @@ def evolve_table(
     add: Sequence[T.StructField],
     widen: Sequence[tuple[str, T.DataType]],
     column_mapping: bool,
+    drop: Sequence[str] = (),
 ) -> None:
-    """Schema changes before a MERGE (each its own commit; repeating them is a no-op)."""
+    """Schema changes before a MERGE (each its own commit; repeating them is a no-op). Dropping
+    needs column mapping, which ``column_mapping`` turns on first (``merge.schema`` decides)."""
     table = f"delta.{q(path)}"
     props = dict(TABLE_PROPERTIES)
     if column_mapping:
@@ -278,6 +280,9 @@ def evolve_table(
     if widen or column_mapping:
         sets = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({sets})")
+    if drop:
+        # IF EXISTS: the plan was made from the schema read when the run started.
+        spark.sql(f"ALTER TABLE {table} DROP COLUMNS IF EXISTS ({', '.join(q(n) for n in drop)})")
     if add:
         cols = ", ".join(
             f"{q(f.name)} {f.dataType.simpleString()}"
@@ -381,17 +386,14 @@ def merge_into(
     prune: Column | None,
 ) -> None:
     """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq).
-    Target columns the window does not have are set to NULL (the source no longer has them)."""
+    ``schema`` is the table's after the window's evolution: every column is one of the window's
+    (the others were dropped, ``merge.schema``)."""
     from delta.tables import DeltaTable
 
     condition = reduce(lambda a, b: a & b, [col(k, "t").eqNullSafe(col(k, "s")) for k in keys])
     if prune is not None:
         condition = condition & prune
-    have = set(final.columns)
-    values: dict[str, str | Column] = {
-        q(f.name): (col(f.name, "s").cast(f.dataType) if f.name in have else F.lit(None).cast(f.dataType))
-        for f in schema.fields
-    }
+    values: dict[str, str | Column] = {q(f.name): col(f.name, "s").cast(f.dataType) for f in schema.fields}
     is_delete = col(OP, "s") == DELETE
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(seq))

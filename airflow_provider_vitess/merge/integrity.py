@@ -4,7 +4,8 @@ A catch-up window holds only the changes since the previous window. Merged into 
 is not the one the previous windows built, it silently makes a wrong table: into a missing
 table it creates a partial one from this window's rows alone; into a table rolled back with
 ``RESTORE`` (or replaced) it re-applies nothing of what was lost. So before writing, each table
-a window merges into (not one it replaces: a snapshot rebuilds it whole) is compared with what
+a window merges into (not one the plan's first window replaces: a snapshot rebuilds it whole) is
+compared with what
 the checkpoint store recorded when the sync last merged into it (``TableTarget.last_*``):
 
 * the table must exist, unless the sync never needed one (its snapshot copied no rows);
@@ -31,8 +32,8 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
     """Raise :class:`TargetIntegrityError` for the first table that is not what the sync wrote."""
     last_seq = max(w.seq for w in plan.windows)
     for table in sorted(plan.targets):
-        if all(table in w.replace_tables for w in plan.windows):
-            continue  # rebuilt whole from a snapshot: nothing earlier counts
+        if table in plan.windows[0].replace_tables:
+            continue  # rebuilt whole by the plan's first window (a snapshot): nothing earlier counts
         problem = _problem(plan.targets[table], states[table], last_seq)
         if problem is not None:
             target = plan.targets[table]

@@ -250,7 +250,9 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
-        apply.evolve_table(spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping)
+        apply.evolve_table(
+            spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
+        )
     types = write_types(step.columns, step.schema)
     rows = apply.persist(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])

@@ -40,8 +40,28 @@ TINYINT/SMALLINT/INT -> DOUBLE). A narrower incoming type is written into the wi
 Anything else (VARCHAR -> INT, DATETIME -> TIMESTAMP, DECIMAL(30,2) -> DECIMAL(40,2) which
 becomes text) is refused with :class:`MergeSchemaError` naming the table and column, before
 anything is written; re-snapshotting the table (``replace_tables``) takes the new type.
-New source columns are added at the end (NULL in older rows); columns the source dropped stay in
-Delta, NULL in rows written after the drop.
+New source columns are added at the end (NULL in older rows).
+
+A column the source dropped is dropped from the Delta table too, for every row at once: when a
+merged window stages rows of the table and none of its schema versions has a Delta column (no
+staged column lands in it), that column is dropped with ``ALTER TABLE ... DROP COLUMNS`` before
+the window's MERGE, after switching the table to Delta column mapping by name (needed to drop a
+column; Delta >= 1.2 readers). A rename at the source is a drop of the old name and an add of the
+new one: the old column goes, the new one is NULL in rows not written since the rename (as any
+added column). So after the window every row agrees: the column does not exist, as after a
+re-snapshot of the table. A window that still stages rows with the column (written before the
+DDL, or by a shard that has not run it yet) keeps it; the first merged window without it drops
+it. A column that comes back is a new column, NULL in older rows (the dropped values stay gone).
+A key column cannot be dropped this way: the window is refused (the key cannot be fed).
+
+Why a drop and not "keep the column, NULL in every row": the decision depends only on the
+Delta schema and the window, and its effect shows in the Delta schema, so a rerun after a crash
+at any point decides again from what it finds (the column is there: drop it; gone: nothing to
+do), like an added column, and ends with the same table; nothing needs to remember that a drop
+was done. Setting every row NULL would rewrite the whole table in the window's MERGE commit and
+need a marker, written in another commit, to not rewrite it again on each later window. A drop
+is a metadata commit: the old values stay in the data files (and in time travel) until Delta
+rewrites them (``REORG TABLE ... APPLY (PURGE)``) and ``VACUUM`` removes the old files.
 """
 
 from __future__ import annotations
@@ -281,20 +301,22 @@ class Evolution:
     table: str
     add: tuple[T.StructField, ...] = ()
     widen: tuple[tuple[str, T.DataType, T.DataType], ...] = ()  # (column, from, to)
-    column_mapping: bool = False  # columns must be mapped by name first (see INVALID_NAME_CHARS)
+    # Columns must be mapped by name first: to drop a column, or for a name in INVALID_NAME_CHARS.
+    column_mapping: bool = False
     result: T.StructType = field(default_factory=T.StructType)
+    drop: tuple[str, ...] = ()  # Delta columns the source no longer has (module docstring)
 
     @property
     def changes(self) -> list[str]:
-        out = [f"add column {f.name} {f.dataType.simpleString()}" for f in self.add]
+        out = ["map columns by name"] if self.column_mapping else []
+        out += [f"drop column {n}" for n in self.drop]
+        out += [f"add column {f.name} {f.dataType.simpleString()}" for f in self.add]
         out += [f"widen column {n} {a.simpleString()} -> {b.simpleString()}" for n, a, b in self.widen]
-        if self.column_mapping:
-            out.insert(0, "map columns by name")
         return out
 
     @property
     def empty(self) -> bool:
-        return not (self.add or self.widen or self.column_mapping)
+        return not (self.add or self.widen or self.column_mapping or self.drop)
 
 
 def needs_column_mapping(names: Sequence[str]) -> bool:
@@ -308,10 +330,12 @@ def evolve(
     *,
     column_mapping_enabled: bool = False,
 ) -> Evolution:
-    """Columns to add and widen so that ``current`` takes the window's columns; raises
-    :class:`MergeSchemaError` (table, column, both types) when a column cannot take them."""
+    """Columns to drop, add and widen so that ``current`` takes the window's columns and keeps no
+    other (module docstring); raises :class:`MergeSchemaError` (table, column, both types) when
+    a column cannot take them."""
+    drop = dropped_columns(current, incoming)
     by_lower = {f.name.lower(): f for f in current.fields}
-    fields = list(current.fields)
+    fields = [f for f in current.fields if f.name not in drop]
     index = {f.name: i for i, f in enumerate(fields)}
     add: list[T.StructField] = []
     widen: list[tuple[str, T.DataType, T.DataType]] = []
@@ -334,8 +358,17 @@ def evolve(
             fields[index[col.name]] = T.StructField(col.name, col.type, True, existing.metadata)
             continue
         raise _incompatible(table, col.name, existing.dataType.simpleString(), col)
-    mapping = not column_mapping_enabled and needs_column_mapping([f.name for f in add])
-    return Evolution(table, tuple(add), tuple(widen), mapping, T.StructType(fields))
+    needs_mapping = bool(drop) or needs_column_mapping([f.name for f in add])
+    mapping = not column_mapping_enabled and needs_mapping
+    return Evolution(table, tuple(add), tuple(widen), mapping, T.StructType(fields), drop)
+
+
+def dropped_columns(current: T.StructType, incoming: WindowColumns) -> tuple[str, ...]:
+    """The Delta columns none of the window's schema versions feeds: the source dropped or renamed
+    them. Names compare case-insensitively, as Delta's do (a case-only rename is refused by
+    :func:`evolve`, not dropped)."""
+    fed = {c.name.lower() for c in incoming.columns}
+    return tuple(f.name for f in current.fields if f.name.lower() not in fed)
 
 
 def write_types(incoming: WindowColumns, result: T.StructType) -> dict[str, T.DataType]:

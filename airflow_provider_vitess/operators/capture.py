@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.progress import TableProgress
-from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
+from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner, WindowOutcome
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.operators._sync import (
@@ -146,7 +146,8 @@ class VitessSnapshotOperator(_SyncOperator):
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is
         asked for, do nothing (the normal scheduled run). ``False`` forces a full re-snapshot.
-    :param checkpoint_every_rows: how often a long copy records where to resume.
+    :param checkpoint_every_rows: how often a long copy records where to resume: a killed
+        snapshot recopies at most about this many rows.
 
     Returns (XCom) the staged window's summary, or ``{"snapshot": "not needed", ...}``.
     """
@@ -158,7 +159,7 @@ class VitessSnapshotOperator(_SyncOperator):
         *,
         resnapshot_tables: str | Sequence[str] | None = None,
         only_if_needed: bool = True,
-        checkpoint_every_rows: int = 50_000,
+        checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

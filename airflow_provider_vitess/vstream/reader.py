@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import wire
+from airflow_provider_vitess.vstream import copyrows, wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,11 @@ class VStreamReader:
             try:
                 stream = self._open_stream(self.build_request(self.resume_vgtid))
                 for response in stream:
-                    vevents = self._parse(response).events if isinstance(response, bytes) else response.events
+                    vevents = (
+                        copyrows.gather(response, self._parse(response).events)
+                        if isinstance(response, bytes)
+                        else response.events
+                    )
                     for vevent in vevents:
                         event = self._decoder.decode(vevent)
                         if isinstance(event, VgtidEvent):

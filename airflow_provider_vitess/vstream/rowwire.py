@@ -117,7 +117,7 @@ class LocatedRows:
     block_has_after: tuple[bool, ...]
 
 
-def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+def _varint_at(data: bytes, pos: int, max_bytes: int = _MAX_VARINT) -> tuple[int, int]:
     """(value, position after it) of one varint; per event only, never per row."""
     value = shift = 0
     while True:
@@ -127,7 +127,7 @@ def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
-        if shift >= 7 * _MAX_VARINT:
+        if shift >= 7 * max_bytes:
             raise ValueError("varint too long")
 
 

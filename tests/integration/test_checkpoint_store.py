@@ -289,6 +289,19 @@ def test_a_resnapshot_keeps_the_sync_position_and_catch_up_resumes_there(store: 
     assert store.plan_window(SYNC, WindowKind.CATCHUP, END_1, END_2) == 3
 
 
+def test_a_resnapshot_of_every_table_is_a_new_start(store: CheckpointStore) -> None:
+    # The way out of a change no window can stage: copy every table again, and the stream
+    # resumes at that copy's end, past the change.
+    for seq, end in ((1, END_1), (2, END_2)):
+        assert store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START) == seq
+        for table in TABLES:
+            store.update_progress(SYNC, seq, table, phase="copied")
+        store.mark_staged(SYNC, seq, end, f"m{seq}.json")
+        store.mark_merged(SYNC, seq)
+        assert store.commit(SYNC, seq) == end
+    assert store.committed(SYNC) == (END_2, 2)
+
+
 def test_commit_before_merged_is_refused_and_the_checkpoint_stays(store: CheckpointStore) -> None:
     store.plan_window(SYNC, "snapshot", SNAPSHOT_START)
     with pytest.raises(CheckpointError) as refused:

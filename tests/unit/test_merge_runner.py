@@ -5,6 +5,7 @@ merge's integrity check; and how the provider's errors end a task."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,55 @@ class _Log:
 
     def debug(self, event: object, /, *args: object, **kwargs: object) -> None:
         self.lines.append(str(event) % args)
+
+
+def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None:
+    from airflow_provider_vitess.exceptions import TargetIntegrityError
+    from airflow_provider_vitess.merge.integrity import check_targets
+    from airflow_provider_vitess.merge.steps import TableState
+
+    def plan(windows: list[tuple[int, list[str]]], seq: int | None, version: int | None) -> MergePlan:
+        target = {"table": "t", "path": "/d/t", "key_columns": ["id"], "key_from_source": ["id"]}
+        return MergePlan.from_json(
+            json.dumps(
+                {
+                    "sync_id": "s1",
+                    "windows": [{"seq": s, "manifest_path": "/m", "replace_tables": r} for s, r in windows],
+                    "targets": {"t": {**target, "last_merged_seq": seq, "last_delta_version": version}},
+                }
+            )
+        )
+
+    missing = {"t": TableState(exists=False)}
+    ok = {"t": TableState(exists=True, txn_version=4, version=9)}
+    check_targets(plan([(1, ["t"]), (2, [])], None, None), missing)  # a snapshot, then a catch-up
+    check_targets(plan([(5, [])], 4, 9), ok)
+    check_targets(plan([(5, [])], 4, None), missing)  # its snapshot had no rows: no table needed
+    Case = tuple[list[tuple[int, list[str]]], int | None, int | None, dict[str, TableState]]
+    cases: dict[str, Case] = {
+        "is missing: this sync last merged window 4 into it (Delta version 9)": ([(5, [])], 4, 9, missing),
+        "does not exist and this sync never built it": ([(5, [])], None, None, missing),
+        "holds this sync's windows only up to 4, but window 5 was merged": ([(6, [])], 5, 9, ok),
+        "holds window 4 of this sync, ahead of the checkpoint store": ([(3, [])], 2, 7, ok),
+        "is at Delta version 9, below version 12": ([(5, [])], 4, 12, ok),
+        "was restored to an earlier version (RESTORE at Delta version 10, 11)": (
+            [(5, [])],
+            4,
+            9,
+            {"t": TableState(exists=True, txn_version=4, version=11, restores=(10, 11))},
+        ),
+        "holds no window of this sync, but window 4 was merged": (
+            [(5, [])],
+            4,
+            9,
+            {"t": TableState(exists=True, version=3)},
+        ),
+        "merging this window into it would leave": ([(5, []), (6, ["t"])], 4, 9, missing),
+    }
+    for expected, (windows, seq, version, states) in cases.items():
+        with pytest.raises(TargetIntegrityError, match=re.escape(expected)) as refused:
+            check_targets(plan(windows, seq, version), states)
+        assert (
+            'Re-snapshot the table to rebuild it (trigger the DAG with {"resnapshot_tables": ["t"]})'
+            in str(refused.value)
+        )

@@ -183,10 +183,10 @@ def current(*fields: tuple[str, T.DataType]) -> T.StructType:
 
 def test_evolve_adds_and_widens_and_keeps_wider_columns() -> None:
     wc = window_columns(manifest_of(schema(ID64, NAME, QTY)), TARGET)
-    ev = evolve("t", current(("id", T.IntegerType()), ("name", T.StringType()), ("gone", T.LongType())), wc)
+    ev = evolve("t", current(("id", T.IntegerType()), ("name", T.StringType())), wc)
     assert [f.name for f in ev.add] == ["qty"]
     assert ev.widen == (("id", T.IntegerType(), T.LongType()),)
-    assert ev.result.fieldNames() == ["id", "name", "gone", "qty"]
+    assert ev.result.fieldNames() == ["id", "name", "qty"]
     assert ev.result["id"].dataType == T.LongType()
     assert ev.changes == ["add column qty int", "widen column id int -> bigint"]
     # A narrower incoming type is written into the wider column: no change.
@@ -194,6 +194,55 @@ def test_evolve_adds_and_widens_and_keeps_wider_columns() -> None:
     ev2 = evolve("t", current(("id", T.LongType()), ("name", T.StringType())), narrow)
     assert ev2.empty
     assert write_types(narrow, ev2.result) == {"id": T.LongType(), "name": T.StringType()}
+
+
+GONE = column("gone", Q.INT64, "bigint(20)")
+
+
+def test_evolve_drops_delta_columns_no_staged_column_feeds() -> None:
+    wc = window_columns(manifest_of(schema(ID, NAME)), TARGET)
+    delta = current(("id", T.IntegerType()), ("gone", T.LongType()), ("name", T.StringType()))
+    ev = evolve("t", delta, wc)
+    assert ev.drop == ("gone",)
+    assert ev.add == () and ev.widen == ()
+    assert ev.result.fieldNames() == ["id", "name"]
+    assert ev.column_mapping  # Delta drops a column only when columns are mapped by name
+    assert ev.changes == ["map columns by name", "drop column gone"]
+    assert not ev.empty
+    again = evolve("t", delta, wc, column_mapping_enabled=True)
+    assert (again.drop, again.column_mapping, again.changes) == (("gone",), False, ["drop column gone"])
+    # Once dropped (a rerun after the drop's commit, or any later window): nothing more to do.
+    done = evolve("t", ev.result, wc, column_mapping_enabled=True)
+    assert done.empty and done.result == ev.result
+
+
+def test_a_rename_is_a_drop_of_the_old_name_and_an_add_of_the_new() -> None:
+    renamed = column("label", Q.INT64, "bigint(20)")
+    wc = window_columns(manifest_of(schema(ID, NAME, renamed)), TARGET)
+    ev = evolve("t", current(("id", T.IntegerType()), ("name", T.StringType()), ("gone", T.LongType())), wc)
+    assert ev.drop == ("gone",)
+    assert [(f.name, f.dataType) for f in ev.add] == [("label", T.LongType())]
+    assert ev.result.fieldNames() == ["id", "name", "label"]
+    assert ev.changes == ["map columns by name", "drop column gone", "add column label bigint"]
+
+
+def test_a_column_some_version_of_the_window_stages_is_kept_and_renames_feed_their_target() -> None:
+    # Rows staged before the DROP in the same window still carry it: kept until a window without it.
+    wc = window_columns(manifest_of(schema(ID, NAME, GONE), schema(ID, NAME)), TARGET)
+    ev = evolve("t", current(("id", T.IntegerType()), ("name", T.StringType()), ("gone", T.LongType())), wc)
+    assert ev.drop == () and ev.empty
+    # A configured rename (source "name" -> target "title") feeds "title": not a dropped column.
+    target = TableTarget("t", "/x", ("id",), ("id",), {"name": "title"})
+    wc2 = window_columns(manifest_of(schema(ID, NAME)), target)
+    ev2 = evolve("t", current(("id", T.IntegerType()), ("title", T.StringType())), wc2)
+    assert ev2.empty
+
+
+def test_a_dropped_column_that_comes_back_is_a_new_column_of_its_new_type() -> None:
+    back = column("gone", Q.VARCHAR, "varchar(5)", charset=TEXT_CHARSET)
+    wc = window_columns(manifest_of(schema(ID, back)), TARGET)
+    ev = evolve("t", current(("id", T.IntegerType())), wc, column_mapping_enabled=True)
+    assert [(f.name, f.dataType) for f in ev.add] == [("gone", T.StringType())] and ev.drop == ()
 
 
 def test_evolve_refuses_an_incompatible_change_naming_table_and_column() -> None:

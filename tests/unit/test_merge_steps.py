@@ -123,3 +123,35 @@ def test_replace_resets_the_schema_and_an_empty_snapshot_truncates() -> None:
 def test_manifests_must_match_the_plan() -> None:
     with pytest.raises(MergePlanError, match="window order"):
         plan_steps(plan(w(1), w(2)), [manifest(2), manifest(1)], {"a": NEW, "b": NEW})
+
+
+def test_a_dropped_column_is_dropped_by_the_first_window_without_it_and_a_rerun_plans_the_same() -> None:
+    p = plan(w(2), w(3), w(4))
+    ms = [
+        manifest(2, table("a", (ID, NAME, EXTRA), (ID, NAME))),  # rows before and after the DROP
+        manifest(3, table("a", (ID, NAME))),
+        manifest(4, table("a", (ID, NAME))),
+    ]
+    before = existing(1, ("id", T.IntegerType()), ("name", T.StringType()), ("extra", T.DateType()))
+    steps = [s for s in plan_steps(p, ms, {"a": before, "b": NEW}) if s.table == "a"]
+    assert [s.action for s in steps] == [Action.MERGE] * 3
+    evolutions = [s.evolution for s in steps]
+    assert all(e is not None for e in evolutions)
+    assert [e.drop for e in evolutions if e is not None] == [(), ("extra",), ()]
+    assert [s.schema.fieldNames() for s in steps if s.schema is not None] == [
+        ["id", "name", "extra"],
+        ["id", "name"],
+        ["id", "name"],
+    ]
+    # A rerun after the DROP's commit and before window 3's MERGE: the table has no "extra" and
+    # txn version 2; the plan drops nothing more and ends at the same schema.
+    dropped = TableState(
+        True,
+        T.StructType([T.StructField("id", T.IntegerType()), T.StructField("name", T.StringType())]),
+        2,
+        column_mapping=True,
+    )
+    rerun = [s for s in plan_steps(p, ms, {"a": dropped, "b": NEW}) if s.table == "a"]
+    assert [s.action for s in rerun] == [Action.ALREADY_APPLIED, Action.MERGE, Action.MERGE]
+    assert all(s.evolution is not None and s.evolution.empty for s in rerun[1:])
+    assert rerun[-1].schema == steps[-1].schema
