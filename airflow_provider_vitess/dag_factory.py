@@ -87,6 +87,7 @@ def vitess_sync_dag(
         "checkpoint_conn_id": checkpoint_conn_id,
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
+        "tables": list(tables),  # each Delta table an outlet Asset
         **dict(merge_kwargs or {}),
     }
     dag = DAG(

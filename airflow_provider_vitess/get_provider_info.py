@@ -7,6 +7,9 @@ from typing import Any
 from airflow_provider_vitess import __version__
 from airflow_provider_vitess.hooks.connection_config import UI_FIELD_BEHAVIOUR, declared_conn_fields
 
+# vitess:// asset URIs: their check, factory and OpenLineage dataset.
+_URIS = "airflow_provider_vitess.lineage.uris"
+
 
 def get_provider_info() -> dict[str, Any]:
     return {
@@ -64,6 +67,14 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         },
+        "asset-uris": [
+            {
+                "schemes": ["vitess"],
+                "handler": f"{_URIS}.sanitize_uri",
+                "factory": f"{_URIS}.create_asset",
+                "to_openlineage_converter": f"{_URIS}.convert_asset_to_openlineage",
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": "vitess",

@@ -204,6 +204,25 @@ def summary(engine: sqlalchemy.Engine, env: dict[str, str]) -> None:
     spark.stop()
 
 
+def asset_events(airflow_db_path: Path) -> None:
+    """The asset events the merges emitted (one per Delta table a window changed)."""
+    airflow_db = sqlalchemy.create_engine(f"sqlite:///{airflow_db_path}")
+    with airflow_db.connect() as conn:
+        rows = conn.execute(
+            sqlalchemy.text(
+                "SELECT a.uri, e.source_task_id, e.extra FROM asset_event e "
+                "JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+            )
+        ).all()
+    airflow_db.dispose()
+    for uri, task_id, extra in rows:
+        x = json.loads(extra)
+        counts = f"+{x.get('rows_inserted')} ~{x.get('rows_updated')} -{x.get('rows_deleted')}"
+        print(f"{uri}  <- {task_id}: window {x.get('window_seq')} {x.get('kind')}  rows {counts}")
+    if not rows:
+        print("no asset events")
+
+
 def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
     (DEMO / "airflow").mkdir(parents=True)
@@ -231,6 +250,8 @@ def main() -> None:
     run_dag(env, "run2-incremental")
     step("result")
     summary(engine, env)
+    step("asset events (a DAG scheduled on a table's Asset runs after each)")
+    asset_events(DEMO / "airflow" / "airflow.db")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,8 @@ class CaptureRunner:
             {
                 "staging": self.spec.staging_location,
                 "keys": {t: choice.to_dict() for t, choice in self._keys.items()},
+                # The source's name in lineage (the merge task has no Vitess connection).
+                "vtgate": self.hook.config.grpc_target,
             },
         )
 

@@ -52,6 +52,8 @@ _PART = cast(Table, models.WindowPartRow.__table__)
 _CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
 _TARGET = cast(Table, models.TargetRow.__table__)
 _PROGRESS = cast(Table, models.TableProgressRow.__table__)
+# Where a MERGED window's stats keep the merge job's report.
+MERGE_REPORT = "merge_report"
 
 
 def default_url() -> str:
@@ -257,15 +259,27 @@ class CheckpointStore:
                 same,
             )
 
-    def mark_merged(self, sync_id: str, seq: int, targets: Mapping[str, int | None] | None = None) -> None:
+    def mark_merged(
+        self,
+        sync_id: str,
+        seq: int,
+        targets: Mapping[str, int | None] | None = None,
+        report: Mapping[str, Any] | None = None,
+    ) -> None:
         """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable.
 
         ``targets``: the tables that now hold this window, with the Delta version of its commit
         (None where no Delta table was needed or the version is unknown); recorded in the same
         transaction, for the integrity check of the next merge (:meth:`target_versions`).
+        ``report`` (the merge job's, JSON) is kept in the window's stats under ``merge_report``:
+        a task killed after this step reruns from MERGED and still knows what the merge changed.
         """
         with self._begin("MERGED mark") as conn:
-            self._transition(conn, sync_id, seq, WindowState.MERGED)
+            values = None
+            if report is not None:
+                stats = self._window_row(conn, sync_id, seq).stats or {}
+                values = {"stats": {**stats, MERGE_REPORT: dict(report)}}
+            self._transition(conn, sync_id, seq, WindowState.MERGED, values)
             for table, delta_version in (targets or {}).items():
                 self._record_target(conn, sync_id, table, seq, delta_version)
 

@@ -271,12 +271,15 @@ def _merge(
 def _result(step: Step, path: str, commit: apply.Commit, changes: tuple[str, ...]) -> TableResult:
     m = {k: int(v) for k, v in commit.metrics.items() if v.lstrip("-").isdigit()}
     if step.action is Action.MERGE:
+        inserted, updated = m.get("numTargetRowsInserted", 0), m.get("numTargetRowsUpdated", 0)
         return TableResult(
             step.table,
             path,
             TableStatus.WRITTEN,
             WriteMode.MERGE,
-            rows_upserted=m.get("numTargetRowsInserted", 0) + m.get("numTargetRowsUpdated", 0),
+            rows_upserted=inserted + updated,
+            rows_inserted=inserted,
+            rows_updated=updated,
             rows_deleted=m.get("numTargetRowsDeleted", 0),
             delta_version=commit.version,
             schema_changes=changes,
@@ -290,6 +293,7 @@ def _result(step: Step, path: str, commit: apply.Commit, changes: tuple[str, ...
         TableStatus.WRITTEN,
         WriteMode.REPLACE,
         rows_upserted=m.get("numOutputRows", 0),
+        rows_inserted=m.get("numOutputRows", 0),
         delta_version=commit.version,
     )
 

@@ -152,9 +152,19 @@ class MergePlan:
             raise MergePlanError(f"not a valid merge plan: {exc!r}") from None
 
 
+def target_path(
+    target_location: str, table: str, targets: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """Where ``table``'s Delta table is: its ``targets`` override, else ``<target_location>/<table>``."""
+    given = (targets or {}).get(table) or {}
+    return str(given.get("path") or f"{target_location.rstrip('/')}/{table}")
+
+
 def default_targets(
     tables: Sequence[str], target_location: str, key_columns: Mapping[str, Sequence[str]]
 ) -> dict[str, TableTarget]:
     """One Delta table per source table under ``target_location``, same names, same key."""
-    root = target_location.rstrip("/")
-    return {t: TableTarget(t, f"{root}/{t}", tuple(key_columns[t]), tuple(key_columns[t])) for t in tables}
+    return {
+        t: TableTarget(t, target_path(target_location, t), tuple(key_columns[t]), tuple(key_columns[t]))
+        for t in tables
+    }

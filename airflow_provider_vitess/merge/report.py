@@ -37,11 +37,13 @@ class TableResult:
     path: str
     status: TableStatus
     mode: WriteMode = WriteMode.MERGE
-    rows_upserted: int = 0
+    rows_upserted: int = 0  # rows_inserted + rows_updated
     rows_deleted: int = 0
     delta_version: int | None = None  # the commit that holds the window (written only)
     schema_changes: tuple[str, ...] = ()
     files_touched: int | None = None  # files the MERGE rewrote or marked (deletion vectors)
+    rows_inserted: int = 0  # a replace inserts every row it writes
+    rows_updated: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,8 @@ class TableResult:
             "delta_version": self.delta_version,
             "schema_changes": list(self.schema_changes),
             "files_touched": self.files_touched,
+            "rows_inserted": self.rows_inserted,
+            "rows_updated": self.rows_updated,
         }
 
     @classmethod
@@ -68,6 +72,8 @@ class TableResult:
             delta_version=None if d.get("delta_version") is None else int(d["delta_version"]),
             schema_changes=tuple(map(str, d.get("schema_changes") or ())),
             files_touched=None if d.get("files_touched") is None else int(d["files_touched"]),
+            rows_inserted=int(d.get("rows_inserted", 0)),
+            rows_updated=int(d.get("rows_updated", 0)),
         )
 
 

@@ -17,6 +17,7 @@ Spark submission as a function.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK, prune_after_commit
 from airflow_provider_vitess.vgtid import Vgtid
@@ -49,6 +51,7 @@ class MergeOutcome:
     committed_vgtid: Vgtid | None = None
     report: MergeReport | None = None
     message: str = ""
+    streamed_before: bool = False  # the sync had a committed position before this window
 
 
 def build_plan(
@@ -71,7 +74,7 @@ def build_plan(
         last = written.get(table)
         planned[table] = TableTarget(
             table=table,
-            path=str(given.get("path") or f"{root}/{table}"),
+            path=target_path(root, table, targets),
             key_columns=choice.target_columns,
             key_from_source=from_source,
             renames={**renames, **dict(given.get("renames") or {})},
@@ -91,6 +94,12 @@ def window_keys(store: CheckpointStore, sync_id: str, window: Window) -> dict[st
     """The keys the window was staged with (recorded with it), else the sync's (older windows)."""
     recorded = window.stats.get(WINDOW_KEYS) or store.sync_config(sync_id).get("keys") or {}
     return {t: KeyChoice.from_dict(c) for t, c in dict(recorded).items()}
+
+
+def recorded_report(window: Window) -> MergeReport | None:
+    """The report a MERGED window's merge kept in the store (:meth:`CheckpointStore.mark_merged`)."""
+    kept = window.stats.get(MERGE_REPORT)
+    return None if not kept else MergeReport.from_json(json.dumps(kept))
 
 
 def merged_targets(plan: MergePlan, report: MergeReport | None) -> dict[str, int | None]:
@@ -136,7 +145,7 @@ class MergeRunner:
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
             window = self.store.open_window(self.sync_id)
-            _, committed_seq = self.store.committed(self.sync_id)
+            before, committed_seq = self.store.committed(self.sync_id)
             if window is None:
                 return MergeOutcome(
                     committed_seq, message=f"nothing staged to merge (committed window {committed_seq})"
@@ -150,11 +159,12 @@ class MergeRunner:
                         "(clear that task in the run where it failed, or let the next run's task do it)"
                     ),
                 )
-            report = None
+            report = recorded_report(window)  # a MERGED window: what its merge recorded
             if window.state is WindowState.STAGED:
                 plan = build_plan(self.store, self.sync_id, window, self.target_location, self.targets)
                 report = submit(plan)
-                self.store.mark_merged(self.sync_id, window.seq, merged_targets(plan, report))
+                kept = None if report is None else json.loads(report.to_json())
+                self.store.mark_merged(self.sync_id, window.seq, merged_targets(plan, report), kept)
             committed = self.store.commit(self.sync_id, window.seq)
             self._prune(window)
             return MergeOutcome(
@@ -164,6 +174,7 @@ class MergeRunner:
                 committed,
                 report,
                 message=f"committed window {window.seq} at {committed.to_json()}",
+                streamed_before=before is not None,
             )
 
     def _prune(self, window: Window) -> None:

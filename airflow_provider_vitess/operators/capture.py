@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_vitess.capture.progress import TableProgress
 from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner, WindowOutcome
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.operators._sync import (
     as_tables,
     emit_metrics,
@@ -90,6 +91,7 @@ class _SyncOperator(BaseOperator):
         self.heartbeat_interval = heartbeat_interval
         self.zero_date_policy = zero_date_policy
         self.zero_date_policies = dict(zero_date_policies or {})
+        self._lineage: CaptureLineage | None = None
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
         return CaptureRunner(
@@ -112,6 +114,18 @@ class _SyncOperator(BaseOperator):
             holder=holder(context),
             emit_progress=self._progress,
         )
+
+    def _staged(self, runner: CaptureRunner, outcome: WindowOutcome) -> dict[str, Any]:
+        """The task's summary; remembers what was read for OpenLineage."""
+        spec = runner.spec
+        self._lineage = CaptureLineage(
+            runner.hook.config.grpc_target, spec.keyspace, spec.tables, outcome.manifest
+        )
+        return summary(outcome)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the Vitess tables read, with the staged schemas (see ``lineage``)."""
+        return capture_facets(self._lineage)
 
     def _progress(self, p: TableProgress) -> None:
         self.log.info("progress %s", p.line())
@@ -191,7 +205,7 @@ class VitessSnapshotOperator(_SyncOperator):
         started = time.monotonic()
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):
             outcome = runner.snapshot(tables=tables, checkpoint_every_rows=self.checkpoint_every_rows)
-        result = summary(outcome)
+        result = self._staged(runner, outcome)
         self.log.info(
             "staged snapshot window %d: %s rows (%s)",
             outcome.seq,
@@ -241,7 +255,7 @@ class VitessCatchUpOperator(_SyncOperator):
         with log_group(f"Vitess catch-up of {settings.keyspace} (sync {settings.sync_id})"):
             outcome = runner.catch_up(bounds)
         elapsed = time.monotonic() - started
-        result = summary(outcome)
+        result = self._staged(runner, outcome)
         lag = result["stats"].get("shard_lag_transactions", {})
         self.log.info(
             "staged catch-up window %d: %s row changes in %.1f s; shards behind the stop: %s",

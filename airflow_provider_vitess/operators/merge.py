@@ -27,9 +27,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_vitess.exceptions import permanent_by_name
+from airflow_provider_vitess.lineage import assets as lineage_assets
+from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
-from airflow_provider_vitess.merge.runner import MergeRunner
+from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
 from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store
 from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
@@ -62,6 +64,9 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
     :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
         UI" link then opens the merge's application there.
+    :param tables: the sync's tables, when known where the DAG is defined: each Delta table is
+        then an outlet Asset, and a window that changed a table emits an event for it (extra:
+        sync id, window seq and kind, committed VGTID, rows inserted/updated/deleted).
 
     Other arguments are ``SparkSubmitOperator``'s. The Delta package and session settings are
     added to ``packages``/``conf`` unless given. Returns (XCom) the merge summary; the committed
@@ -93,6 +98,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         spark_binary: str | None = None,
         env_vars: dict[str, Any] | None = None,
         spark_history_url: str | None = None,
+        tables: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -112,9 +118,12 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url
         self.spark_application_id: str | None = None  # from the job's report, for the link
+        self.table_uris = lineage_assets.declare(self, target_location, tables, targets)
+        self._lineage: MergeLineage | None = None
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
+        self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
         runner = MergeRunner(
             open_store(self.checkpoint_conn_id),
             self.sync_id,
@@ -131,6 +140,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         assert outcome.committed_vgtid is not None and outcome.kind is not None
         emit_metrics("merge", self.sync_id, {"duration": time.monotonic() - started}, timing=True)
         context["ti"].xcom_push(key="committed_vgtid", value=outcome.committed_vgtid.to_json())
+        self._lineage = self._record_lineage(context, runner, outcome)
         report = outcome.report
         return {
             "sync_id": self.sync_id,
@@ -139,6 +149,25 @@ class VitessMergeOperator(SparkSubmitOperator):
             "committed_vgtid": outcome.committed_vgtid.to_json(),
             "report": {} if report is None else json.loads(report.to_json()),
         }
+
+    def _record_lineage(
+        self, context: Any, runner: MergeRunner, outcome: MergeOutcome
+    ) -> MergeLineage | None:
+        """Asset events for the tables the window changed; what OpenLineage will ask for."""
+        if outcome.report is None or outcome.seq is None or outcome.committed_vgtid is None:
+            return None
+        kind = lineage_assets.window_kind(outcome.kind, outcome.streamed_before)
+        events = lineage_assets.window_events(outcome.report, outcome.seq, kind, outcome.committed_vgtid)
+        emitted = lineage_assets.emit(self, context, self.table_uris, events)
+        self.log.info("asset events for %d changed table(s): %s", len(emitted), emitted or "none")
+        window = runner.store.window(self.sync_id, outcome.seq)
+        plan = build_plan(runner.store, self.sync_id, window, self.target_location, self.targets)
+        vtgate = runner.store.sync_config(self.sync_id).get("vtgate")
+        return MergeLineage(vtgate, plan, outcome.report, outcome.seq)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the window's source tables in, its Delta tables out (see ``lineage``)."""
+        return merge_facets(self._lineage)
 
     def _local_master(self) -> bool:
         from airflow.sdk.bases.hook import BaseHook

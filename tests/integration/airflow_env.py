@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,17 @@ class AirflowEnv:
         return subprocess.run(
             [sys.executable, *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=True
         )
+
+    def asset_events(self) -> dict[str, list[dict[str, Any]]]:
+        """Asset events in the metadata database (SQLite): ``{asset uri: [extra, ...]}`` in order."""
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            rows = db.execute(
+                "SELECT a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+            ).fetchall()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for uri, extra in rows:
+            out.setdefault(uri, []).append(json.loads(extra))
+        return out
 
     def run_dag(
         self,

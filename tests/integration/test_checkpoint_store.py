@@ -248,9 +248,12 @@ def test_happy_path_advances_the_committed_vgtid(store: CheckpointStore) -> None
     store.mark_staged(SYNC, 1, END_1, "s3://lake/staging/1/manifest.json", {"events": 42, "bytes": 1000})
     assert store.window(SYNC, 1).state is WindowState.STAGED
     store.mark_staged(SYNC, 1, END_1, "s3://lake/staging/1/manifest.json")  # a retried task: no-op
-    store.mark_merged(SYNC, 1)
+    report = {"sync_id": SYNC, "windows": [{"seq": 1, "tables": []}]}
+    store.mark_merged(SYNC, 1, report=report)
     store.mark_merged(SYNC, 1)  # Delta already had the txn version: no-op
     assert store.committed(SYNC) == (None, 0)  # merged is not committed
+    # Kept beside the staging stats: a rerun from MERGED still knows what the merge changed.
+    assert store.window(SYNC, 1).stats == {"events": 42, "bytes": 1000, "merge_report": report}
     assert store.commit(SYNC, 1) == END_1
     assert store.committed(SYNC) == (END_1, 1)
     assert store.commit(SYNC, 1) == END_1  # idempotent repeat
@@ -260,7 +263,7 @@ def test_happy_path_advances_the_committed_vgtid(store: CheckpointStore) -> None
     assert committed.state is WindowState.COMMITTED
     assert committed.end_vgtid == END_1
     assert committed.manifest_path == "s3://lake/staging/1/manifest.json"
-    assert committed.stats == {"events": 42, "bytes": 1000}
+    assert committed.stats == {"events": 42, "bytes": 1000, "merge_report": report}
 
     assert store.plan_window(SYNC, "catchup", END_1, END_2) == 2
     store.mark_staged(SYNC, 2, END_2, "m2.json")

@@ -150,18 +150,31 @@ def test_a_failed_merge_is_rerun_without_moving_the_checkpoint_on_failure(
         assert applied, f"{table}: no Delta commit carries a transaction id"
         assert max(applied.values()) == 1, f"{table}: a window was applied twice: {applied}"
         assert any(version == window.seq for _, version in applied), applied
+    # The failed try committed to Delta but emitted no event; the rerun emits them, counts unknown.
+    for table in TABLES:
+        ours = [
+            e for e in airflow.asset_events()[f"file://{lake}/delta/{table}"] if e["window_seq"] == window.seq
+        ]
+        assert [(e["kind"], e["rows_inserted"]) for e in ours] == [("catchup", None)], ours
 
 
 def test_resnapshot_param_replaces_only_the_chosen_table(
     airflow: AirflowEnv, hook: VitessHook, lake: Path
 ) -> None:
     versions_before = {t: max(v for _, _, v in delta_txns(lake / "delta" / t)) for t in TABLES}
+    events_before = airflow.asset_events()
     result = airflow.run_dag("dag_test_sync", conf={"resnapshot_tables": ["customer"]})
     _ok(result, "snapshot", "merge_snapshot")
     assert "re-snapshot of customer" in result["log"]
     txns = {t: delta_txns(lake / "delta" / t) for t in TABLES}
     assert max(v for _, _, v in txns["customer"]) > versions_before["customer"]
     assert max(v for _, _, v in txns["corder"]) == versions_before["corder"], "corder was rewritten"
+    # Asset events: the re-copied table gets one, named a re-snapshot; corder gets none.
+    events = airflow.asset_events()
+    customer, corder = (f"file://{lake}/delta/{t}" for t in TABLES)
+    new = events[customer][len(events_before[customer]) :]
+    assert [(e["kind"], e["mode"]) for e in new][:1] == [("re-snapshot", "replace")], new
+    assert len(events[corder]) == len(events_before[corder]), "corder was not re-copied: no event"
     assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
 
 

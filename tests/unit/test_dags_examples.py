@@ -15,6 +15,7 @@ def test_every_example_dag_loads() -> None:
     assert sorted(bag.dag_ids) == [
         "vitess_commerce_multi",
         "vitess_commerce_sync",
+        "vitess_corder_consumer",
         "vitess_customer_multi",
         "vitess_customer_sync",
     ]
@@ -28,3 +29,7 @@ def test_every_example_dag_loads() -> None:
     ]
     assert bag.dags["vitess_commerce_sync"].schedule is None  # manual: re-snapshots on demand
     assert bag.dags["vitess_customer_sync"].schedule == "*/5 * * * *"
+    # The consumer is scheduled on exactly the Asset the sync's merge tasks declare for corder.
+    merge_outlets = {o.uri for o in incremental.get_task("merge").outlets}
+    consumer_assets = {a.uri for a in bag.dags["vitess_corder_consumer"].timetable.asset_condition.objects}
+    assert consumer_assets <= merge_outlets and len(consumer_assets) == 1, (consumer_assets, merge_outlets)
