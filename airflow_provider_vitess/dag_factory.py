@@ -41,6 +41,7 @@ def vitess_sync_dag(
     vitess_conn_id: str = "vitess_default",
     spark_conn_id: str = "spark_default",
     checkpoint_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
     schedule: str | timedelta | None = "*/5 * * * *",
     start_date: datetime | None = None,
     key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
@@ -60,6 +61,9 @@ def vitess_sync_dag(
     ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
     to the tables past the committed position; without one the run ends early (skipped tasks),
     so frequent schedules cost seconds when nothing changes.
+
+    ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
+    both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
     """
     if not tables:
         raise ValueError(f"DAG {dag_id!r}: no tables given")
@@ -71,6 +75,7 @@ def vitess_sync_dag(
         "staging_location": staging_location,
         "vitess_conn_id": vitess_conn_id,
         "checkpoint_conn_id": checkpoint_conn_id,
+        "aws_conn_id": aws_conn_id,
         "key_overrides": dict(key_overrides or {}),
         "key_columns": dict(key_columns or {}),
     }
@@ -78,6 +83,7 @@ def vitess_sync_dag(
         "sync_id": sync,
         "target_location": target_location,
         "checkpoint_conn_id": checkpoint_conn_id,
+        "aws_conn_id": aws_conn_id,
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
         **dict(merge_kwargs or {}),

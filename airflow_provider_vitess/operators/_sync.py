@@ -19,6 +19,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
+from airflow_provider_vitess.object_storage import S3Settings
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,22 @@ def store_url(checkpoint_conn_id: str | None) -> str:
     if conn.conn_type == "sqlite" and conn.host:
         return f"sqlite:///{conn.host}"
     return f"{driver}://{rest}"
+
+
+def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
+    """Object-storage settings from the Airflow ``aws`` connection, if one is named."""
+    if not aws_conn_id:
+        return None
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(aws_conn_id)
+    return S3Settings.from_connection(
+        conn_id=aws_conn_id,
+        conn_type=conn.conn_type,
+        login=conn.login,
+        password=conn.password,
+        extra=conn.extra_dejson,
+    )
 
 
 def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
