@@ -13,7 +13,10 @@ The plan is a :class:`~airflow_provider_vitess.merge.plan.MergePlan` (JSON). The
 must have this provider and ``delta-spark`` installed (it reads the manifests, verifies the
 staged files' checksums and plans the schema changes); executors need only PySpark. The staging
 location must be a path or URL that both fsspec and Spark/Hadoop read (a local or shared path,
-``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration.
+``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration. For
+S3, the usual AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``; see :mod:`airflow_provider_vitess.object_storage`)
+configure both fsspec and S3A: the job sets them on its session, not on the command line.
 
 What a run does, in order, before writing anything: load every window's manifest (a missing one
 is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +71,7 @@ from airflow_provider_vitess.merge.schema import (
 )
 from airflow_provider_vitess.merge.spark_conf import spark_conf
 from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
+from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import MANIFEST_NAME
@@ -320,15 +325,26 @@ def session(app_name: str) -> SparkSession:
 
     given = SparkConf()
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf().items():
+    s3 = S3Settings.from_environment(os.environ)
+    for key, value in {**spark_conf(), **(s3.hadoop_conf() if s3 else {})}.items():
         if not given.contains(key):
             builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
+def use_s3_settings(s3: S3Settings) -> None:
+    """fsspec's defaults for ``s3://`` and ``s3a://`` in this process (manifests, checksums)."""
+    import fsspec.config
+
+    fsspec.config.conf.setdefault("s3", {}).update(s3.storage_options())
+
+
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     args = _args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    s3 = S3Settings.from_environment(os.environ)
+    if s3 is not None:
+        use_s3_settings(s3)
     try:
         plan = MergePlan.from_json(
             args.plan_json if args.plan_json is not None else _read_text(args.plan_file)

@@ -21,14 +21,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
-from airflow_provider_vitess.exceptions import CheckpointError
+from airflow_provider_vitess.exceptions import CheckpointError, VitessConnectionError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
-from airflow_provider_vitess.operators._sync import emit_metrics, log_group, open_store
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF, packages_for
+from airflow_provider_vitess.operators._sync import emit_metrics, log_group, open_store, s3_settings
 
 REPORT_ARG = "--report-file"
 
@@ -84,10 +85,15 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
+    :param aws_conn_id: an Airflow ``aws`` connection for ``s3a://`` staging and Delta tables:
+        its keys reach the job through the spark-submit process's environment only (see
+        :mod:`airflow_provider_vitess.object_storage`), so with YARN or k8s masters, whose
+        spark-submit puts that environment on its command line, leave it unset and give the
+        cluster its own S3 credentials.
 
-    Other arguments are ``SparkSubmitOperator``'s. The Delta package and session settings are
-    added to ``packages``/``conf`` unless given. Returns (XCom) the merge summary; the committed
-    VGTID is also pushed under the key ``committed_vgtid``.
+    Other arguments are ``SparkSubmitOperator``'s. The Delta package (with Hadoop's S3A for S3
+    locations) and session settings are added to ``packages``/``conf`` unless given. Returns
+    (XCom) the merge summary; the committed VGTID is also pushed under the key ``committed_vgtid``.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "sync_id", "target_location")
@@ -100,6 +106,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         target_location: str,
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         checkpoint_conn_id: str | None = None,
+        aws_conn_id: str | None = None,
         application: str | None = None,
         packages: str | None = None,
         conf: dict[str, Any] | None = None,
@@ -122,6 +129,8 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.target_location = target_location
         self.targets = targets
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.aws_conn_id = aws_conn_id
+        self._packages_given = packages is not None
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -165,11 +174,36 @@ class VitessMergeOperator(SparkSubmitOperator):
             return False
         return (conn.host or "").startswith("local")
 
+    def _get_hook(self) -> SparkSubmitHook:
+        # Object-store credentials reach spark-submit through its process environment only:
+        # never through a rendered field (env_vars is one) nor the logged command line.
+        s3 = s3_settings(self.aws_conn_id)
+        if s3 is None:
+            return super()._get_hook()
+        from airflow.sdk.bases.hook import BaseHook
+
+        master = BaseHook.get_connection(self._conn_id).host or ""
+        if master.startswith(("yarn", "k8s")):
+            raise VitessConnectionError(
+                f"aws_conn_id {self.aws_conn_id!r} cannot be used with the {master!r} master: its "
+                "spark-submit would put the credentials on its command line; leave aws_conn_id unset "
+                "and give the cluster S3 credentials of its own (instance role, Hadoop configuration)"
+            )
+        rendered = self.env_vars
+        self.env_vars = {**(rendered or {}), **s3.environment()}
+        try:
+            return super()._get_hook()
+        finally:
+            self.env_vars = rendered
+
     def _submit(self, plan: MergePlan, context: Any) -> dict[str, Any]:
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
             # a small window's merge time; the user's own conf still wins.
             self.conf = {**LOCAL_CONF, **(self.conf or {})}
+        if not self._packages_given:
+            paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
+            self.packages = packages_for(paths)
         with tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp:
             report_file = Path(tmp) / "report.json"
             self.application_args = ["--plan-json", plan.to_json(), REPORT_ARG, str(report_file)]

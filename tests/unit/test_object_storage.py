@@ -120,3 +120,34 @@ def test_s3a_jars_are_added_only_for_s3_locations() -> None:
     assert (
         packages_for(["/tmp/lake/delta/t", "s3a://lake/staging/x"]) == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}"
     )
+
+
+def _merge_operator(monkeypatch: pytest.MonkeyPatch, master: str) -> Any:
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_X", json.dumps({"conn_type": "spark", "host": master}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_S3",
+        json.dumps(
+            {"conn_type": "aws", "login": "AKID", "password": "s3cr3t", "extra": {"endpoint_url": ENDPOINT}}
+        ),
+    )
+    return VitessMergeOperator(
+        task_id="merge", sync_id="s", target_location="s3a://lake/d", conn_id="spark_x", aws_conn_id="lake_s3"
+    )
+
+
+def test_the_merge_gets_the_keys_in_its_process_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    op = _merge_operator(monkeypatch, "local[2]")
+    hook = op._get_hook()
+    assert hook._env_vars["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
+    assert "s3cr3t" not in str(op.env_vars), "the secret went into a rendered field"
+    assert "s3cr3t" not in " ".join(hook._build_spark_submit_command(op.application))
+
+
+@pytest.mark.parametrize("master", ["yarn", "k8s://https://kube:6443"])
+def test_masters_that_put_the_environment_on_the_command_line_are_refused(
+    monkeypatch: pytest.MonkeyPatch, master: str
+) -> None:
+    with pytest.raises(VitessConnectionError, match="command line"):
+        _merge_operator(monkeypatch, master)._get_hook()
