@@ -297,6 +297,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument("--plan-json", help="the MergePlan as JSON text")
     src.add_argument("--plan-file", help="a file (local path or fsspec URL) holding the MergePlan JSON")
     p.add_argument("--report-file", help="also write the report JSON here")
+    p.add_argument("--jars-file", help="write the jars Spark was given (spark.jars), for later --jars")
     p.add_argument(
         "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
     )
@@ -350,6 +351,8 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
             args.plan_json if args.plan_json is not None else _read_text(args.plan_file)
         )
         spark = spark or session(f"vitess-merge {plan.sync_id}")
+        if args.jars_file:
+            _write_text(args.jars_file, spark.sparkContext.getConf().get("spark.jars", ""))
 
         def emit(seq: int, table: str, phase: str) -> None:
             print(PROGRESS_PREFIX + json.dumps({"seq": seq, "table": table, "phase": phase}), flush=True)

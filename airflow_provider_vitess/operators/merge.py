@@ -27,6 +27,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError, VitessConnectionError
 from airflow_provider_vitess.keys import KeyChoice
+from airflow_provider_vitess.merge.jar_cache import cached_jars, default_cache_dir, remember_jars
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF, packages_for
 from airflow_provider_vitess.operators._sync import emit_metrics, log_group, open_store, s3_settings
@@ -84,6 +85,9 @@ class VitessMergeOperator(SparkSubmitOperator):
         writes to: a local path, ``s3a://``, ``abfss://``...).
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
+    :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
+        the first submit resolves them and later ones pass ``--jars`` (default
+        ``~/.cache/airflow-provider-vitess/spark-jars`` on the worker).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
     :param aws_conn_id: an Airflow ``aws`` connection for ``s3a://`` staging and Delta tables:
         its keys reach the job through the spark-submit process's environment only (see
@@ -107,6 +111,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         checkpoint_conn_id: str | None = None,
         aws_conn_id: str | None = None,
+        jars_cache_dir: str | None = None,
         application: str | None = None,
         packages: str | None = None,
         conf: dict[str, Any] | None = None,
@@ -131,6 +136,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.checkpoint_conn_id = checkpoint_conn_id
         self.aws_conn_id = aws_conn_id
         self._packages_given = packages is not None
+        self.jars_cache_dir = Path(jars_cache_dir) if jars_cache_dir else default_cache_dir()
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -196,6 +202,20 @@ class VitessMergeOperator(SparkSubmitOperator):
         finally:
             self.env_vars = rendered
 
+    def _jars_from_cache(self) -> tuple[str | None, ...] | None:
+        """Swap ``packages`` for the jars an earlier submit resolved for them (no Ivy run); else
+        the key to remember this submit's jars under (None: no packages to resolve)."""
+        if not self.packages:
+            return None
+        key = (self.packages, self._repositories, self.exclude_packages)
+        jars = cached_jars(self.jars_cache_dir, key)
+        if jars is None:
+            return key
+        self.log.info("%d jars resolved earlier for %s: no dependency resolution", len(jars), self.packages)
+        self.jars = ",".join([*filter(None, (self.jars or "").split(",")), *jars])
+        self.packages = None
+        return None
+
     def _submit(self, plan: MergePlan, context: Any) -> dict[str, Any]:
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
@@ -206,9 +226,17 @@ class VitessMergeOperator(SparkSubmitOperator):
             self.packages = packages_for(paths)
         with tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp:
             report_file = Path(tmp) / "report.json"
+            jars_file = Path(tmp) / "jars.txt"
             self.application_args = ["--plan-json", plan.to_json(), REPORT_ARG, str(report_file)]
+            given = set(filter(None, (self.jars or "").split(",")))
+            resolve = self._jars_from_cache()
+            if resolve is not None:
+                self.application_args += ["--jars-file", str(jars_file)]
             self._hook = None  # the hook captures application_args when built
             super().execute(context)
+            if resolve is not None and jars_file.exists():
+                resolved = [j for j in jars_file.read_text().split(",") if j and j not in given]
+                remember_jars(self.jars_cache_dir, resolve, resolved)
             if report_file.exists():
                 report: dict[str, Any] = json.loads(report_file.read_text())
                 return report
