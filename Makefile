@@ -21,7 +21,7 @@ test: lint vitess
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[spark,test]" "apache-airflow==$(AIRFLOW_VERSION)"
+	$(BIN)/pip install -q -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
 protos: $(STAMP)

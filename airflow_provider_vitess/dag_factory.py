@@ -41,6 +41,7 @@ def vitess_sync_dag(
     vitess_conn_id: str = "vitess_default",
     spark_conn_id: str = "spark_default",
     checkpoint_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
     schedule: str | timedelta | None = "*/5 * * * *",
     start_date: datetime | None = None,
     key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
@@ -65,6 +66,8 @@ def vitess_sync_dag(
 
     ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
     what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
+    ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
+    both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
     """
     if not tables:
         raise ValueError(f"DAG {dag_id!r}: no tables given")
@@ -76,6 +79,7 @@ def vitess_sync_dag(
         "staging_location": staging_location,
         "vitess_conn_id": vitess_conn_id,
         "checkpoint_conn_id": checkpoint_conn_id,
+        "aws_conn_id": aws_conn_id,
         "key_overrides": dict(key_overrides or {}),
         "key_columns": dict(key_columns or {}),
         "zero_date_policy": zero_date_policy,
@@ -85,6 +89,7 @@ def vitess_sync_dag(
         "sync_id": sync,
         "target_location": target_location,
         "checkpoint_conn_id": checkpoint_conn_id,
+        "aws_conn_id": aws_conn_id,
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
         "tables": list(tables),  # each Delta table an outlet Asset

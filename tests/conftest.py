@@ -48,6 +48,48 @@ def vitess() -> LocalVitess:
     return _start_cluster()
 
 
+@dataclass(frozen=True)
+class LocalS3:
+    """The local S3-compatible server of ``dev/local_s3.sh`` (VersityGW, posix backend)."""
+
+    endpoint_url: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    buckets: tuple[str, ...]
+    data_dir: Path  # where the posix backend keeps the buckets' objects as files
+
+    def connection_env(self, conn_id: str) -> tuple[str, str]:
+        """(env var name, value) defining an Airflow ``aws`` connection to this server."""
+        value = {
+            "conn_type": "aws",
+            "login": self.access_key_id,
+            "password": self.secret_access_key,
+            "extra": {"endpoint_url": self.endpoint_url, "region_name": self.region},
+        }
+        return f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(value)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[LocalS3]:
+    """The local S3 server for this session; stopped at the end if this session started it."""
+    script = str(REPO / "dev" / "local_s3.sh")
+    was_running = subprocess.run([script, "status"], capture_output=True, check=False).returncode == 0
+    out = subprocess.run([script, "start"], check=True, capture_output=True, text=True).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    secret_file = Path(values["S3_SECRET_KEY_FILE"])
+    yield LocalS3(
+        endpoint_url=values["S3_ENDPOINT_URL"],
+        region=values["S3_REGION"],
+        access_key_id=values["S3_ACCESS_KEY_ID"],
+        secret_access_key=secret_file.read_text().strip(),
+        buckets=tuple(values["S3_BUCKETS"].split()),
+        data_dir=Path(values["S3_DATA_DIR"]),
+    )
+    if not was_running:
+        subprocess.run([script, "stop"], check=False, capture_output=True)
+
+
 def connection_uri_env(conn_id: str, cluster: LocalVitess, **extra: object) -> tuple[str, str]:
     """(env var name, value) defining an Airflow connection to the local vtgate."""
     value = {

@@ -65,7 +65,8 @@ class SyncSpec:
     keyspace: str
     tables: tuple[str, ...]
     staging_location: str
-    storage_options: Mapping[str, Any] | None = None
+    # May hold object-store credentials (from an aws connection): kept out of repr and logs.
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     # Explicit staged key per table (skips the key choice); otherwise the key is chosen by the
     # VReplication rules from the table's indexes, with ``key_overrides`` applied.
     key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)

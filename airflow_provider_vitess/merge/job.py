@@ -13,7 +13,10 @@ The plan is a :class:`~airflow_provider_vitess.merge.plan.MergePlan` (JSON). The
 must have this provider and ``delta-spark`` installed (it reads the manifests, verifies the
 staged files' checksums and plans the schema changes); executors need only PySpark. The staging
 location must be a path or URL that both fsspec and Spark/Hadoop read (a local or shared path,
-``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration.
+``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration. For
+S3, the usual AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``; see :mod:`airflow_provider_vitess.object_storage`)
+configure both fsspec and S3A: the job sets them on its session, not on the command line.
 
 What a run does, in order, before writing anything: load every window's manifest (a missing one
 is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
@@ -40,6 +43,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +73,7 @@ from airflow_provider_vitess.merge.schema import (
 )
 from airflow_provider_vitess.merge.spark_conf import spark_conf
 from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
+from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import MANIFEST_NAME
@@ -307,6 +312,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument("--plan-json", help="the MergePlan as JSON text")
     src.add_argument("--plan-file", help="a file (local path or fsspec URL) holding the MergePlan JSON")
     p.add_argument("--report-file", help="also write the report JSON here")
+    p.add_argument("--jars-file", help="write the jars Spark was given (spark.jars), for later --jars")
     p.add_argument(
         "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
     )
@@ -335,7 +341,8 @@ def session(app_name: str) -> SparkSession:
 
     given = SparkConf()
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf().items():
+    s3 = S3Settings.from_environment(os.environ)
+    for key, value in {**spark_conf(), **(s3.hadoop_conf() if s3 else {})}.items():
         if not given.contains(key):
             builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -353,14 +360,26 @@ def _report_error(report_file: str | None, exc: Exception) -> None:
             log.warning("could not write the error to %s: %s", report_file, write_error)
 
 
+def use_s3_settings(s3: S3Settings) -> None:
+    """fsspec's defaults for ``s3://`` and ``s3a://`` in this process (manifests, checksums)."""
+    import fsspec.config
+
+    fsspec.config.conf.setdefault("s3", {}).update(s3.storage_options())
+
+
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     args = _args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    s3 = S3Settings.from_environment(os.environ)
+    if s3 is not None:
+        use_s3_settings(s3)
     try:
         plan = MergePlan.from_json(
             args.plan_json if args.plan_json is not None else _read_text(args.plan_file)
         )
         spark = spark or session(f"vitess-merge {plan.sync_id}")
+        if args.jars_file:
+            _write_text(args.jars_file, spark.sparkContext.getConf().get("spark.jars", ""))
 
         def emit(seq: int, table: str, phase: str) -> None:
             print(PROGRESS_PREFIX + json.dumps({"seq": seq, "table": table, "phase": phase}), flush=True)

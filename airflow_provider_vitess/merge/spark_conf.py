@@ -14,13 +14,19 @@ without PySpark installed on the Airflow worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+from airflow_provider_vitess.object_storage import is_s3_url
 
 # Keep in step with the `spark` extra's pins (pyspark / delta-spark) in pyproject.toml.
 SPARK_VERSION = "4.2.0"
 DELTA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
 DELTA_PACKAGE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
+# Hadoop's S3A file system (``s3a://``) for the Hadoop that the pinned PySpark ships
+# (pyspark/jars/hadoop-client-api-*.jar); it brings the AWS SDK bundle it was built with.
+HADOOP_VERSION = "3.5.0"
+HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}"
 
 # What every session of the job needs, whatever the cluster.
 BASE_CONF: Mapping[str, str] = {
@@ -62,6 +68,12 @@ TABLE_PROPERTIES: Mapping[str, str] = {
 COLUMN_MAPPING_PROPERTIES: Mapping[str, str] = {
     "delta.columnMapping.mode": "name",
 }
+
+
+def packages_for(locations: Iterable[str]) -> str:
+    """``--packages`` for a job touching ``locations``: Delta, plus S3A for S3 URLs."""
+    s3 = any(is_s3_url(loc) for loc in locations)
+    return ",".join((DELTA_PACKAGE, HADOOP_AWS_PACKAGE) if s3 else (DELTA_PACKAGE,))
 
 
 def spark_conf(*, local: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -20,6 +20,7 @@ from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
+from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,22 @@ def store_url(checkpoint_conn_id: str | None) -> str:
     from airflow.sdk.bases.hook import BaseHook
 
     return url_from_connection(BaseHook.get_connection(checkpoint_conn_id))
+
+
+def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
+    """Object-storage settings from the Airflow ``aws`` connection, if one is named."""
+    if not aws_conn_id:
+        return None
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(aws_conn_id)
+    return S3Settings.from_connection(
+        conn_id=aws_conn_id,
+        conn_type=conn.conn_type,
+        login=conn.login,
+        password=conn.password,
+        extra=conn.extra_dejson,
+    )
 
 
 def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:

@@ -25,6 +25,7 @@ from airflow_provider_vitess.operators._sync import (
     holder,
     log_group,
     open_store,
+    s3_settings,
     sync_spec,
 )
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
@@ -68,6 +69,7 @@ class _SyncOperator(BaseOperator):
         vitess_conn_id: str = VitessHook.default_conn_name,
         checkpoint_conn_id: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        aws_conn_id: str | None = None,
         key_columns: Mapping[str, Sequence[str]] | None = None,
         key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         allow_all_columns_key: bool = False,
@@ -85,6 +87,7 @@ class _SyncOperator(BaseOperator):
         self.vitess_conn_id = vitess_conn_id
         self.checkpoint_conn_id = checkpoint_conn_id
         self.storage_options = storage_options
+        self.aws_conn_id = aws_conn_id
         self.key_columns = key_columns
         self.key_overrides = key_overrides
         self.allow_all_columns_key = allow_all_columns_key
@@ -94,6 +97,9 @@ class _SyncOperator(BaseOperator):
         self._lineage: CaptureLineage | None = None
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
+        # Credentials join the options here, at run time: never in a (rendered) operator field.
+        s3 = s3_settings(self.aws_conn_id)
+        options = {**(s3.storage_options() if s3 else {}), **dict(self.storage_options or {})}
         return CaptureRunner(
             VitessHook(self.vitess_conn_id),
             open_store(self.checkpoint_conn_id),
@@ -102,7 +108,7 @@ class _SyncOperator(BaseOperator):
                 keyspace=self.keyspace,
                 tables=as_tables(self.tables),
                 staging_location=self.staging_location,
-                storage_options=self.storage_options,
+                storage_options=options or None,
                 key_columns=dict(self.key_columns or {}),
                 key_overrides=self.key_overrides,
                 allow_all_columns_key=self.allow_all_columns_key,
@@ -159,6 +165,9 @@ class VitessSnapshotOperator(_SyncOperator):
     :param sync_id: names the sync: its checkpoint, staging directory and Delta transaction ids.
     :param keyspace: the Vitess keyspace; ``tables`` its tables (list, or comma-separated text).
     :param staging_location: local path or fsspec URL where windows are staged as Parquet.
+    :param aws_conn_id: an Airflow ``aws`` connection for an ``s3a://`` (or ``s3://``) staging
+        location: keys, ``endpoint_url``, region (see :mod:`airflow_provider_vitess.object_storage`).
+    :param storage_options: further fsspec options (they win over the connection's).
     :param resnapshot_tables: tables to copy again although the sync already streams (e.g. from
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is

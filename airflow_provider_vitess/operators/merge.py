@@ -23,17 +23,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_vitess.exceptions import permanent_by_name
+from airflow_provider_vitess.exceptions import VitessConnectionError, permanent_by_name
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
+from airflow_provider_vitess.merge.jar_cache import cached_jars, default_cache_dir, remember_jars
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF
-from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF, packages_for
+from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store, s3_settings
 from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 
@@ -61,16 +63,24 @@ class VitessMergeOperator(SparkSubmitOperator):
         writes to: a local path, ``s3a://``, ``abfss://``...).
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
+    :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
+        the first submit resolves them and later ones pass ``--jars`` (default
+        ``~/.cache/airflow-provider-vitess/spark-jars`` on the worker).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
     :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
         UI" link then opens the merge's application there.
     :param tables: the sync's tables, when known where the DAG is defined: each Delta table is
         then an outlet Asset, and a window that changed a table emits an event for it (extra:
         sync id, window seq and kind, committed VGTID, rows inserted/updated/deleted).
+    :param aws_conn_id: an Airflow ``aws`` connection for ``s3a://`` staging and Delta tables:
+        its keys reach the job through the spark-submit process's environment only (see
+        :mod:`airflow_provider_vitess.object_storage`), so with YARN or k8s masters, whose
+        spark-submit puts that environment on its command line, leave it unset and give the
+        cluster its own S3 credentials.
 
-    Other arguments are ``SparkSubmitOperator``'s. The Delta package and session settings are
-    added to ``packages``/``conf`` unless given. Returns (XCom) the merge summary; the committed
-    VGTID is also pushed under the key ``committed_vgtid``.
+    Other arguments are ``SparkSubmitOperator``'s. The Delta package (with Hadoop's S3A for S3
+    locations) and session settings are added to ``packages``/``conf`` unless given. Returns
+    (XCom) the merge summary; the committed VGTID is also pushed under the key ``committed_vgtid``.
     """
 
     template_fields: Sequence[str] = (
@@ -92,6 +102,8 @@ class VitessMergeOperator(SparkSubmitOperator):
         target_location: str,
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         checkpoint_conn_id: str | None = None,
+        aws_conn_id: str | None = None,
+        jars_cache_dir: str | None = None,
         application: str | None = None,
         packages: str | None = None,
         conf: dict[str, Any] | None = None,
@@ -120,6 +132,9 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.spark_application_id: str | None = None  # from the job's report, for the link
         self.table_uris = lineage_assets.declare(self, target_location, tables, targets)
         self._lineage: MergeLineage | None = None
+        self.aws_conn_id = aws_conn_id
+        self._packages_given = packages is not None
+        self.jars_cache_dir = Path(jars_cache_dir) if jars_cache_dir else default_cache_dir()
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -178,18 +193,62 @@ class VitessMergeOperator(SparkSubmitOperator):
             return False
         return (conn.host or "").startswith("local")
 
+    def _get_hook(self) -> SparkSubmitHook:
+        # Object-store credentials reach spark-submit through its process environment only:
+        # never through a rendered field (env_vars is one) nor the logged command line.
+        s3 = s3_settings(self.aws_conn_id)
+        if s3 is None:
+            return super()._get_hook()
+        from airflow.sdk.bases.hook import BaseHook
+
+        master = BaseHook.get_connection(self._conn_id).host or ""
+        if master.startswith(("yarn", "k8s")):
+            raise VitessConnectionError(
+                f"aws_conn_id {self.aws_conn_id!r} cannot be used with the {master!r} master: its "
+                "spark-submit would put the credentials on its command line; leave aws_conn_id unset "
+                "and give the cluster S3 credentials of its own (instance role, Hadoop configuration)"
+            )
+        rendered = self.env_vars
+        self.env_vars = {**(rendered or {}), **s3.environment()}
+        try:
+            return super()._get_hook()
+        finally:
+            self.env_vars = rendered
+
+    def _jars_from_cache(self) -> tuple[str | None, ...] | None:
+        """Swap ``packages`` for the jars an earlier submit resolved for them (no Ivy run); else
+        the key to remember this submit's jars under (None: no packages to resolve)."""
+        if not self.packages:
+            return None
+        key = (self.packages, self._repositories, self.exclude_packages)
+        jars = cached_jars(self.jars_cache_dir, key)
+        if jars is None:
+            return key
+        self.log.info("%d jars resolved earlier for %s: no dependency resolution", len(jars), self.packages)
+        self.jars = ",".join([*filter(None, (self.jars or "").split(",")), *jars])
+        self.packages = None
+        return None
+
     def _submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
         """spark-submit the job with ``plan``; its report, or its error as the task's."""
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
             # a small window's merge time; the user's own conf still wins.
             self.conf = {**LOCAL_CONF, **(self.conf or {})}
+        if not self._packages_given:
+            paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
+            self.packages = packages_for(paths)
         with (
             log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} into Delta"),
             tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp,
         ):
             report_file = Path(tmp) / "report.json"
+            jars_file = Path(tmp) / "jars.txt"
             self.application_args = ["--plan-json", plan.to_json(), REPORT_ARG, str(report_file)]
+            given = set(filter(None, (self.jars or "").split(",")))
+            resolve = self._jars_from_cache()
+            if resolve is not None:
+                self.application_args += ["--jars-file", str(jars_file)]
             self._hook = None  # the hook captures application_args when built
             try:
                 super().execute(context)
@@ -201,6 +260,9 @@ class VitessMergeOperator(SparkSubmitOperator):
                 if permanent_by_name(str(error.get("type", ""))):
                     raise fail_permanently(message) from None
                 raise AirflowException(message) from None
+            if resolve is not None and jars_file.exists():
+                resolved = [j for j in jars_file.read_text().split(",") if j and j not in given]
+                remember_jars(self.jars_cache_dir, resolve, resolved)
             if report_file.exists():
                 text = report_file.read_text()
                 # The job adds its Spark application to the report, for the "Spark UI" link.
