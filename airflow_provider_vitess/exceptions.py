@@ -24,6 +24,12 @@ class VStreamError(VitessProviderError):
     """A VStream call failed in a way that retrying from the last VGTID cannot fix."""
 
 
+class ShardsGoneError(VStreamError):
+    """The position names shards that no longer exist: a reshard finished and its old shards
+    were deleted before the sync read past the reshard's journal. The changes between the
+    position and the journal went with them; only a new snapshot can bring the sync back."""
+
+
 class ValueDecodeError(VitessProviderError, ValueError):
     """A row value that does not parse as its declared query.Type."""
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamError
+from airflow_provider_vitess.exceptions import ShardsGoneError, VitessConnectionError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
@@ -61,6 +62,9 @@ _TRANSPORT_HINTS = (
 # gRPC's own receive limit says RESOURCE_EXHAUSTED too, but it fails the same way every time.
 _TOO_LARGE_HINTS = ("larger than max", "message too large", "exceeds maximum")
 _MAX_EXPONENT = 64
+# vtgate's answer to a VGTID naming a shard the keyspace no longer has (Reshard completed and the
+# old shard deleted): "shard provided in VGTID, 0, not found in the customer keyspace".
+_SHARD_NOT_FOUND = re.compile(r"shard provided in VGTID, ([^,\s]+), not found in the (\S+) keyspace")
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,18 @@ class VStreamReader:
 
     def _fatal(self, code: grpc.StatusCode | None, details: str) -> Exception:
         name = _code_name(code)
+        gone = _SHARD_NOT_FOUND.search(details)
+        if gone is not None:
+            shards = ", ".join(f"{sg.keyspace}/{sg.shard}" for sg in self.resume_vgtid.shard_gtids)
+            return ShardsGoneError(
+                f"VStream for {self._describe()}: the position names shard {gone[2]}/{gone[1]}, which "
+                f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
+                "resharded and its old shards deleted before the sync read past the reshard, so the "
+                "changes since the position are gone. Remedy: snapshot the sync again (a new "
+                "snapshot replaces the target); in future, let a catch-up window run after "
+                "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
+                f"vtgate said: gRPC status {name}: {details}"
+            )
         if code in _AUTH:
             return VitessConnectionError(
                 f"vtgate refused the VStream for {self._describe()} (gRPC status {name}): {details}"
