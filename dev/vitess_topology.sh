@@ -15,7 +15,7 @@
 #                                    run vtctldclient against the cluster (workflows, topology)
 #
 # `start` brings up: etcd (Debian's etcd-server) as the topo server, vtctld, keyspace `commerce`
-# (unsharded: one primary tablet, uid 100, tables from dev/vitess/topology), and vtgate.
+# (unsharded: one primary tablet, uid 100, holding the tables of dev/vitess/schema), and vtgate.
 # Tablets are primaries only (durability policy `none`): MoveTables and Reshard need no replicas.
 # The workflows themselves are run by the caller through `tablet` and `vtctldclient`, as in
 # Vitess's own examples/local (see tests/integration/topology.py).
@@ -259,7 +259,10 @@ start() {
     start_etcd
     start_vtctld
     start_tablet commerce 0 100
-    vtctldclient ApplySchema --sql-file "$here/vitess/topology/commerce.sql" commerce >/dev/null
+    # Every table starts in `commerce`: the local cluster's commerce and customer tables.
+    cat "$here/vitess/schema/commerce/001_tables.sql" "$here/vitess/schema/customer/001_tables.sql" \
+        >"$state_dir/config/commerce.sql"
+    vtctldclient ApplySchema --sql-file "$state_dir/config/commerce.sql" commerce >/dev/null
     vtctldclient ApplyVSchema --vschema-file "$here/vitess/topology/vschema_commerce.json" commerce >/dev/null
     start_vtgate
     touch "$state_dir/ready"
