@@ -28,11 +28,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-
-vitess_version="$(grep -oE 'vitess\.io/vitess v[0-9][^ ]*' "$here/vitess/go.mod" | head -n1 | cut -d' ' -f2)"
-go_toolchain="$(awk '$1 == "toolchain" {print $2; exit}' "$here/vitess/go.mod")"
-# As dev/local_vitess.sh: clients ask MySQL-8-only variables of an 8.x server, MariaDB lacks them.
-vtgate_reported_version="5.7.9-Vitess"
+# shellcheck source=dev/vitess/common.sh
+. "$here/vitess/common.sh"
 
 base="${VITESS_TOPO_BASE_PORT:-17000}"
 etcd_port=$base
@@ -43,25 +40,12 @@ vtgate_web_port=$((base + 4))
 vtgate_grpc_port=$((base + 5))
 vtgate_mysql_port=$((base + 6))
 cell=zone1
-run_as_user="vitess-local"
-cluster_user="airflow"
-if [ "$(id -u)" = 0 ]; then
-    default_cache=/var/cache/airflow-provider-vitess
-else
-    default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/airflow-provider-vitess"
-fi
-cache_dir="${VITESS_CACHE_DIR:-$default_cache}"
-vtroot="$cache_dir/vitess-$vitess_version"
 bin="$vtroot/libexec"
 state_dir="${VITESS_TOPO_STATE_DIR:-${TMPDIR:-/tmp}/airflow-provider-vitess-topology}"
 topo_flags=(--topo-implementation etcd2 --topo-global-server-address "127.0.0.1:$etcd_port"
     --topo-global-root /vitess/global)
 
 log() { printf '[vitess_topology] %s\n' "$*" >&2; }
-
-as_root() {
-    if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
-}
 
 ensure_packages() {
     local missing=()
@@ -80,10 +64,7 @@ ensure_vitess_built() {
     local b missing=0
     for b in mysqlctl vtctld vtctldclient vtgate vttablet; do [ -x "$bin/$b" ] || missing=1; done
     if [ "$missing" = 0 ]; then return; fi
-    command -v go >/dev/null 2>&1 || { log "Go is required to build Vitess"; exit 1; }
-    log "building Vitess $vitess_version with Go $go_toolchain (cold: minutes; warm: seconds)"
-    mkdir -p "$bin"
-    (cd "$here/vitess" && GOTOOLCHAIN="$go_toolchain" GOFLAGS=-mod=mod GOBIN="$bin" go install tool)
+    build_vitess
 }
 
 # Prints the command prefix that runs a program as the cluster's user (mysqlctl refuses root).
@@ -114,8 +95,6 @@ run() {
     # shellcheck disable=SC2086
     HOME="$state_dir" VTDATAROOT="$state_dir" VTROOT="$vtroot" VT_MYSQL_ROOT=/usr $prefix "$@"
 }
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 wait_port() {
     local name="$1" port="$2" deadline=$((SECONDS + ${3:-120}))
