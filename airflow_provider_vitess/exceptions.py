@@ -32,6 +32,12 @@ class VStreamDeadlineError(VStreamError):
     """A bounded read (a stop-position probe, a sensor's poke) did not finish in its time."""
 
 
+class ShardsGoneError(VStreamError):
+    """The position names shards that no longer exist: a reshard finished and its old shards
+    were deleted before the sync read past the reshard's journal. The changes between the
+    position and the journal went with them; only a new snapshot can bring the sync back."""
+
+
 class ValueDecodeError(VitessProviderError, ValueError):
     """A row value that does not parse as its declared query.Type."""
 
@@ -110,6 +116,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     MergePlanError,
     MergeSchemaError,
     TargetIntegrityError,
+    ShardsGoneError,
 )
 
 

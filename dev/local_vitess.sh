@@ -20,40 +20,17 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/.." && pwd)"
-
-# The Vitess release is pinned in one place: dev/vitess/go.mod.
-vitess_version="$(grep -oE 'vitess\.io/vitess v[0-9][^ ]*' "$here/vitess/go.mod" | head -n1 | cut -d' ' -f2)"
-go_toolchain="$(awk '$1 == "toolchain" {print $2; exit}' "$here/vitess/go.mod")"
-
-# vtgate reports an 8.x MySQL version by default, and clients (SQLAlchemy among them) then ask
-# for MySQL-8-only variables such as @@transaction_isolation, which the MariaDB behind it does
-# not have. Reporting a 5.7 version makes them use names both servers know.
-vtgate_reported_version="5.7.9-Vitess"
+# shellcheck source=dev/vitess/common.sh
+. "$here/vitess/common.sh"
 
 base_port="${VITESS_BASE_PORT:-15300}"
 grpc_port=$((base_port + 1))
 mysql_port=$((base_port + 3))
-# mysqlctl refuses to run as root, so as root the cluster runs as a system user of its own, and
-# everything that user reads (binaries, config, schema, data) lives outside root's home.
-run_as_user="vitess-local"
-cluster_user="airflow"
-if [ "$(id -u)" = 0 ]; then
-    default_cache=/var/cache/airflow-provider-vitess
-else
-    default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/airflow-provider-vitess"
-fi
-cache_dir="${VITESS_CACHE_DIR:-$default_cache}"
-vtroot="$cache_dir/vitess-$vitess_version"
 state_dir="${VITESS_STATE_DIR:-${TMPDIR:-/tmp}/airflow-provider-vitess-cluster}"
 pid_file="$state_dir/vttestserver.pid"
 log_file="$state_dir/vttestserver.log"
 
 log() { printf '[local_vitess] %s\n' "$*" >&2; }
-
-as_root() {
-    if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
-}
 
 ensure_mariadb() {
     if command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; then
@@ -71,10 +48,7 @@ ensure_vitess_built() {
     local bins=(vttestserver vtcombo_auth mysqlctl) missing=0 b
     for b in "${bins[@]}"; do [ -x "$vtroot/libexec/$b" ] || missing=1; done
     if [ "$missing" = 0 ]; then return; fi
-    command -v go >/dev/null 2>&1 || { log "Go is required to build Vitess"; exit 1; }
-    log "building Vitess $vitess_version with Go $go_toolchain (cold: minutes; warm: seconds)"
-    mkdir -p "$vtroot/libexec"
-    (cd "$here/vitess" && GOTOOLCHAIN="$go_toolchain" GOFLAGS=-mod=mod GOBIN="$vtroot/libexec" go install tool)
+    build_vitess
 }
 
 # vttestserver expects VTROOT to hold bin/ and config/ (init file, extra my.cnf). Our config
@@ -142,10 +116,6 @@ as_cluster_user() {
     chown -R "$run_as_user:" "$state_dir"
     # setpriv execs in place (no wrapper process), so the pid we record is vttestserver's.
     echo setpriv --reuid="$run_as_user" --regid="$run_as_user" --init-groups
-}
-
-port_open() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 running() {

@@ -32,6 +32,11 @@ def _start_cluster() -> LocalVitess:
     out = subprocess.run(
         [str(REPO / "dev" / "local_vitess.sh"), "start"], check=True, capture_output=True, text=True
     ).stdout
+    return cluster_from_env(out)
+
+
+def cluster_from_env(out: str) -> LocalVitess:
+    """The cluster a dev/ script's ``start``/``env`` output describes (VITESS_*=... lines)."""
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return LocalVitess(
         host=values["VITESS_HOST"],

@@ -87,14 +87,17 @@ class WindowOutcome:
     result: ReadResult | None  # None when the window had already been staged
 
 
-def _lag(stop: Vgtid, reached: Vgtid) -> dict[str, int]:
-    """Per shard, transactions of the stop position not yet read: 0 once a window is complete."""
+def _lag(stop: Vgtid, reached: Vgtid, retired: Sequence[str] = ()) -> dict[str, int]:
+    """Per shard, transactions of the stop position not yet read: 0 once a window is complete
+    (also for a stop shard a reshard's journal retired: it has nothing more to read)."""
     lag = {}
     for sg in stop.shard_gtids:
+        name = f"{sg.keyspace}/{sg.shard}"
         got = reached.shard(sg.keyspace, sg.shard)
-        lag[f"{sg.keyspace}/{sg.shard}"] = (
-            transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
-        )
+        if got is None and name in retired:
+            lag[name] = 0
+            continue
+        lag[name] = transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
     return lag
 
 
@@ -513,7 +516,10 @@ class CaptureRunner:
             except BaseException:
                 stager.abort()
                 raise
-            stats = {**self._stats(result), "shard_lag_transactions": _lag(stop, result.end_vgtid)}
+            stats = {
+                **self._stats(result),
+                "shard_lag_transactions": _lag(stop, result.end_vgtid, result.retired_shards),
+            }
             if any(stats["shard_lag_transactions"].values()):
                 log.info(
                     "window %d stopped early (%s); behind stop: %s",
@@ -535,5 +541,6 @@ class CaptureRunner:
             "rows_per_table": result.rows_per_table,
             "stopped_early": result.stopped_early,
             "journals": result.journals,
+            "retired_shards": result.retired_shards,
             **result.stats,
         }

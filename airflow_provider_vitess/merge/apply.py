@@ -18,6 +18,11 @@ The two halves of a move are two shard commits, so a window's stop position can 
 (the stop is read per shard). The shard that still holds the row may then have its event in an
 earlier window: ``context`` brings those events (:mod:`.context`), ordered before the window's
 own, so they count as their shard's last event only when the window has none for that shard.
+
+A reshard retires shards: their events all precede the journal, and the shards that took over
+their keys (``retired``: old shard -> its successors) start from a copy with no event for the
+keys they received. So a retired shard's last event counts only when no successor has an event
+for the key: a row inserted on shard ``0`` and deleted on ``-80`` after the switch is deleted.
 """
 
 from __future__ import annotations
@@ -171,7 +176,11 @@ def _key_events(frame: DataFrame, keys: Sequence[str], data: Sequence[str]) -> D
 
 
 def last_per_key(
-    staged: DataFrame, keys: Sequence[str], data: Sequence[str], context: DataFrame | None = None
+    staged: DataFrame,
+    keys: Sequence[str],
+    data: Sequence[str],
+    context: DataFrame | None = None,
+    retired: Mapping[str, Sequence[str]] | None = None,
 ) -> DataFrame:
     """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
@@ -184,6 +193,13 @@ def last_per_key(
     events = events.withColumn("_touched", touched).where(col("_touched"))
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)
+    for old, new in (retired or {}).items():
+        superseded = F.max(F.when(col(_SHARD).isin(list(new)), 1).otherwise(0)).over(by_key) == 1
+        shard_last = (
+            shard_last.withColumn("_superseded", (col(_SHARD) == old) & superseded)
+            .where(~col("_superseded"))
+            .drop("_superseded")
+        )
     # A shard holding the row (its last event an upsert) wins, the latest of them; else the latest.
     ranked = shard_last.withColumn(
         "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))

@@ -46,12 +46,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
 from airflow_provider_vitess.merge import apply, context
 from airflow_provider_vitess.merge.integrity import check_targets
@@ -166,10 +167,11 @@ def _run(
         tm = manifest.tables[step.table]
         staged = apply.read_window(spark, manifest, tm, step.columns)
         # A replacing window is a consistent copy by itself; a merged one may need earlier events.
-        earlier = None
+        earlier, retired = None, None
         if step.action is not Action.REPLACE:
             earlier = _context(spark, plan, manifest, step, staged, known)
-        final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier)
+            retired = _retired_shards(manifest, known)
+        final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier, retired)
         if step.action is Action.REPLACE:
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
             mapping = column_mapping or needs_column_mapping(rows.columns)
@@ -238,6 +240,17 @@ def _context(
             earlier.since,
         )
     return reduce(DataFrame.unionByName, frames) if frames else None
+
+
+def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Mapping[str, tuple[str, ...]]:
+    """Shards this window or its context read that a reshard retired by the window's end, each
+    with the shards that took its keys (see :mod:`.apply`)."""
+    live = [sg.shard for sg in manifest.end_vgtid.shard_gtids]
+    seen = {sg.shard for sg in manifest.start_vgtid.shard_gtids}
+    for seq, earlier in known.items():
+        if earlier is not None and seq < manifest.window_seq:
+            seen.update(sg.shard for sg in earlier.start_vgtid.shard_gtids)
+    return keyrange.successors(sorted(seen), live)
 
 
 def _with_comments(wc: WindowColumns) -> list[Column]:

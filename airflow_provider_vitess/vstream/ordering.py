@@ -56,6 +56,7 @@ class ShardTransaction:
     events: SpillableEvents = field(default_factory=SpillableEvents)
     position: binlogdata_pb2.ShardGtid | None = None  # the shard's position after this unit
     rows: int = 0
+    journal: binlogdata_pb2.Journal | None = None  # a reshard/MoveTables journal in this unit
 
     @property
     def key(self) -> ShardKey:
@@ -73,6 +74,7 @@ class _Open:
     rows: int = 0
     in_transaction: bool = False
     position: binlogdata_pb2.ShardGtid | None = None
+    journal: binlogdata_pb2.Journal | None = None
 
 
 class TransactionAssembler:
@@ -121,6 +123,8 @@ class TransactionAssembler:
         unit.rows += rows
         if unit.events.memory_rows > self._spill_rows:
             unit.events.spill()
+        if isinstance(event, JournalEvent):
+            unit.journal = event.journal
         if isinstance(event, CopyCompletedEvent | JournalEvent) and not unit.in_transaction:
             return self._close(key)  # markers: keep them in their shard's order, release promptly
         return []
@@ -137,6 +141,7 @@ class TransactionAssembler:
                 events=unit.events,
                 position=unit.position,
                 rows=unit.rows,
+                journal=unit.journal,
             )
         ]
 
@@ -213,6 +218,12 @@ class ShardMerger:
             if key not in open_shards and self._watermark.get(key, 0) < floor:
                 self._watermark[key] = floor
         yield from self._release()
+
+    def join(self, key: ShardKey, watermark: int) -> None:
+        """A shard that starts mid-merge (a reshard's new shard), known to send nothing earlier
+        than ``watermark``: from now on the merge waits for it."""
+        self._queues.setdefault(key, deque())
+        self._watermark[key] = max(self._watermark.get(key, 0), watermark)
 
     def mark_done(self, key: ShardKey) -> Iterator[ShardTransaction]:
         """The shard reached its stop: it no longer holds the others back."""

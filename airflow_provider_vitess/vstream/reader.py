@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable
@@ -42,7 +43,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError, VStreamError
+from airflow_provider_vitess.exceptions import (
+    ShardsGoneError,
+    VitessConnectionError,
+    VStreamDeadlineError,
+    VStreamError,
+)
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import copyrows, wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
@@ -67,6 +73,9 @@ OpenStream = Callable[[vtgate_pb2.VStreamRequest], Iterable[vtgate_pb2.VStreamRe
 # few missed heartbeats, never under the time a busy vtgate may take to send its first one.
 _IDLE_HEARTBEATS = 5
 _MIN_IDLE_SECONDS = 10.0
+# vtgate's answer to a VGTID naming a shard the keyspace no longer has (Reshard completed and the
+# old shard deleted): "shard provided in VGTID, 0, not found in the customer keyspace".
+_SHARD_NOT_FOUND = re.compile(r"shard provided in VGTID, ([^,\s]+), not found in the (\S+) keyspace")
 
 
 class _Watchdog:
@@ -271,6 +280,18 @@ class VStreamReader:
 
     def _fatal(self, code: grpc.StatusCode | None, details: str) -> Exception:
         name = code_name(code)
+        gone = _SHARD_NOT_FOUND.search(details)
+        if gone is not None:
+            shards = ", ".join(f"{sg.keyspace}/{sg.shard}" for sg in self.resume_vgtid.shard_gtids)
+            return ShardsGoneError(
+                f"VStream for {self._describe()}: the position names shard {gone[2]}/{gone[1]}, which "
+                f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
+                "resharded and its old shards deleted before the sync read past the reshard, so the "
+                "changes since the position are gone. Remedy: snapshot the sync again (a new "
+                "snapshot replaces the target); in future, let a catch-up window run after "
+                "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
+                f"vtgate said: gRPC status {name}: {details}"
+            )
         if code in AUTH_CODES:
             return VitessConnectionError(
                 f"vtgate refused the VStream for {self._describe()} (gRPC status {name}): {details}"

@@ -14,6 +14,15 @@ Two kinds of reads share this loop:
 
 Only VGTID events are resume points, and only positions of units already handed to the stager
 are ever reported (:meth:`ShardMerger.released_positions`).
+
+**Resharding.** The read asks vtgate for its reshard JOURNAL events. A JOURNAL is the last unit of
+each old shard (a *participant*); once every participant has sent it, vtgate streams the new
+shards from the positions the journal names. The window follows: units of the new shards are held
+back until the journal is staged (so they are never staged before the old shards' last units),
+and once it is staged the old shards leave the position and the new shards join it at the
+journal's positions. A window's stop may name the old shards (planned before the switch: the
+new shards then are not read in this window, their journal positions carry over) or the new ones
+(planned after it: the old shards are read to their journal, then the new ones to the stop).
 """
 
 from __future__ import annotations
@@ -86,7 +95,8 @@ class ReadResult:
     ddls: list[str] = field(default_factory=list)
     rows_per_table: dict[str, int] = field(default_factory=dict)
     stopped_early: str | None = None  # why a catch-up window ended before its stop position
-    journals: int = 0
+    journals: int = 0  # reshard JOURNAL events staged
+    retired_shards: list[str] = field(default_factory=list)  # "keyspace/shard" left by a journal
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -161,18 +171,34 @@ class WindowReader:
         self._stager = stager
         self._checkpoint_every = checkpoint_every_rows
         self._on_checkpoint, self._on_rows, self._clock = on_checkpoint, on_rows, clock
+        # Without this flag vtgate switches to the new shards silently, and the checkpoint would
+        # keep the old shards forever (see the module docstring).
+        request_flags = vtgate_pb2.VStreamFlags()
+        if flags is not None:
+            request_flags.CopyFrom(flags)
+        request_flags.include_reshard_journal_events = True
         self._reader = VStreamReader(
             open_stream,
             vgtid=start,
             filter=table_filter(tables),
-            flags=flags,
+            flags=request_flags,
             tablet_type=tablet_type,
             reset_connection=reset_connection,
         )
-        shards: list[ShardKey] = [(sg.keyspace, sg.shard) for sg in (stop or start).shard_gtids]
+        # The shards the window reads now, each with the position it resumes from when it has
+        # staged nothing yet; a staged journal replaces its participants by the new shards.
+        self._shards: dict[ShardKey, binlogdata_pb2.ShardGtid] = {
+            (sg.keyspace, sg.shard): sg for sg in start.to_proto().shard_gtids
+        }
+        # New shards of a journal not yet staged: their units wait here, in arrival order.
+        self._held: dict[ShardKey, list[ShardTransaction]] = {}
+        self._unheld: list[ShardTransaction] = []
         # A snapshot needs no cross-shard order (copied keys are disjoint), so units pass straight
-        # through and each shard's resume position keeps moving; a catch-up window merges.
-        self._merger = ShardMerger(shards, max_buffered_rows=max_buffered_rows, ordered=not self._snapshot)
+        # through and each shard's resume position keeps moving; a catch-up window merges. The
+        # merge waits for the start's shards only: new shards join when their journal is staged.
+        self._merger = ShardMerger(
+            list(self._shards), max_buffered_rows=max_buffered_rows, ordered=not self._snapshot
+        )
         self._assembler = TransactionAssembler()
         self._done: set[ShardKey] = set()
         self._result = ReadResult(end_vgtid=start)
@@ -185,13 +211,15 @@ class WindowReader:
         return vars(self._merger.stats).copy()
 
     def position(self) -> Vgtid:
-        """Start position with every shard advanced to its last staged unit: a safe resume point.
+        """Every shard read now, advanced to its last staged unit: a safe resume point.
 
         The start must name every shard (a snapshot starts from ``""`` per shard), so a shard
-        that has staged nothing yet resumes from where it started.
+        that has staged nothing yet resumes from where it started; a new shard of a staged
+        journal resumes from the position the journal gives it, and the journal's old shards
+        are left out (vtgate would otherwise stream them again).
         """
         released = self._merger.released_positions()
-        entries = [released.get((sg.keyspace, sg.shard), sg) for sg in self._start.to_proto().shard_gtids]
+        entries = [released.get(key, base) for key, base in self._shards.items()]
         return Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=entries))
 
     def run(self) -> ReadResult:
@@ -207,6 +235,7 @@ class WindowReader:
         started = self._clock()
         if self._stop is not None:
             for sg in self._start.shard_gtids:
+                # A start shard the stop does not name was resharded away: read to its journal.
                 stop = self._stop.shard(sg.keyspace, sg.shard)
                 if (
                     stop is not None
@@ -222,6 +251,9 @@ class WindowReader:
                 for item in self._assembler.push(event):
                     if isinstance(item, HeartbeatEvent):
                         self._stage(self._merger.heartbeat(item.timestamp, self._assembler.open_shards()))
+                        self._push_unheld()
+                        if self._stop is not None and self._all_done():
+                            return self._close(None)
                     elif self._accept(item):
                         return self._close(None)
                     if self._early_stop is not None:
@@ -243,16 +275,51 @@ class WindowReader:
         """Hands a completed unit to the merge; True when the window has reached its stop."""
         if unit.key in self._done:
             return False  # past this shard's stop: the next window reads it
-        if any(isinstance(e, JournalEvent) for e in unit.events):
-            # Resharding: vtgate switches the stream to the new shards by itself; positions of
-            # the old shards are not needed after the journal (docs/design.md, "Event order").
-            self._result.journals += 1
-        self._stage(self._merger.push(unit))
-        if self._stop is not None and unit.position is not None:
-            stop = self._stop.shard(unit.keyspace, unit.shard)
-            if stop is None or position_contains(unit.position.gtid, stop.gtid):
-                self._finish_shard(unit.key)
+        if unit.key in self._held:
+            self._held[unit.key].append(unit)  # its journal is not staged yet
+            return False
+        journal = unit.journal if _is_reshard(unit.journal) else None
+        if journal is not None:
+            # The old shard's last unit: vtgate ends its stream here. Its new shards may send
+            # units as soon as every participant has sent the journal; they wait for it.
+            for sg in journal.shard_gtids:
+                self._held.setdefault((sg.keyspace, sg.shard), [])
+            self._stage(self._merger.push(unit))
+            self._finish_shard(unit.key)
+        else:
+            self._stage(self._merger.push(unit))
+            if self._stop is not None and unit.position is not None:
+                stop = self._stop.shard(unit.keyspace, unit.shard)
+                # A shard the stop does not name is an old shard of a reshard: read to its journal.
+                if stop is not None and position_contains(unit.position.gtid, stop.gtid):
+                    self._finish_shard(unit.key)
+        self._push_unheld()
         return self._stop is not None and self._all_done()
+
+    def _pass_journal(self, unit: ShardTransaction, journal: binlogdata_pb2.Journal) -> None:
+        """A staged journal: its old shards leave the position, its new shards join it."""
+        self._result.journals += 1
+        for p in journal.participants:
+            if self._shards.pop((p.keyspace, p.shard), None) is not None:
+                self._result.retired_shards.append(f"{p.keyspace}/{p.shard}")
+        for sg in journal.shard_gtids:
+            key = (sg.keyspace, sg.shard)
+            if key in self._shards:
+                continue  # the same journal, staged again from another participant
+            self._shards[key] = sg
+            held = self._held.pop(key, [])
+            stop = self._stop.shard(*key) if self._stop is not None else None
+            if self._stop is not None and (stop is None or position_contains(sg.gtid, stop.gtid)):
+                # The stop was planned before the switch (or at it): the next window reads it.
+                self._done.add(key)
+                continue
+            self._merger.join(key, unit.order_ts)
+            self._unheld.extend(held)
+
+    def _push_unheld(self) -> None:
+        """Hands the merge the held units of new shards whose journal is staged."""
+        while self._unheld:
+            self._accept(self._unheld.pop(0))
 
     def _finish_shard(self, key: ShardKey) -> None:
         self._done.add(key)
@@ -260,7 +327,7 @@ class WindowReader:
 
     def _all_done(self) -> bool:
         assert self._stop is not None
-        return all((sg.keyspace, sg.shard) in self._done for sg in self._stop.shard_gtids)
+        return not self._held and not self._unheld and all(key in self._done for key in self._shards)
 
     def _bound_reached(self, started: float) -> str | None:
         if self._early_stop is not None:
@@ -301,6 +368,8 @@ class WindowReader:
                 elif isinstance(event, DdlEvent):
                     self._result.ddls.append(event.statement)
                     self._stager.add_ddl(event.keyspace, event.shard, event.statement, unit.commit_ts)
+                elif isinstance(event, JournalEvent) and _is_reshard(event.journal):
+                    self._pass_journal(unit, event.journal)
             unit.events.close()  # frees memory, deletes a spill file
             if (
                 self._checkpoint_every
@@ -325,3 +394,8 @@ class WindowReader:
             "partial_rows_discarded": self._assembler.discarded_rows,
         }
         return self._result
+
+
+def _is_reshard(journal: binlogdata_pb2.Journal | None) -> bool:
+    """A reshard's journal (vtgate never sends a MoveTables one to a VStream client)."""
+    return journal is not None and journal.migration_type == binlogdata_pb2.MigrationType.SHARDS

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_vitess.keyrange import successors
 from airflow_provider_vitess.vstream.events import Operation
 
 Key = tuple[Any, ...]
@@ -45,11 +46,25 @@ class Replay:
     def _key(self, image: Row) -> Key:
         return tuple(image[i] for i in self._key_index)
 
-    def apply(self, changes: Iterable[StagedChange]) -> Replay:
-        """Applies one window's changes (any order given; staged order is ``seq``)."""
+    def apply(self, changes: Iterable[StagedChange], live_shards: Sequence[str] | None = None) -> Replay:
+        """Applies one window's changes (any order given; staged order is ``seq``).
+
+        ``live_shards`` (the window's end position): a shard not among them was retired by a
+        reshard, and an event of a shard that took its keys supersedes what it held.
+        """
         self._windows += 1
-        for change in sorted(changes, key=lambda c: c.seq):
+        changes = sorted(changes, key=lambda c: c.seq)
+        retired: dict[str, tuple[str, ...]] = {}
+        if live_shards is not None:
+            seen = {s for holders in self._holders.values() for s in holders} | {c.shard for c in changes}
+            retired = dict(successors(sorted(seen), live_shards))
+        for change in changes:
             order = (self._windows, change.seq)
+            for image in (change.before, change.after):
+                if image is not None:
+                    holders = self._holders.get(self._key(image), {})
+                    for gone in [s for s in holders if change.shard in retired.get(s, ())]:
+                        del holders[gone]
             if change.before is not None:
                 old = self._key(change.before)
                 if change.op is Operation.DELETE or change.after is None or self._key(change.after) != old:

@@ -1,0 +1,41 @@
+# Sourced by dev/local_vitess.sh and dev/vitess_topology.sh (which set $here to dev/): the
+# pinned Vitess release, where its binaries are built, and who the clusters run as.
+
+# The Vitess release is pinned in one place: dev/vitess/go.mod.
+vitess_version="$(grep -oE 'vitess\.io/vitess v[0-9][^ ]*' "$here/vitess/go.mod" | head -n1 | cut -d' ' -f2)"
+go_toolchain="$(awk '$1 == "toolchain" {print $2; exit}' "$here/vitess/go.mod")"
+
+# vtgate reports an 8.x MySQL version by default, and clients (SQLAlchemy among them) then ask
+# for MySQL-8-only variables such as @@transaction_isolation, which the MariaDB behind it does
+# not have. Reporting a 5.7 version makes them use names both servers know.
+# shellcheck disable=SC2034  # used by the sourcing script
+vtgate_reported_version="5.7.9-Vitess"
+
+# mysqlctl refuses to run as root, so as root a cluster runs as a system user of its own, and
+# everything that user reads (binaries, config, schema, data) lives outside root's home.
+run_as_user="vitess-local"
+# shellcheck disable=SC2034
+cluster_user="airflow"
+if [ "$(id -u)" = 0 ]; then
+    default_cache=/var/cache/airflow-provider-vitess
+else
+    default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/airflow-provider-vitess"
+fi
+cache_dir="${VITESS_CACHE_DIR:-$default_cache}"
+vtroot="$cache_dir/vitess-$vitess_version"
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
+}
+
+port_open() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Builds every tool pinned in dev/vitess/go.mod into $vtroot/libexec.
+build_vitess() {
+    command -v go >/dev/null 2>&1 || { log "Go is required to build Vitess"; exit 1; }
+    log "building Vitess $vitess_version with Go $go_toolchain (cold: minutes; warm: seconds)"
+    mkdir -p "$vtroot/libexec"
+    (cd "$here/vitess" && GOTOOLCHAIN="$go_toolchain" GOFLAGS=-mod=mod GOBIN="$vtroot/libexec" go install tool)
+}

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# A real Vitess cluster assembled from its parts, for topology changes (MoveTables, Reshard),
+# which vttestserver (dev/local_vitess.sh) cannot run.
+#
+#   dev/vitess_topology.sh start     install MariaDB + etcd if missing, build Vitess if missing, start
+#                                    the cluster unless it already runs; prints its ports (idempotent)
+#   dev/vitess_topology.sh stop      stop it (data is thrown away: every start is a fresh cluster)
+#   dev/vitess_topology.sh status    exit 0 and print the ports when vtgate answers, else exit 1
+#   dev/vitess_topology.sh env       print the ports as shell assignments (for `eval`)
+#   dev/vitess_topology.sh tablet KEYSPACE SHARD UID
+#                                    start one more MariaDB + vttablet and make it its shard's primary
+#   dev/vitess_topology.sh tablet-down UID
+#                                    stop one tablet and its MariaDB (a torn-down old shard)
+#   dev/vitess_topology.sh vtctldclient ARGS...
+#                                    run vtctldclient against the cluster (workflows, topology)
+#
+# `start` brings up: etcd (Debian's etcd-server) as the topo server, vtctld, keyspace `commerce`
+# (unsharded: one primary tablet, uid 100, holding the tables of dev/vitess/schema), and vtgate.
+# Tablets are primaries only (durability policy `none`): MoveTables and Reshard need no replicas.
+# The workflows themselves are run by the caller through `tablet` and `vtctldclient`, as in
+# Vitess's own examples/local (see tests/integration/topology.py).
+#
+# Environment knobs:
+#   VITESS_TOPO_BASE_PORT  first of 200 ports (default 17000): +0 etcd, +2/+3 vtctld web/gRPC,
+#                          +4/+5/+6 vtgate web/gRPC/MySQL, +100+n/+130+n/+160+n tablet n web/gRPC/mysqld
+#   VITESS_CACHE_DIR       where built binaries live (as dev/local_vitess.sh)
+#   VITESS_TOPO_STATE_DIR  data, logs and pids (default ${TMPDIR:-/tmp}/airflow-provider-vitess-topology)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=dev/vitess/common.sh
+. "$here/vitess/common.sh"
+
+base="${VITESS_TOPO_BASE_PORT:-17000}"
+etcd_port=$base
+etcd_peer_port=$((base + 1))
+vtctld_web_port=$((base + 2))
+vtctld_grpc_port=$((base + 3))
+vtgate_web_port=$((base + 4))
+vtgate_grpc_port=$((base + 5))
+vtgate_mysql_port=$((base + 6))
+cell=zone1
+bin="$vtroot/libexec"
+state_dir="${VITESS_TOPO_STATE_DIR:-${TMPDIR:-/tmp}/airflow-provider-vitess-topology}"
+topo_flags=(--topo-implementation etcd2 --topo-global-server-address "127.0.0.1:$etcd_port"
+    --topo-global-root /vitess/global)
+
+log() { printf '[vitess_topology] %s\n' "$*" >&2; }
+
+ensure_packages() {
+    local missing=()
+    command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server mariadb-client)
+    command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+    if [ ${#missing[@]} = 0 ]; then return; fi
+    log "installing ${missing[*]} from Debian"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Debian starts its own servers on the default ports; ours run on their own.
+    as_root service mariadb stop >/dev/null 2>&1 || true
+    as_root service etcd stop >/dev/null 2>&1 || true
+}
+
+ensure_vitess_built() {
+    local b missing=0
+    for b in mysqlctl vtctld vtctldclient vtgate vttablet; do [ -x "$bin/$b" ] || missing=1; done
+    if [ "$missing" = 0 ]; then return; fi
+    build_vitess
+}
+
+# Prints the command prefix that runs a program as the cluster's user (mysqlctl refuses root).
+as_cluster_user() {
+    if [ "$(id -u)" != 0 ]; then return; fi
+    if ! id "$run_as_user" >/dev/null 2>&1; then
+        useradd --system --no-create-home --home-dir "$state_dir" --shell /usr/sbin/nologin "$run_as_user"
+    fi
+    echo setpriv --reuid="$run_as_user" --regid="$run_as_user" --init-groups
+}
+
+# Runs a long-lived server in its own session, its pid in $state_dir/pids/NAME.
+spawn() {
+    local name="$1" prefix
+    shift
+    prefix="$(as_cluster_user)"
+    [ "$(id -u)" != 0 ] || chown -R "$run_as_user:" "$state_dir"
+    # shellcheck disable=SC2086  # $prefix is a command prefix, split on purpose
+    HOME="$state_dir" VTDATAROOT="$state_dir" VTROOT="$vtroot" VT_MYSQL_ROOT=/usr \
+        setsid $prefix "$@" >"$state_dir/logs/$name.log" 2>&1 </dev/null &
+    echo $! >"$state_dir/pids/$name"
+}
+
+# Runs a short command as the cluster's user.
+run() {
+    local prefix
+    prefix="$(as_cluster_user)"
+    # shellcheck disable=SC2086
+    HOME="$state_dir" VTDATAROOT="$state_dir" VTROOT="$vtroot" VT_MYSQL_ROOT=/usr $prefix "$@"
+}
+
+wait_port() {
+    local name="$1" port="$2" deadline=$((SECONDS + ${3:-120}))
+    until port_open "$port"; do
+        if [ $SECONDS -ge $deadline ] || ! kill -0 "$(cat "$state_dir/pids/$name")" 2>/dev/null; then
+            log "$name did not start; last lines of $state_dir/logs/$name.log:"
+            tail -n 30 "$state_dir/logs/$name.log" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+vtctldclient() {
+    "$bin/vtctldclient" --server "127.0.0.1:$vtctld_grpc_port" "$@"
+}
+
+make_credentials() {
+    local auth="$state_dir/auth" password
+    mkdir -p "$auth"
+    password="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
+    printf '%s' "$password" >"$auth/password"
+    printf '[{"Username": "%s", "Password": "%s"}]\n' "$cluster_user" "$password" >"$auth/grpc_users.json"
+    printf '{"%s": [{"Password": "%s", "UserData": "%s"}]}\n' "$cluster_user" "$password" "$cluster_user" \
+        >"$auth/mysql_users.json"
+    chmod 600 "$auth"/*
+}
+
+start_etcd() {
+    spawn etcd etcd --name "apv-$base" --data-dir "$state_dir/etcd" \
+        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+        --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+        --initial-cluster "apv-$base=http://127.0.0.1:$etcd_peer_port"
+    wait_port etcd "$etcd_port"
+    "$bin/vtctldclient" --server internal "${topo_flags[@]}" AddCellInfo \
+        --root "/vitess/$cell" --server-address "127.0.0.1:$etcd_port" "$cell"
+}
+
+start_vtctld() {
+    spawn vtctld "$bin/vtctld" "${topo_flags[@]}" --cell "$cell" --service-map 'grpc-vtctl,grpc-vtctld' \
+        --port "$vtctld_web_port" --grpc-port "$vtctld_grpc_port" --bind-address 127.0.0.1 \
+        --log_dir "$state_dir/logs" --config-file-not-found-handling=ignore
+    wait_port vtctld "$vtctld_grpc_port"
+}
+
+# tablet KEYSPACE SHARD UID: one mysqlctl-managed MariaDB and its vttablet, made primary of SHARD.
+# Idempotent: a tablet already running is left alone.
+start_tablet() {
+    local keyspace="$1" shard="$2" uid="$3" n alias name
+    n=$((uid / 100 - 1))
+    [ "$n" -ge 0 ] && [ "$n" -lt 30 ] || { log "tablet uid must be 100..3000 in steps of 100"; exit 2; }
+    local web=$((base + 100 + n)) grpc=$((base + 130 + n)) mysql=$((base + 160 + n))
+    printf -v alias '%s-%010d' "$cell" "$uid"
+    name="vttablet-$uid"
+    if [ -f "$state_dir/pids/$name" ] && kill -0 "$(cat "$state_dir/pids/$name")" 2>/dev/null; then
+        return
+    fi
+    vtctldclient GetKeyspace "$keyspace" >/dev/null 2>&1 \
+        || vtctldclient CreateKeyspace --durability-policy=none "$keyspace" >/dev/null
+    [ "$(id -u)" != 0 ] || chown -R "$run_as_user:" "$state_dir"
+    EXTRA_MY_CNF="$state_dir/config/extra.cnf" run "$bin/mysqlctl" --log_dir "$state_dir/logs" \
+        --tablet-uid "$uid" --mysql-port "$mysql" --config-file-not-found-handling=ignore \
+        init --init-db-sql-file "$state_dir/config/init_db.sql" >"$state_dir/logs/mysqlctl-$uid.log" 2>&1 \
+        || { log "mysqlctl init of tablet $uid failed:"; tail -n 30 "$state_dir/logs/mysqlctl-$uid.log" >&2; exit 1; }
+    spawn "$name" "$bin/vttablet" "${topo_flags[@]}" --log_dir "$state_dir/logs" \
+        --tablet-path "$alias" --tablet-hostname 127.0.0.1 --bind-address 127.0.0.1 \
+        --init-keyspace "$keyspace" --init-shard "$shard" --init-tablet-type replica \
+        --health-check-interval 1s --heartbeat-on-demand-duration 5s \
+        --port "$web" --grpc-port "$grpc" \
+        --service-map 'grpc-queryservice,grpc-tabletmanager,grpc-updatestream' \
+        --db-charset utf8mb4 --queryserver-config-pool-size 4 --queryserver-config-stream-pool-size 4 \
+        --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore
+    wait_port "$name" "$grpc"
+    # A shard's first primary: PlannedReparentShard elects it (durability `none`: no replicas needed).
+    local deadline=$((SECONDS + 60))
+    until vtctldclient PlannedReparentShard --new-primary "$alias" "$keyspace/$shard" \
+        >>"$state_dir/logs/reparent-$uid.log" 2>&1; do
+        if [ $SECONDS -ge $deadline ]; then
+            log "tablet $alias did not become primary of $keyspace/$shard:"
+            tail -n 20 "$state_dir/logs/reparent-$uid.log" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+}
+
+stop_tablet() {
+    local uid="$1" pid
+    if [ -f "$state_dir/pids/vttablet-$uid" ]; then
+        pid="$(cat "$state_dir/pids/vttablet-$uid")"
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        rm -f "$state_dir/pids/vttablet-$uid"
+    fi
+    run "$bin/mysqlctl" --log_dir "$state_dir/logs" --tablet-uid "$uid" --config-file-not-found-handling=ignore \
+        shutdown >>"$state_dir/logs/mysqlctl-$uid.log" 2>&1 || true
+}
+
+start_vtgate() {
+    spawn vtgate "$bin/vtgate" "${topo_flags[@]}" --log_dir "$state_dir/logs" --cell "$cell" \
+        --cells-to-watch "$cell" --tablet-types-to-wait PRIMARY --service-map 'grpc-vtgateservice' \
+        --bind-address 127.0.0.1 --port "$vtgate_web_port" --grpc-port "$vtgate_grpc_port" \
+        --mysql-server-port "$vtgate_mysql_port" --mysql-server-bind-address 127.0.0.1 \
+        --mysql-server-version "$vtgate_reported_version" \
+        --mysql-auth-server-impl static --mysql-auth-server-static-file "$state_dir/auth/mysql_users.json" \
+        --grpc-auth-mode static --grpc-auth-static-password-file "$state_dir/auth/grpc_users.json" \
+        --enable-buffer --buffer-min-time-between-failovers 1s --buffer-window 10s \
+        --tablet-refresh-interval 1s --config-file-not-found-handling=ignore
+    wait_port vtgate "$vtgate_mysql_port"
+    wait_port vtgate "$vtgate_grpc_port"
+}
+
+running() { [ -f "$state_dir/ready" ] && [ -f "$state_dir/pids/vtgate" ] && kill -0 "$(cat "$state_dir/pids/vtgate")" 2>/dev/null; }
+
+ready() { running && port_open "$vtgate_grpc_port" && port_open "$vtgate_mysql_port"; }
+
+print_ports() {
+    printf 'VITESS_HOST=127.0.0.1\nVITESS_GRPC_PORT=%s\nVITESS_MYSQL_PORT=%s\n' "$vtgate_grpc_port" "$vtgate_mysql_port"
+    printf 'VITESS_USER=%s\nVITESS_PASSWORD_FILE=%s\nVITESS_TLS_CA=\n' "$cluster_user" "$state_dir/auth/password"
+    printf 'VITESS_VTCTLD=127.0.0.1:%s\n' "$vtctld_grpc_port"
+}
+
+start() {
+    if ready; then
+        log "already running"
+        print_ports
+        return
+    fi
+    stop
+    local t0=$SECONDS
+    ensure_packages
+    ensure_vitess_built
+    rm -rf "$state_dir"
+    mkdir -p "$state_dir/logs" "$state_dir/pids" "$state_dir/config"
+    cp "$here/vitess/config/init_db.sql" "$state_dir/config/init_db.sql"
+    # One mysqld per tablet: each its own primary, so read_only stays Vitess's business.
+    grep -v '^read_only' "$here/vitess/config/mycnf/test-suite.cnf" >"$state_dir/config/extra.cnf"
+    make_credentials
+    log "starting etcd, vtctld, commerce/0 and vtgate (Vitess $vitess_version) on ports $base-$((base + 199))"
+    start_etcd
+    start_vtctld
+    start_tablet commerce 0 100
+    # Every table starts in `commerce`: the local cluster's commerce and customer tables.
+    cat "$here/vitess/schema/commerce/001_tables.sql" "$here/vitess/schema/customer/001_tables.sql" \
+        >"$state_dir/config/commerce.sql"
+    vtctldclient ApplySchema --sql-file "$state_dir/config/commerce.sql" commerce >/dev/null
+    vtctldclient ApplyVSchema --vschema-file "$here/vitess/topology/vschema_commerce.json" commerce >/dev/null
+    start_vtgate
+    touch "$state_dir/ready"
+    log "ready in $((SECONDS - t0))s"
+    print_ports
+}
+
+stop() {
+    local f pid
+    if [ -d "$state_dir/pids" ]; then
+        # vtgate first, mysqld last (vttablets want their database while they stop).
+        for f in vtgate $(cd "$state_dir/pids" && ls | grep '^vttablet-' || true) vtctld etcd; do
+            [ -f "$state_dir/pids/$f" ] || continue
+            pid="$(cat "$state_dir/pids/$f")"
+            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+            for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        done
+    fi
+    local pattern
+    for pattern in "mysqld_safe.*$state_dir" "mariadbd.*$state_dir" "mysqld .*$state_dir"; do
+        pkill -KILL -f "$pattern" 2>/dev/null || true
+    done
+    rm -rf "$state_dir/pids" "$state_dir/ready"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    status) if ready; then print_ports; else log "not running"; exit 1; fi ;;
+    env) print_ports ;;
+    tablet-down) shift; [ $# = 1 ] || { echo "usage: $0 tablet-down UID" >&2; exit 2; }; stop_tablet "$1" ;;
+    tablet) shift; [ $# = 3 ] || { echo "usage: $0 tablet KEYSPACE SHARD UID" >&2; exit 2; }; start_tablet "$@" ;;
+    vtctldclient) shift; vtctldclient "$@" ;;
+    *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|tablet-down UID|vtctldclient ARGS..." >&2
+       exit 2 ;;
+esac

@@ -1,0 +1,269 @@
+"""Syncs of keyspace `customer` across MoveTables and Reshard, on a cluster assembled from parts.
+
+One scenario, in order (the workflows only go one way, so the tests share one cluster and run in
+file order): rows are seeded in the unsharded `commerce`; MoveTables copies `customer`/`corder`
+into keyspace `customer`; three syncs snapshot it; a seeded workload writes through vtgate while
+MoveTables switches traffic, `customer` is resharded 0 -> -80,80- and Reshard switches traffic.
+
+* sync `live` reads catch-up windows all along, across both switches;
+* sync `offline` reads one window before the reshard and its next one after SwitchTraffic (its
+  position still names shard 0, which still exists);
+* sync `gone` reads nothing until shard 0 is deleted: a clear error naming it and the remedy.
+
+Windows are applied by the reference applier (``replay.py``, the merge's per-shard rule) and
+merged window by window into Delta by the merge job (PySpark); both are compared with
+``SELECT *`` through vtgate.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.exceptions import ShardsGoneError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.staging import Manifest, read_table, verify
+from airflow_provider_vitess.vstream.events import Operation
+from tests.conftest import connection_uri_env
+from tests.integration import merge_workload as wl
+from tests.integration.delta_check import spark_session
+from tests.integration.replay import Replay, StagedChange
+from tests.integration.topology import Topology, start_topology, stop_topology
+
+pytestmark = pytest.mark.integration
+
+TABLES = ("customer", "corder")
+KEYS = {"customer": [0], "corder": [0]}
+KEYS_NAMES = {"customer": ["customer_id"], "corder": ["order_id"]}
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[Topology]:
+    stop_topology()  # the workflows go one way only: always a fresh cluster
+    topology = start_topology()
+    try:
+        yield topology
+    finally:
+        print("\ntopology timings (s):", json.dumps(topology.timings))
+        stop_topology()
+
+
+@pytest.fixture(scope="module")
+def hook(topology: Topology) -> Iterator[VitessHook]:
+    name, value = connection_uri_env("vitess_topology", topology.vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        yield VitessHook("vitess_topology")
+
+
+class Sync:
+    """One sync's runner, store and replayed target."""
+
+    def __init__(self, hook: VitessHook, root: Path, sync_id: str) -> None:
+        self.id = sync_id
+        self.store = CheckpointStore(f"sqlite:///{root}/{sync_id}.db")
+        self.spec = SyncSpec(sync_id, "customer", TABLES, str(root / "stage"))
+        self.runner = CaptureRunner(hook, self.store, self.spec, holder="test")
+        self.state = {t: Replay(key_index=KEYS[t]) for t in TABLES}
+        self.windows: list[Manifest] = []
+
+    def apply(self, manifest: Manifest) -> None:
+        live = [sg.shard for sg in manifest.end_vgtid.shard_gtids]
+        for table in TABLES:
+            self.state[table].apply(_changes(manifest, table), live)
+        self.store.mark_merged(self.id, manifest.window_seq)
+        self.store.commit(self.id, manifest.window_seq)
+        self.windows.append(manifest)
+
+    def snapshot(self) -> None:
+        self.apply(self.runner.snapshot().manifest)
+
+    def catch_up(self) -> Manifest:
+        manifest = self.runner.catch_up().manifest
+        self.apply(manifest)
+        return manifest
+
+    def rows(self) -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
+        return {t: self.state[t].rows() for t in TABLES}
+
+    def merge_to_delta(self, hook: VitessHook, root: Path) -> None:
+        """Each window merged once, in order, as the DAG does; then Delta == SELECT *."""
+        keys = self.windows[0].tables
+        targets = {t: TableTarget(t, str(root / t), keys[t].key_columns, keys[t].key_columns) for t in TABLES}
+        spark = spark_session()
+        for i, m in enumerate(self.windows):
+            window = WindowToMerge(m.window_seq, m.path, TABLES if i == 0 else ())
+            merge(spark, MergePlan(self.id, (window,), targets))
+        for table in TABLES:
+            wl.assert_equal_to_source(spark, hook, "customer", table, targets[table].path, KEYS_NAMES[table])
+
+
+def _changes(manifest: Manifest, table: str) -> list[StagedChange]:
+    verify(manifest)
+    if table not in manifest.tables:
+        return []
+    data = read_table(manifest, table).to_pylist()
+    out = []
+    for r in data:
+        columns = [c for c in r if not c.startswith("_")]
+        op = Operation(r["_op"])
+        after = None if op is Operation.DELETE else tuple(r[c] for c in columns)
+        before = None if op is Operation.INSERT else tuple(r.get(f"_before_{c}") for c in columns)
+        out.append(
+            StagedChange(r["_keyspace"], table, r["_shard"], op, r["_commit_ts"], r["_seq"], before, after)
+        )
+    return out
+
+
+def _source(hook: VitessHook) -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
+    raw = hook.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        out = {}
+        for table in TABLES:
+            cur.execute(f"SELECT * FROM customer.{table}")
+            out[table] = {(r[0],): tuple(r) for r in cur.fetchall()}
+        return out
+    finally:
+        raw.close()
+
+
+class Workload(threading.Thread):
+    """Seeded DML through vtgate until stopped. Statements are idempotent (a write refused while
+    traffic switches is simply tried again later), and some orders change customer, which after
+    the reshard moves them between shards."""
+
+    def __init__(self, hook: VitessHook, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.hook, self.rng = hook, random.Random(seed)
+        self.stop_event = threading.Event()
+        self.done = self.refused = 0
+        self.last_error = ""
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                with self.hook.connect_sql() as conn, conn.begin():
+                    for _ in range(self.rng.randint(1, 3)):
+                        self._one(conn)
+                self.done += 1
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                self.refused += 1
+                self.last_error = str(exc)[:300]
+                time.sleep(0.2)
+            time.sleep(0.01)
+
+    def _one(self, conn: sqlalchemy.Connection) -> None:
+        oid, cid = self.rng.randint(1, 400), self.rng.randint(1, 200)
+        r = self.rng.random()
+        if r < 0.3:
+            conn.execute(sqlalchemy.text("DELETE FROM corder WHERE order_id = :o"), {"o": oid})
+            conn.execute(
+                sqlalchemy.text(
+                    "INSERT INTO corder (order_id, customer_id, sku, price) VALUES (:o, :c, 'w', :p)"
+                ),
+                {"o": oid, "c": cid, "p": self.rng.randint(0, 99)},
+            )
+        elif r < 0.5:
+            conn.execute(sqlalchemy.text("DELETE FROM corder WHERE order_id = :o"), {"o": oid})
+        elif r < 0.8:
+            conn.execute(
+                sqlalchemy.text("UPDATE corder SET price = price + 1 WHERE order_id = :o"), {"o": oid}
+            )
+        else:
+            conn.execute(sqlalchemy.text("DELETE FROM customer WHERE customer_id = :c"), {"c": cid})
+            conn.execute(
+                sqlalchemy.text("INSERT INTO customer (customer_id, email) VALUES (:c, :e)"),
+                {"c": cid, "e": f"w{self.rng.randint(0, 9999)}@x"},
+            )
+
+
+def _seed(hook: VitessHook) -> None:
+    with hook.connect_sql() as conn, conn.begin():
+        conn.execute(
+            sqlalchemy.text("INSERT INTO commerce.customer (customer_id, email) VALUES (:c, :e)"),
+            [{"c": c, "e": f"c{c}@x"} for c in range(1, 201)],
+        )
+        conn.execute(
+            sqlalchemy.text(
+                "INSERT INTO commerce.corder (order_id, customer_id, sku, price) VALUES (:o, :c, 's', :p)"
+            ),
+            [{"o": o, "c": 1 + o % 200, "p": o % 50} for o in range(1, 401)],
+        )
+
+
+STATE: dict[str, Any] = {}
+
+
+def test_windows_follow_movetables_and_reshard_switches(
+    topology: Topology, hook: VitessHook, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("reshard")
+    _seed(hook)
+    topology.move_tables_create()
+    live, offline, gone = (Sync(hook, root, name) for name in ("live", "offline", "gone"))
+    for sync in (live, offline, gone):
+        sync.snapshot()
+    STATE.update(offline=offline, gone=gone)
+
+    workload = Workload(hook, seed=15)
+    workload.start()
+    try:
+        live.catch_up()
+        topology.move_tables_switch()
+        live.catch_up()  # across the MoveTables switch: only the writer changed
+        offline.catch_up()
+        topology.move_tables_complete()
+        topology.reshard_create()
+        live.catch_up()
+        time.sleep(1)
+        topology.reshard_switch()
+        crossing = live.catch_up()  # across the reshard's journal
+        time.sleep(2)
+    finally:
+        workload.stop_event.set()
+        workload.join()
+    print(f"\nworkload: {workload.done} transactions, {workload.refused} refused ({workload.last_error})")
+    assert workload.done > 50, (workload.done, workload.refused, workload.last_error)
+    after = live.catch_up()  # wholly after the switch, to the end of the workload
+
+    journal_windows = [m for m in live.windows if m.stats.get("journals")]
+    assert len(journal_windows) == 1, [m.stats for m in live.windows]
+    assert journal_windows[0].stats["retired_shards"] == ["customer/0"]
+    for manifest in (crossing, after):
+        assert {sg.shard for sg in manifest.end_vgtid.shard_gtids} == {"-80", "80-"}, manifest.end_vgtid
+    assert {c.shard for c in _changes(after, "corder")} <= {"-80", "80-"}
+    assert live.rows() == _source(hook)
+    STATE["source"] = _source(hook)
+    live.merge_to_delta(hook, root / "delta-live")
+    STATE["root"] = root
+
+
+def test_a_reshard_while_the_sync_was_not_running(topology: Topology, hook: VitessHook) -> None:
+    offline: Sync = STATE["offline"]
+    committed, _ = offline.store.committed("offline")
+    assert committed is not None and [sg.shard for sg in committed.shard_gtids] == ["0"]
+    manifest = offline.catch_up()  # from shard 0's position, through its journal, to -80/80-
+    assert manifest.stats["journals"] == 1
+    assert {sg.shard for sg in manifest.end_vgtid.shard_gtids} == {"-80", "80-"}
+    assert offline.rows() == STATE["source"]
+    offline.merge_to_delta(hook, STATE["root"] / "delta-offline")
+
+
+def test_old_shards_gone_is_a_clear_error(topology: Topology, hook: VitessHook) -> None:
+    gone: Sync = STATE["gone"]
+    topology.reshard_complete_and_delete_old_shard()
+    with pytest.raises(ShardsGoneError, match=r"shard customer/0.*snapshot the sync again"):
+        gone.runner.catch_up()

@@ -1,0 +1,214 @@
+"""WindowReader across a reshard: real VStream protobuf messages, as vtgate sends them.
+
+vtgate (v0.23, ``include_reshard_journal_events``) sends the old shard's JOURNAL inside its
+transaction (BEGIN, JOURNAL, VGTID, COMMIT), ends the old shard's stream, and streams the new
+shards from the positions the journal names; later VGTID events name the new shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+import pytest
+
+from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
+from airflow_provider_vitess.exceptions import ShardsGoneError
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.window import WindowReader
+
+E = binlogdata_pb2.VEventType
+KS = "customer"
+TABLE = f"{KS}.customer"
+OLD = "0"
+NEW = ("-80", "80-")
+
+
+def gtid(server: int, seq: int) -> str:
+    return f"MariaDB/0-{server}-{seq}"
+
+
+def sgtid(shard: str, pos: str) -> binlogdata_pb2.ShardGtid:
+    return binlogdata_pb2.ShardGtid(keyspace=KS, shard=shard, gtid=pos)
+
+
+def vgtid(*entries: tuple[str, str]) -> Vgtid:
+    return Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[sgtid(s, p) for s, p in entries]))
+
+
+def ev(shard: str, type_: int, ts: int, **kw: Any) -> binlogdata_pb2.VEvent:
+    return binlogdata_pb2.VEvent(type=type_, keyspace=KS, shard=shard, timestamp=ts, **kw)  # type: ignore[arg-type]
+
+
+def field(shard: str, ts: int) -> binlogdata_pb2.VEvent:
+    fields = [query_pb2.Field(name="customer_id", type=query_pb2.Type.INT64, charset=63)]
+    fe = binlogdata_pb2.FieldEvent(table_name=TABLE, fields=fields, keyspace=KS, shard=shard)
+    return ev(shard, E.FIELD, ts, field_event=fe)
+
+
+def txn(
+    shard: str, ts: int, pos: str, row_id: int, *, with_field: bool = False
+) -> list[binlogdata_pb2.VEvent]:
+    """One transaction inserting ``row_id``; the VGTID names the shard's position after it."""
+    value = str(row_id).encode()
+    row = binlogdata_pb2.RowChange(after=query_pb2.Row(lengths=[len(value)], values=value))
+    re_ = binlogdata_pb2.RowEvent(table_name=TABLE, row_changes=[row], keyspace=KS, shard=shard)
+    return [
+        ev(shard, E.BEGIN, ts),
+        *([field(shard, ts)] if with_field else []),
+        ev(shard, E.ROW, ts, row_event=re_),
+        ev(shard, E.VGTID, ts, vgtid=binlogdata_pb2.VGtid(shard_gtids=[sgtid(shard, pos)])),
+        ev(shard, E.COMMIT, ts),
+    ]
+
+
+JOURNAL_STARTS = {"-80": gtid(2, 10), "80-": gtid(3, 20)}
+
+
+def journal(ts: int, pos: str) -> list[binlogdata_pb2.VEvent]:
+    j = binlogdata_pb2.Journal(
+        id=7,
+        migration_type=binlogdata_pb2.MigrationType.SHARDS,
+        participants=[binlogdata_pb2.KeyspaceShard(keyspace=KS, shard=OLD)],
+        shard_gtids=[sgtid(s, p) for s, p in JOURNAL_STARTS.items()],
+    )
+    return [
+        ev(OLD, E.BEGIN, ts),
+        ev(OLD, E.JOURNAL, ts, journal=j),
+        ev(OLD, E.VGTID, ts, vgtid=binlogdata_pb2.VGtid(shard_gtids=[sgtid(OLD, pos)])),
+        ev(OLD, E.COMMIT, ts),
+    ]
+
+
+def reshard_stream() -> list[binlogdata_pb2.VEvent]:
+    """Old shard: rows 1 and 2, then its journal; new shards: row 3 on -80 (same second as the
+    journal, and "-80" sorts before "0"), row 4 on 80-."""
+    return [
+        *txn(OLD, 100, gtid(1, 5), 1, with_field=True),
+        *txn(OLD, 101, gtid(1, 6), 2),
+        *journal(102, gtid(1, 7)),
+        *txn("-80", 102, gtid(2, 11), 3, with_field=True),
+        *txn("80-", 103, gtid(3, 21), 4, with_field=True),
+    ]
+
+
+START = vgtid((OLD, gtid(1, 4)))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, int]] = []  # (shard, customer_id) in staged order
+
+    def set_schema(self, keyspace: str, table: str, fields: Sequence[Any], shard: str = "") -> None:
+        pass
+
+    def add_rows(
+        self, keyspace: str, table: str, shard: str, commit_ts: int, first_seq: int, changes: Sequence[Any]
+    ) -> None:
+        for change in changes:
+            self.rows.append((shard, int(change.after[0])))
+
+    def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None:
+        pass
+
+
+class Server:
+    """One VStream call answering with the scripted events, one response per event."""
+
+    def __init__(self, events: Sequence[binlogdata_pb2.VEvent]) -> None:
+        self.events = list(events)
+        self.requests: list[vtgate_pb2.VStreamRequest] = []
+
+    def __call__(self, request: vtgate_pb2.VStreamRequest) -> Iterator[vtgate_pb2.VStreamResponse]:
+        self.requests.append(request)
+        return iter([vtgate_pb2.VStreamResponse(events=[e]) for e in self.events])
+
+
+def read(start: Vgtid, stop: Vgtid, events: Sequence[binlogdata_pb2.VEvent]) -> tuple[Any, Recorder, Server]:
+    stager, server = Recorder(), Server(events)
+    reader = WindowReader(server, stager, keyspace=KS, tables=["customer"], start=start, stop=stop)
+    return reader.run(), stager, server
+
+
+def positions(v: Vgtid) -> dict[str, str]:
+    return {sg.shard: sg.gtid for sg in v.shard_gtids}
+
+
+def test_the_window_asks_vtgate_for_reshard_journals() -> None:
+    _, _, server = read(START, vgtid((OLD, gtid(1, 6))), reshard_stream())
+    assert server.requests[0].flags.include_reshard_journal_events is True
+
+
+def test_a_start_shard_missing_from_the_stop_is_read_to_its_journal() -> None:
+    """The stop was planned after the switch (it names the new shards only): every unit of the
+    old shard up to its journal belongs to the window, not just the first one."""
+    stop = vgtid(("-80", gtid(2, 11)), ("80-", gtid(3, 21)))
+    result, stager, _ = read(START, stop, reshard_stream())
+    assert (OLD, 2) in stager.rows
+    # The journal is staged before any new shard's unit, though "-80" sorts before "0" in the
+    # same second: the old shard's rows come first.
+    assert stager.rows == [(OLD, 1), (OLD, 2), ("-80", 3), ("80-", 4)]
+    assert result.stopped_early is None
+
+
+def test_the_end_position_carries_the_new_shards_and_drops_the_old() -> None:
+    stop = vgtid(("-80", gtid(2, 11)), ("80-", gtid(3, 21)))
+    result, _, _ = read(START, stop, reshard_stream())
+    assert positions(result.end_vgtid) == {"-80": gtid(2, 11), "80-": gtid(3, 21)}
+    assert result.journals == 1
+    assert result.retired_shards == [f"{KS}/{OLD}"]
+
+
+def test_a_stop_at_the_journal_ends_on_the_journal_positions_of_the_new_shards() -> None:
+    """The stop was planned at the switch (the old shard's position includes its journal): the
+    window ends there, the new shards' units are the next window's, and the position names the
+    new shards at the journal's positions, so the next window reads them from there."""
+    result, stager, _ = read(START, vgtid((OLD, gtid(1, 7))), reshard_stream())
+    assert stager.rows == [(OLD, 1), (OLD, 2)]
+    assert positions(result.end_vgtid) == JOURNAL_STARTS
+
+
+def test_a_stop_before_the_journal_keeps_the_old_shard() -> None:
+    result, stager, _ = read(START, vgtid((OLD, gtid(1, 6))), reshard_stream())
+    assert stager.rows == [(OLD, 1), (OLD, 2)]
+    assert positions(result.end_vgtid) == {OLD: gtid(1, 6)}
+    assert result.journals == 0
+
+
+def test_a_window_starting_past_the_journal_reads_the_new_shards_only() -> None:
+    """The next window, from the position the previous one ended on at the journal."""
+    start = vgtid(*JOURNAL_STARTS.items())
+    stop = vgtid(("-80", gtid(2, 11)), ("80-", gtid(3, 21)))
+    events = reshard_stream()[-10:]  # the new shards' transactions only
+    result, stager, server = read(start, stop, events)
+    assert stager.rows == [("-80", 3), ("80-", 4)]
+    assert positions(result.end_vgtid) == {"-80": gtid(2, 11), "80-": gtid(3, 21)}
+    assert {sg.shard for sg in server.requests[0].vgtid.shard_gtids} == set(NEW)
+
+
+class ShardNotFound(grpc.RpcError):
+    """vtgate v0.23's answer when the VGTID names a deleted shard (vstream_manager.go)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return (
+            "failed to determine if keyspace customer has been resharded: shard provided in VGTID, 0, "
+            "not found in the customer keyspace"
+        )
+
+
+def test_a_position_naming_deleted_shards_is_a_clear_error() -> None:
+    def server(request: vtgate_pb2.VStreamRequest) -> Iterator[vtgate_pb2.VStreamResponse]:
+        raise ShardNotFound()
+
+    reader = WindowReader(
+        server, Recorder(), keyspace=KS, tables=["customer"], start=START, stop=vgtid(("-80", gtid(2, 11)))
+    )
+    with pytest.raises(
+        ShardsGoneError, match=r"shard customer/0, which keyspace customer no longer has"
+    ) as err:
+        reader.run()
+    assert "snapshot the sync again" in str(err.value)
