@@ -343,7 +343,10 @@ def test_corrupt_part_or_missing_manifest_fails_naming_it_and_writes_nothing(
         merge(spark, copy.plan(target, 1))
     out = tmp_path / "report.json"
     code = main(["--plan-json", copy.plan(target, 1).to_json(), "--report-file", str(out)], spark=spark)
-    assert code == 2 and not out.exists()
+    # No report: the file holds the refusal, which a retry cannot fix (the operator fails at once).
+    error = json.loads(out.read_text())
+    assert code == 2 and (error["type"], error["permanent"]) == ("CorruptStagedDataError", True)
+    assert f"part file {path}" in error["error"]
 
     (stage / sync.sync_id / f"window={copy.manifests[2].window_seq:010d}" / "_manifest.json").unlink()
     with pytest.raises(MergePlanError, match=r"window \d+: staged manifest .*_manifest\.json does not exist"):
