@@ -252,6 +252,13 @@ def main() -> None:
     summary(engine, env)
     step("asset events (a DAG scheduled on a table's Asset runs after each)")
     asset_events(DEMO / "airflow" / "airflow.db")
+    step("the sync's status page in the Airflow UI")
+    home = DEMO / "airflow"
+    print(
+        f"    AIRFLOW_HOME={home} {Path(sys.executable).parent / 'airflow'} api-server --port 8080\n"
+        "    then open http://localhost:8080/plugin/vitess-syncs (Browse -> Vitess syncs); its JSON:\n"
+        "    http://localhost:8080/vitess/api/syncs"
+    )
 
 
 if __name__ == "__main__":

@@ -22,11 +22,17 @@ import pytest
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
-from airflow_provider_vitess.exceptions import KeyChangedError, TargetIntegrityError, VStreamError
+from airflow_provider_vitess.exceptions import (
+    KeyChangedError,
+    TargetIntegrityError,
+    VStreamError,
+    ZeroDateError,
+)
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from spark_jobs.merge_cdc import merge
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_history, spark_session
@@ -213,3 +219,50 @@ def test_every_read_uses_the_connections_tablet_type(
     rdonly.catch_up()
     sync.merge()
     sync.assert_equal()
+
+
+def test_a_change_no_window_can_stage_is_left_behind_by_a_resnapshot_of_every_table(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    # The wedge: a zero date reaches the binlog while the sync streams with zero_date_policy
+    # "error". Fixing the row at the source does not fix the binlog event, so every catch-up
+    # fails on it again. Re-snapshotting every table discards the stuck window and makes the
+    # copy's end the new position, past that event.
+    table = "ops_dates"
+    execute(hook, f"CREATE TABLE IF NOT EXISTS commerce.{table} (id BIGINT NOT NULL PRIMARY KEY, d DATE)")
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(
+        f"wedge-{uuid.uuid4().hex[:8]}",
+        "commerce",
+        (table,),
+        str(tmp_path / "stage"),
+        zero_dates=ZeroDatePolicies(ZeroDatePolicy.ERROR),
+    )
+    sync = Sync(hook, tmp_path, spec, store, random.Random(spec.sync_id))
+    row = sync.rng.randrange(1, 2**40)
+    sync.runner().snapshot()
+    sync.merge()
+    raw = hook.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SET SESSION sql_mode = 'ALLOW_INVALID_DATES'")
+        cursor.execute(f"INSERT INTO commerce.{table} (id, d) VALUES (%s, '0000-00-00')", (row,))
+        raw.commit()
+    finally:
+        raw.invalidate()
+    with pytest.raises(ZeroDateError):
+        sync.runner().catch_up()
+    execute(hook, f"UPDATE commerce.{table} SET d = '2020-01-01' WHERE id = {row}")  # fixed at the source
+    with pytest.raises(ZeroDateError):
+        sync.runner().catch_up()  # ...but the binlog still holds the zero date
+    stuck = store.open_window(spec.sync_id)
+    assert stuck is not None and stuck.state is WindowState.PLANNED
+
+    sync.runner().snapshot(tables=[table])  # the resnapshot_tables param of the DAG, every table
+    assert store.window(spec.sync_id, stuck.seq).state is WindowState.FAILED
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    sync.runner().catch_up()  # from the copy's end: the zero date is behind it
+    sync.merge()
+    sync.assert_equal()
+    store.close()
