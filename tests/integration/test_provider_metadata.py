@@ -68,4 +68,7 @@ def test_airflow_plugins_lists_the_status_plugin_once(airflow: AirflowEnv, lazy:
     # entry point a second time, which no installed package does.
     installed = AirflowEnv(env.home, {k: v for k, v in env.env.items() if k != "PYTHONPATH"})
     errors = json.loads(installed.python(str(script)).stdout.strip().splitlines()[-1])
-    assert errors == {}, errors
+    # Other providers' own plugins may report theirs (the OpenLineage provider registers its
+    # plugin twice under eager discovery); ours must not be among them.
+    ours_failed = {name: e for name, e in errors.items() if "vitess" in f"{name} {e}".lower()}
+    assert ours_failed == {}, errors
