@@ -127,19 +127,20 @@ def capture_stop_position(
         retry=RetryPolicy(max_elapsed=timeout),
     )
     events = reader.events()
+    last = ""
     try:
         for event in events:
             if isinstance(event, VgtidEvent):
                 vgtid = event.to_vgtid()
                 if vgtid.shard_gtids and all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
                     return vgtid
-    except VStreamDeadlineError:
-        pass
+    except VStreamDeadlineError as exc:
+        last = f"; {exc}"  # names the last error vtgate answered with, if any
     finally:
         events.close()
     raise VStreamDeadlineError(
         f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s "
-        "(is vtgate reachable, and are the keyspace's primary tablets serving?)"
+        f"(is vtgate reachable, and are the keyspace's {tablet_type} tablets serving?){last}"
     )
 
 
