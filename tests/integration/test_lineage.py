@@ -29,6 +29,7 @@ DAG_ID = SYNC = "lineage_sync"
 KEYSPACE = "customer"
 TABLES = ("customer", "corder")
 ID_BASE = 9_500_000
+ADDED = (ID_BASE + 10, ID_BASE + 11)  # customers run 2 inserts
 
 SYNC_DAG = """
 import os
@@ -135,7 +136,7 @@ def test_assets_and_openlineage_of_a_snapshot_then_a_catch_up_of_one_table(
         hook,
         # Only this test's own ids: the shared tables can hold more rows than a DML may touch
         # through vtgate (10,000) by the time this test runs.
-        *[("DELETE FROM customer.customer WHERE customer_id = :c", {"c": c}) for c in ids],
+        *[("DELETE FROM customer.customer WHERE customer_id = :c", {"c": c}) for c in [*ids, *ADDED]],
         *[("DELETE FROM customer.corder WHERE order_id = :o", {"o": c}) for c in ids],
         *[
             ("INSERT INTO customer.customer (customer_id, email) VALUES (:c, :e)", {"c": c, "e": f"{c}@x"})
@@ -173,10 +174,7 @@ def test_assets_and_openlineage_of_a_snapshot_then_a_catch_up_of_one_table(
             ("UPDATE customer.customer SET email = :e WHERE customer_id = :c", {"c": c, "e": f"new-{c}@x"})
             for c in ids[:3]
         ],
-        *[
-            ("INSERT INTO customer.customer (customer_id, email) VALUES (:c, 'n@x')", {"c": ID_BASE + 10 + i})
-            for i in range(2)
-        ],
+        *[("INSERT INTO customer.customer (customer_id, email) VALUES (:c, 'n@x')", {"c": c}) for c in ADDED],
         ("DELETE FROM customer.customer WHERE customer_id = :c", {"c": ids[4]}),
     )
     second = airflow.run_dag(DAG_ID)
