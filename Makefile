@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	$(BIN)/pip install -q -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
+# The editable install leaves an *.egg-info in the checkout. Any process with the checkout on
+# sys.path (tests, `python -m`, PYTHONPATH) then sees the provider twice, with its airflow.plugins
+# entry point twice, and Airflow 3.3's plugin loader stops at a repeated plugin name: every
+# plugin after it (OpenLineage's listener among them) is dropped. The installed metadata is in
+# the venv; the copy in the checkout is only a by-product.
 protos: $(STAMP)
 	$(BIN)/python setup.py -q build_protos
+	rm -rf airflow_provider_vitess.egg-info
 
 lint: $(STAMP) protos
 	$(BIN)/ruff check .
