@@ -32,12 +32,9 @@ server_version="$(grep -oE "$server_module v[0-9][^ ]*" "$here/s3/go.mod" | head
 port="${LOCAL_S3_PORT:-15380}"
 buckets="${LOCAL_S3_BUCKETS:-lake}"
 region="us-east-1"
-if [ "$(id -u)" = 0 ]; then
-    default_cache=/var/cache/airflow-provider-vitess
-else
-    default_cache="${XDG_CACHE_HOME:-$HOME/.cache}/airflow-provider-vitess"
-fi
-cache_dir="${VITESS_CACHE_DIR:-$default_cache}"
+# The shared cache dir ($cache_dir), as_root and port_open: one definition for every dev script.
+# shellcheck source=vitess/common.sh
+. "$here/vitess/common.sh"
 bin="$cache_dir/versitygw-$server_version/bin/versitygw"
 state_dir="${LOCAL_S3_STATE_DIR:-${TMPDIR:-/tmp}/airflow-provider-vitess-s3}"
 pid_file="$state_dir/versitygw.pid"
@@ -45,10 +42,6 @@ log_file="$state_dir/versitygw.log"
 keys="$state_dir/keys"
 
 log() { printf '[local_s3] %s\n' "$*" >&2; }
-
-as_root() {
-    if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
-}
 
 ensure_curl() {
     command -v curl >/dev/null 2>&1 && return
@@ -63,10 +56,6 @@ ensure_built() {
     log "building versitygw $server_version (cold: a few minutes; warm: seconds)"
     mkdir -p "$(dirname "$bin")"
     (cd "$here/s3" && GOFLAGS=-mod=mod GOBIN="$(dirname "$bin")" go install tool)
-}
-
-port_open() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 running() {
