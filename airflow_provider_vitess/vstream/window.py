@@ -27,7 +27,6 @@ new shards then are not read in this window, their journal positions carry over)
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
+from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
 from airflow_provider_vitess.vstream.events import (
     CopyCompletedEvent,
@@ -45,7 +44,6 @@ from airflow_provider_vitess.vstream.events import (
     JournalEvent,
     RowChange,
     RowEvent,
-    VgtidEvent,
 )
 from airflow_provider_vitess.vstream.ordering import (
     ShardKey,
@@ -53,7 +51,12 @@ from airflow_provider_vitess.vstream.ordering import (
     ShardTransaction,
     TransactionAssembler,
 )
-from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
+from airflow_provider_vitess.vstream.position import capture_stop_position
+from airflow_provider_vitess.vstream.reader import OpenStream, VStreamReader
+from airflow_provider_vitess.vstream.request import table_filter
+
+# The probe and the filter are imported from here by older callers.
+__all__ = ["ReadBounds", "ReadResult", "Stager", "WindowReader", "capture_stop_position", "table_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -98,50 +101,6 @@ class ReadResult:
     journals: int = 0  # reshard JOURNAL events staged
     retired_shards: list[str] = field(default_factory=list)  # "keyspace/shard" left by a journal
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-def table_filter(tables: Sequence[str]) -> binlogdata_pb2.Filter:
-    """One rule per table (exact names: a rule's ``match`` is a name, never a pattern here)."""
-    return binlogdata_pb2.Filter(
-        rules=[binlogdata_pb2.Rule(match=t, filter=f"select * from `{t.replace('`', '``')}`") for t in tables]
-    )
-
-
-def capture_stop_position(
-    open_stream: OpenStream, keyspace: str, *, tablet_type: str = "PRIMARY", timeout: float = 60.0
-) -> Vgtid:
-    """The keyspace's current position on every shard: a window's stop.
-
-    vtgate answers a VStream from ``current`` with a VGTID event listing every shard, but a shard
-    whose stream has not started yet still shows ``current``; wait until none does. Heartbeats
-    are asked for so a quiet keyspace still answers, and the whole probe, reconnects included,
-    ends by ``timeout`` (a dead or black-holed link cannot hold it longer).
-    """
-    reader = VStreamReader(
-        open_stream,
-        keyspace=keyspace,
-        tablet_type=tablet_type,
-        flags=vtgate_pb2.VStreamFlags(heartbeat_interval=1),
-        idle_timeout=min(timeout, 10.0),
-        deadline=time.monotonic() + timeout,
-        retry=RetryPolicy(max_elapsed=timeout),
-    )
-    events = reader.events()
-    last = ""
-    try:
-        for event in events:
-            if isinstance(event, VgtidEvent):
-                vgtid = event.to_vgtid()
-                if vgtid.shard_gtids and all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
-                    return vgtid
-    except VStreamDeadlineError as exc:
-        last = f"; {exc}"  # names the last error vtgate answered with, if any
-    finally:
-        events.close()
-    raise VStreamDeadlineError(
-        f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s "
-        f"(is vtgate reachable, and are the keyspace's {tablet_type} tablets serving?){last}"
-    )
 
 
 class WindowReader:
@@ -224,15 +183,8 @@ class WindowReader:
         return Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=entries))
 
     def run(self) -> ReadResult:
-        # Objects alive now (Airflow's and ours, imported once) never die during the read; frozen,
-        # the collector stops re-walking them on every full collection (~30% of a read's CPU).
-        gc.freeze()
-        try:
-            return self._run()
-        finally:
-            gc.unfreeze()
-
-    def _run(self) -> ReadResult:
+        """Reads to the stop (or the copy's end, or a bound). A long read wants the caller to
+        keep the collector off the objects alive before it: ``utils.heap.frozen_heap``."""
         started = self._clock()
         if self._stop is not None:
             for sg in self._start.shard_gtids:
