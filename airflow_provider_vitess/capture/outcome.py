@@ -6,11 +6,13 @@ task reports is decided here, next to the runner, and not in the Airflow edge.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import WindowKind
 from airflow_provider_vitess.staging import Manifest
+from airflow_provider_vitess.vgtid import Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.window import ReadResult
 
 
@@ -35,6 +37,20 @@ class SnapshotNeed:
     def not_needed(self, sync_id: str) -> dict[str, Any]:
         """The snapshot task's XCom value when there is nothing to copy."""
         return {"sync_id": sync_id, "snapshot": "not needed", "committed_seq": self.committed_seq}
+
+
+def shard_lag(stop: Vgtid, reached: Vgtid, retired: Sequence[str] = ()) -> dict[str, int]:
+    """Per shard, transactions of the stop position not yet read: 0 once a window is complete
+    (also for a stop shard a reshard's journal retired: it has nothing more to read)."""
+    lag = {}
+    for sg in stop.shard_gtids:
+        name = f"{sg.keyspace}/{sg.shard}"
+        got = reached.shard(sg.keyspace, sg.shard)
+        if got is None and name in retired:
+            lag[name] = 0
+            continue
+        lag[name] = transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
+    return lag
 
 
 def summary(outcome: WindowOutcome) -> dict[str, Any]:

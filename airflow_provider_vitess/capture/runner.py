@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.capture import source
-from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import (
@@ -48,7 +48,7 @@ from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, re
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.heap import frozen_heap
-from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
@@ -82,20 +82,6 @@ class SyncSpec:
     minimize_skew: bool = False
     # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
-
-
-def _lag(stop: Vgtid, reached: Vgtid, retired: Sequence[str] = ()) -> dict[str, int]:
-    """Per shard, transactions of the stop position not yet read: 0 once a window is complete
-    (also for a stop shard a reshard's journal retired: it has nothing more to read)."""
-    lag = {}
-    for sg in stop.shard_gtids:
-        name = f"{sg.keyspace}/{sg.shard}"
-        got = reached.shard(sg.keyspace, sg.shard)
-        if got is None and name in retired:
-            lag[name] = 0
-            continue
-        lag[name] = transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
-    return lag
 
 
 def _store_part(p: PartInfo) -> Part:
@@ -474,7 +460,7 @@ class CaptureRunner:
             raise
         stats = self._stats(result)
         if stop is not None:
-            stats["shard_lag_transactions"] = lag = _lag(stop, result.end_vgtid, result.retired_shards)
+            stats["shard_lag_transactions"] = lag = shard_lag(stop, result.end_vgtid, result.retired_shards)
             if any(lag.values()):
                 log.info("window %d stopped early (%s); behind stop: %s", seq, result.stopped_early, lag)
         manifest = stager.finish(start, stop, result.end_vgtid, parts=kept, stats=stats)
