@@ -259,13 +259,12 @@ class _ListedTable:
     def table(self, name: str) -> TableManifest:
         texts = [s.to_json() for s in self.schemas]
         parts = []
-        for p in self.parts:
+        for i, p in enumerate(self.parts):
+            where = f"tables.{name}.parts.{i}"
             if not p.path.startswith(f"{name}/") or ".." in p.path.split("/"):
-                raise ValueError(
-                    f"part path {p.path!r} of table {name!r} is not inside the table's directory"
-                )
+                raise ValueError(f"{where}.path: {p.path!r} is not inside the table's directory")
             if not 0 <= p.schema < len(texts):
-                raise ValueError(f"part {p.path!r} refers to schema {p.schema} of {len(texts)}")
+                raise ValueError(f"{where}.schema: {p.schema} is not one of the table's {len(texts)} schemas")
             parts.append(
                 PartInfo(name, p.path, p.rows, p.bytes, p.sha256, texts[p.schema], p.op_counts, p.keyspaces)
             )

@@ -154,6 +154,15 @@ def test_a_bad_manifest_names_its_file_and_field(tmp_path: Path) -> None:
     )
 
 
+def test_a_part_naming_a_schema_the_manifest_lacks_is_refused() -> None:
+    with pytest.raises(CorruptStagedDataError) as err:
+        Manifest.from_json(OLD_MANIFEST.replace('"schema": 1,', '"schema": 5,'), source="manifest m.json")
+    assert str(err.value) == (
+        "manifest m.json is not a valid staging manifest: "
+        "tables.corder.parts.1.schema: 5 is not one of the table's 2 schemas"
+    )
+
+
 def test_a_bad_plan_file_names_its_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan_file, report_file = tmp_path / "plan.json", tmp_path / "report.json"
     plan_file.write_text(OLD_PLAN.replace('"seq": 7', '"seq": "seven"'))
