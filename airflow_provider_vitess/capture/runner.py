@@ -46,6 +46,7 @@ from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, lo
 from airflow_provider_vitess.staging.retention import delete_window
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
+from airflow_provider_vitess.vstream.spill import MemoryLimits, spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 # copy's wall time once the copy ran near stream speed. A kill recopies at most this many rows
 # (plus the copy batch in flight, ~4,000): a second or two of copying.
 CHECKPOINT_EVERY_ROWS = 250_000
+# ... or this many bytes of rows, whichever comes first: 250,000 rows of 64 KiB would be 16 GB
+# to recopy after a kill (and one part file as large). Small rows never reach it.
+CHECKPOINT_EVERY_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class SyncSpec:
     minimize_skew: bool = False
     # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
+    # What a read holds in memory before it spills to disk, and where it spills.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,7 @@ class CaptureRunner:
 
     def _check_source(self) -> dict[str, KeyChoice]:
         """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
+        spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.key_choices()
@@ -427,7 +434,9 @@ class CaptureRunner:
             stop=None,
             flags=flags,
             tablet_type=self._tablet_type,
+            memory=spec.memory,
             checkpoint_every_rows=every,
+            checkpoint_every_bytes=CHECKPOINT_EVERY_BYTES,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
             reset_connection=self.hook.reset_channel,
@@ -506,6 +515,7 @@ class CaptureRunner:
                 stop=stop,
                 tablet_type=self._tablet_type,
                 bounds=bounds or ReadBounds(),
+                memory=spec.memory,
                 flags=self.hook.vstream_flags(
                     heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
                 ),

@@ -24,6 +24,7 @@ from airflow_provider_vitess.operators._sync import (
     emit_metrics,
     holder,
     log_group,
+    memory_limits,
     open_store,
     s3_settings,
     sync_spec,
@@ -76,6 +77,7 @@ class _SyncOperator(BaseOperator):
         heartbeat_interval: int = 1,
         zero_date_policy: str = "null",
         zero_date_policies: Mapping[str, str] | None = None,
+        spill_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -94,6 +96,7 @@ class _SyncOperator(BaseOperator):
         self.heartbeat_interval = heartbeat_interval
         self.zero_date_policy = zero_date_policy
         self.zero_date_policies = dict(zero_date_policies or {})
+        self.spill_dir = spill_dir
         self._lineage: CaptureLineage | None = None
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
@@ -115,6 +118,7 @@ class _SyncOperator(BaseOperator):
                 heartbeat_interval=self.heartbeat_interval,
                 zero_date_policy=self.zero_date_policy,
                 zero_date_policies=self.zero_date_policies,
+                memory=memory_limits(self.spill_dir),
                 **spec,
             ),
             holder=holder(context),
@@ -168,6 +172,10 @@ class VitessSnapshotOperator(_SyncOperator):
     :param aws_conn_id: an Airflow ``aws`` connection for an ``s3a://`` (or ``s3://``) staging
         location: keys, ``endpoint_url``, region (see :mod:`airflow_provider_vitess.object_storage`).
     :param storage_options: further fsspec options (they win over the connection's).
+    :param spill_dir: where a read spills what exceeds its memory limits (large transactions,
+        units held for the cross-shard order); default ``[vitess] spill_dir`` in the Airflow
+        configuration, else the system's temporary directory. Spill files are anonymous: they
+        vanish when the task ends, however it ends.
     :param resnapshot_tables: tables to copy again although the sync already streams (e.g. from
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is
