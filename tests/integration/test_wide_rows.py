@@ -64,7 +64,8 @@ def test_a_transaction_of_wide_rows_spills_and_stages_exactly(vitess_conn_id: st
         staged = read_table(manifest, TABLE).to_pydict()
         assert dict(zip(staged["id"], staged["body"], strict=True)) == bodies
         with hook.connect_sql() as conn:
-            source = dict(conn.execute(sqlalchemy.text(f"SELECT id, body FROM commerce.{TABLE}")).all())
+            rows = conn.execute(sqlalchemy.text(f"SELECT id, body FROM commerce.{TABLE}")).all()
+        source: dict[int, bytes] = {r[0]: r[1] for r in rows}
         assert source == bodies  # the oracle: target == SELECT * through vtgate
     finally:
         with hook.connect_sql() as conn, conn.begin():
