@@ -50,6 +50,7 @@ from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.request import StreamTarget
+from airflow_provider_vitess.vstream.spill import MemoryLimits, spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
 __all__ = ["CHECKPOINT_EVERY_ROWS", "CaptureRunner", "SnapshotNeed", "SyncSpec", "WindowOutcome"]
@@ -61,6 +62,9 @@ log = logging.getLogger(__name__)
 # copy's wall time once the copy ran near stream speed. A kill recopies at most this many rows
 # (plus the copy batch in flight, ~4,000): a second or two of copying.
 CHECKPOINT_EVERY_ROWS = 250_000
+# ... or this many bytes of rows, whichever comes first: 250,000 rows of 64 KiB would be 16 GB
+# to recopy after a kill (and one part file as large). Small rows never reach it.
+CHECKPOINT_EVERY_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class SyncSpec:
     minimize_skew: bool = False
     # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
+    # What a read holds in memory before it spills to disk, and where it spills.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
 
 def _store_part(p: PartInfo) -> Part:
@@ -162,6 +168,7 @@ class CaptureRunner:
 
     def _check_source(self) -> dict[str, KeyChoice]:
         """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
+        spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.key_choices()
@@ -364,6 +371,7 @@ class CaptureRunner:
             None,
             flags=flags,
             checkpoint_every_rows=every,
+            checkpoint_every_bytes=CHECKPOINT_EVERY_BYTES,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
         )
@@ -435,6 +443,7 @@ class CaptureRunner:
             stop=stop,
             tablet_type=self._target.tablet_type,
             reset_connection=self.hook.reset_channel,
+            memory=self.spec.memory,
             **options,
         )
 

@@ -17,6 +17,7 @@ from airflow_provider_vitess.connections import s3_settings, store_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
+from airflow_provider_vitess.vstream.spill import MemoryLimits
 
 # The connection settings were here once; their callers may still import them from here.
 __all__ = ["as_tables", "s3_settings", "store_url", "sync_spec"]
@@ -59,6 +60,16 @@ def sync_spec(
         zero_dates=ZeroDatePolicies.parse(zero_date_policy, zero_date_policies, tables),
         **spec,
     )
+
+
+def memory_limits(spill_dir: str | None) -> MemoryLimits:
+    """The read's memory limits, spilling to ``spill_dir``, else to ``[vitess] spill_dir`` of the
+    Airflow configuration, else to the system's temporary directory."""
+    if not spill_dir:
+        from airflow.configuration import conf
+
+        spill_dir = conf.get("vitess", "spill_dir", fallback="") or None
+    return MemoryLimits(spill_dir=spill_dir)
 
 
 def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, Captur
 from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
-from airflow_provider_vitess.operators._sync import as_tables, sync_spec
+from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
@@ -71,6 +71,7 @@ class _SyncOperator(BaseOperator):
         heartbeat_interval: int = 1,
         zero_date_policy: str = "null",
         zero_date_policies: Mapping[str, str] | None = None,
+        spill_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -89,6 +90,7 @@ class _SyncOperator(BaseOperator):
         self.heartbeat_interval = heartbeat_interval
         self.zero_date_policy = zero_date_policy
         self.zero_date_policies = dict(zero_date_policies or {})
+        self.spill_dir = spill_dir
         self._lineage: CaptureLineage | None = None
         self._running: CaptureRunner | None = None
 
@@ -116,6 +118,7 @@ class _SyncOperator(BaseOperator):
                 heartbeat_interval=self.heartbeat_interval,
                 zero_date_policy=self.zero_date_policy,
                 zero_date_policies=self.zero_date_policies,
+                memory=memory_limits(self.spill_dir),
                 **spec,
             ),
             holder=holder(context),
@@ -152,6 +155,10 @@ class VitessSnapshotOperator(_SyncOperator):
     :param aws_conn_id: an Airflow ``aws`` connection for an ``s3a://`` (or ``s3://``) staging
         location: keys, ``endpoint_url``, region (see :mod:`airflow_provider_vitess.object_storage`).
     :param storage_options: further fsspec options (they win over the connection's).
+    :param spill_dir: where a read spills what exceeds its memory limits (large transactions,
+        units held for the cross-shard order); default ``[vitess] spill_dir`` in the Airflow
+        configuration, else the system's temporary directory. Spill files are anonymous: they
+        vanish when the task ends, however it ends.
     :param resnapshot_tables: tables to copy again although the sync already streams (e.g. from
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is
