@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture import moves, source
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.checkpoints import (
     WINDOW_KEYS,
@@ -152,7 +152,9 @@ class CaptureRunner:
         return self.hook.config.tablet_type
 
     def _check_source(self) -> dict[str, KeyChoice]:
-        """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
+        """Before the lock: no table was moved to another keyspace, the keyspace and tables exist,
+        and each table's key as chosen now."""
+        moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.key_choices()
