@@ -256,7 +256,8 @@ class VitessChangesSensor(BaseSensorOperator):
             lambda request: hook.open_vstream_raw(request, timeout=self.poke_read_seconds + 30),
             vgtid=start,
             filter=table_filter(self.tables),
-            flags=hook.vstream_flags(heartbeat_interval=1),
+            # A reshard is a change: without its journal vtgate would switch shards silently.
+            flags=hook.vstream_flags(heartbeat_interval=1, include_reshard_journal_events=True),
             tablet_type=cfg.tablet_type,
             # The call's own deadline bounds the poke: past it, stop rather than reconnect.
             retry=RetryPolicy(

@@ -203,7 +203,10 @@ class VitessChangesTrigger(BaseTrigger):
         request = vtgate_pb2.VStreamRequest(
             tablet_type=hook.config.tablet_type,
             filter=table_filter(self.tables),
-            flags=hook.vstream_flags(heartbeat_interval=self.heartbeat_interval),
+            # A reshard is a change: without its journal vtgate would switch shards silently.
+            flags=hook.vstream_flags(
+                heartbeat_interval=self.heartbeat_interval, include_reshard_journal_events=True
+            ),
         )
         request.vgtid.CopyFrom(vgtid)
         return request
