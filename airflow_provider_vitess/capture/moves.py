@@ -35,6 +35,9 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 log = logging.getLogger(__name__)
 
 _NO_SUCH_TABLE = 1146  # a tablet without the sidecar table has never been a workflow's source
+# vtgate's answers to a plan of a table it cannot route: unknown database, unknown table, and its
+# generic code ("table t not found"). A lost connection (2006, 2013) is not among them.
+_CANNOT_ROUTE = (1049, 1105, _NO_SUCH_TABLE)
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,19 @@ def _journals(hook: VitessHook, keyspace: str, shards: Sequence[str]) -> Iterato
             conn.invalidate()  # the session is aimed at one shard now: never back into the pool
 
 
-def _route_keyspace(hook: VitessHook, keyspace: str, table: str) -> str | None:
-    """The keyspace vtgate sends ``keyspace.table`` to (routing rules applied), or None when
-    the plan names none."""
+def _served_by(hook: VitessHook, keyspace: str, table: str) -> bool:
+    """Whether vtgate sends ``keyspace.table`` to ``keyspace`` itself (routing rules applied).
+    A plan naming no keyspace counts as yes; a table vtgate cannot route (moved on again and
+    dropped there) as no."""
     sql = f"VEXPLAIN PLAN SELECT 1 FROM {quote(hook, keyspace)}.{quote(hook, table)}"
     with hook.connect_sql() as conn:
-        plan = json.loads(conn.exec_driver_sql(sql).scalar_one())
-    return _first_keyspace(plan)
+        try:
+            plan = json.loads(conn.exec_driver_sql(sql).scalar_one())
+        except sqlalchemy.exc.DBAPIError as exc:
+            if exc.orig is not None and exc.orig.args[:1] and exc.orig.args[0] in _CANNOT_ROUTE:
+                return False
+            raise
+    return _first_keyspace(plan) in (keyspace, None)
 
 
 def _first_keyspace(plan: Any) -> str | None:
@@ -119,9 +128,7 @@ def find_moves(hook: VitessHook, keyspace: str, tables: Sequence[str]) -> list[T
     for shard, text in _journals(hook, keyspace, _shards(hook, keyspace)):
         for move in moves_in(keyspace, tables, shard, parse_journal(text)):
             found.setdefault(move.table, move)
-    return [
-        m for m in found.values() if _route_keyspace(hook, m.to_keyspace, m.table) in (m.to_keyspace, None)
-    ]
+    return [m for m in found.values() if _served_by(hook, m.to_keyspace, m.table)]
 
 
 def refuse_moved(hook: VitessHook, sync_id: str, keyspace: str, tables: Sequence[str]) -> None:
