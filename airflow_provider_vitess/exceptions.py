@@ -77,6 +77,12 @@ class UnknownTableError(VitessProviderError, LookupError):
     """A table that does not exist in the keyspace."""
 
 
+class TablesMovedError(VitessProviderError, LookupError):
+    """Tables of the sync that a MoveTables switched to another keyspace: vtgate does not follow
+    a MoveTables for a VStream client, so the sync must be moved to the target keyspace (a new
+    sync, snapshotted there). The message names the tables, the keyspace and the remedy."""
+
+
 class KeyChoiceError(VitessProviderError, ValueError):
     """No usable unique key for a table, or key overrides that do not fit its source/target.
 
@@ -112,6 +118,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     ZeroDateError,
     UnknownKeyspaceError,
     UnknownTableError,
+    TablesMovedError,
     KeyChoiceError,
     MergePlanError,
     MergeSchemaError,

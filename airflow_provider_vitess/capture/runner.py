@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture import moves, source
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -167,8 +167,10 @@ class CaptureRunner:
         return capture_stop_position(self._open, self.spec.keyspace, target=self._target)
 
     def _check_source(self) -> dict[str, KeyChoice]:
-        """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
+        """Before the lock: no table was moved to another keyspace, the keyspace and tables exist,
+        and each table's key as chosen now."""
         spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
+        moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.key_choices()

@@ -25,6 +25,7 @@ import grpc
 import grpc.aio
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_vitess._proto import vtgate_pb2
 from airflow_provider_vitess.exceptions import (
     VitessProviderError,
     VStreamError,
@@ -159,9 +160,7 @@ class VitessChangesTrigger(BaseTrigger):
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
             while True:
                 resume = detector.resume_from(start)
-                call = client.vstream(
-                    target.request(resume, self.tables, heartbeat_interval=self.heartbeat_interval)
-                )
+                call = client.vstream(self._request(target, resume))
                 self.streams_opened += 1
                 self.log.info(
                     "Watching %s from %s (stream %d)", self._describe(), resume.to_json(), self.streams_opened
@@ -194,6 +193,15 @@ class VitessChangesTrigger(BaseTrigger):
                     await asyncio.sleep(delay)
                 finally:
                     call.cancel()
+
+    def _request(self, target: StreamTarget, resume: Vgtid) -> vtgate_pb2.VStreamRequest:
+        return target.request(
+            resume,
+            self.tables,
+            heartbeat_interval=self.heartbeat_interval,
+            # A reshard is a change: without its journal vtgate would switch shards silently.
+            include_reshard_journal_events=True,
+        )
 
     async def _check_lag(
         self, client: AsyncVStreamClient, target: StreamTarget, start: Vgtid

@@ -298,7 +298,8 @@ def read_changes(
         open_stream,
         vgtid=start,
         filter=table_filter(detector.tables),
-        flags=target.flags(heartbeat_interval=1),
+        # A reshard is a change: without its journal vtgate would switch shards silently.
+        flags=target.flags(heartbeat_interval=1, include_reshard_journal_events=True),
         tablet_type=target.tablet_type,
         retry=RetryPolicy(max_attempts=3, max_elapsed=seconds, retry_deadline_exceeded=False),
     )

@@ -2,7 +2,9 @@
 
 Usage: python -m tests.integration.capture_child snapshot|catchup <spec json>
 The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
-Prints one JSON line with the outcome when it finishes.
+Prints one JSON line with the outcome when it finishes. With ``"kill_after_journal": true`` it
+SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
+``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet.
 """
 
 from __future__ import annotations
@@ -10,19 +12,42 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from datetime import timedelta
+from typing import Any
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.vstream.window import ReadBounds
+from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
+
+
+def _kill_after_journal() -> None:
+    pass_journal = WindowReader._pass_journal
+
+    def passing(reader: WindowReader, unit: Any, journal: Any) -> None:
+        pass_journal(reader, unit, journal)
+        new_shards = {sg.shard for sg in journal.shard_gtids}
+        add_rows = reader._stager.add_rows
+
+        def adding(keyspace: str, table: str, shard: str, *rest: Any) -> None:
+            add_rows(keyspace, table, shard, *rest)
+            if shard in new_shards:
+                print(f"KILLED-AFTER-JOURNAL at a row of {keyspace}/{shard}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        reader._stager.add_rows = adding  # type: ignore[method-assign,assignment]
+
+    WindowReader._pass_journal = passing  # type: ignore[method-assign,assignment]
 
 
 def main() -> None:
     kind, raw = sys.argv[1], json.loads(sys.argv[2])
     os.environ.update(raw["env"])
     logging.basicConfig(level=logging.INFO)
+    if raw.get("kill_after_journal"):
+        _kill_after_journal()
     spec = SyncSpec(
         sync_id=raw["sync_id"],
         keyspace=raw["keyspace"],

@@ -8,37 +8,58 @@ MoveTables switches traffic, `customer` is resharded 0 -> -80,80- and Reshard sw
 * sync `live` reads catch-up windows all along, across both switches;
 * sync `offline` reads one window before the reshard and its next one after SwitchTraffic (its
   position still names shard 0, which still exists);
-* sync `gone` reads nothing until shard 0 is deleted: a clear error naming it and the remedy.
+* sync `gone` reads nothing until shard 0 is deleted: a clear error naming it and the remedy;
+* sync `src`, of the MoveTables *source* keyspace `commerce`, is refused once SwitchTraffic
+  moved its tables (vtgate does not follow a MoveTables for a VStream client), naming them,
+  their new keyspace and the remedy. Reverse replication is off, so `commerce` gets no more
+  changes of them: without the check its runs would "succeed" with nothing to do;
+* the window across the reshard's journal is SIGKILLed once the journal and a row of a new
+  shard are staged, and read again whole by the rerun; a changes sensor (and its trigger)
+  watching from just before the journal wakes on it.
 
 Windows are applied by the reference applier (``replay.py``, the merge's per-shard rule) and
 merged window by window into Delta by the merge job (PySpark); both are compared with
-``SELECT *`` through vtgate.
+``SELECT *`` through vtgate, and each window is in each table's Delta log once (for `live`,
+also after a second merge of every window, which commits nothing).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy
 
+from airflow_provider_vitess.capture.moves import parse_journal
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
-from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.exceptions import ShardsGoneError
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.report import TableStatus
+from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.staging import Manifest, read_table, verify
+from airflow_provider_vitess.triggers import VitessChangesTrigger
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream.changes import JOURNAL
 from airflow_provider_vitess.vstream.events import Operation
-from tests.conftest import connection_uri_env
+from tests.conftest import REPO, connection_uri_env
 from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
+from tests.integration.delta_check import delta_txns, spark_session
 from tests.integration.replay import Replay, StagedChange
 from tests.integration.topology import Topology, start_topology, stop_topology
 
@@ -71,11 +92,15 @@ def hook(topology: Topology) -> Iterator[VitessHook]:
 class Sync:
     """One sync's runner, store and replayed target."""
 
-    def __init__(self, hook: VitessHook, root: Path, sync_id: str) -> None:
+    def __init__(self, hook: VitessHook, root: Path, sync_id: str, keyspace: str = "customer") -> None:
         self.id = sync_id
-        self.store = CheckpointStore(f"sqlite:///{root}/{sync_id}.db")
-        self.spec = SyncSpec(sync_id, "customer", TABLES, str(root / "stage"))
-        self.runner = CaptureRunner(hook, self.store, self.spec, holder="test")
+        self.store_url = f"sqlite:///{root}/{sync_id}.db"
+        self.store = CheckpointStore(self.store_url)
+        self.spec = SyncSpec(sync_id, keyspace, TABLES, str(root / "stage"))
+        # A killed run's lock goes stale in seconds: its rerun takes it over.
+        self.runner = CaptureRunner(
+            hook, self.store, self.spec, holder="test", lock_stale_after=timedelta(seconds=3)
+        )
         self.state = {t: Replay(key_index=KEYS[t]) for t in TABLES}
         self.windows: list[Manifest] = []
 
@@ -95,19 +120,67 @@ class Sync:
         self.apply(manifest)
         return manifest
 
+    def catch_up_killed_after_journal(self, env: tuple[str, str]) -> Manifest:
+        """The window run in a child SIGKILLed after the journal and a new shard's row are staged
+        (see ``capture_child``), then rerun here: the same window, read again whole."""
+        spec = {
+            "sync_id": self.id,
+            "keyspace": self.spec.keyspace,
+            "tables": list(TABLES),
+            "staging": self.spec.staging_location,
+            "store_url": self.store_url,
+            "conn_id": "vitess_topology",
+            "env": {env[0]: env[1]},
+            "kill_after_journal": True,
+        }
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.integration.capture_child", "catchup", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=300,
+        )
+        assert child.returncode == -signal.SIGKILL, (child.returncode, child.stderr[-3000:])
+        assert "KILLED-AFTER-JOURNAL" in child.stdout, child.stdout
+        killed = self.store.open_window(self.id)
+        assert killed is not None and killed.state is WindowState.PLANNED, killed
+        time.sleep(3.5)  # the killed child's lock goes stale
+        outcome = self.runner.catch_up()
+        assert outcome.resumed and outcome.seq == killed.seq, (outcome.seq, killed.seq)
+        self.apply(outcome.manifest)
+        return outcome.manifest
+
     def rows(self) -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
         return {t: self.state[t].rows() for t in TABLES}
 
-    def merge_to_delta(self, hook: VitessHook, root: Path) -> None:
-        """Each window merged once, in order, as the DAG does; then Delta == SELECT *."""
+    def merge_to_delta(self, hook: VitessHook, root: Path, *, merge_again: bool = False) -> None:
+        """Each window merged once, in order, as the DAG does; then Delta == SELECT *, and each
+        window that changed a table is one commit of its Delta log, once. ``merge_again``: also
+        after a second merge of every window (a rerun of all merges commits nothing)."""
         keys = self.windows[0].tables
         targets = {t: TableTarget(t, str(root / t), keys[t].key_columns, keys[t].key_columns) for t in TABLES}
         spark = spark_session()
-        for i, m in enumerate(self.windows):
-            window = WindowToMerge(m.window_seq, m.path, TABLES if i == 0 else ())
-            merge(spark, MergePlan(self.id, (window,), targets))
+        windows = [
+            WindowToMerge(m.window_seq, m.path, TABLES if i == 0 else ()) for i, m in enumerate(self.windows)
+        ]
+        written: dict[str, list[int]] = {t: [] for t in TABLES}
+        for window in windows:
+            report = merge(spark, MergePlan(self.id, (window,), targets))
+            for (seq, table), status in report.statuses().items():
+                if status is TableStatus.WRITTEN:
+                    written[table].append(seq)
+        if merge_again:
+            again = merge(spark, MergePlan(self.id, tuple(windows), targets)).statuses()
+            assert set(again.values()) <= {TableStatus.ALREADY_APPLIED, TableStatus.NO_CHANGES}, again
         for table in TABLES:
             wl.assert_equal_to_source(spark, hook, "customer", table, targets[table].path, KEYS_NAMES[table])
+            txns = delta_txns(targets[table].path)
+            seqs = Counter(
+                version for app, version, _ in txns if app == f"airflow-provider-vitess:{self.id}:{table}"
+            )
+            assert len(txns) == len(seqs) and set(seqs.values()) == {1}, (table, txns)
+            assert sorted(seqs) == written[table] and len(written[table]) > 2, (table, seqs, written)
 
 
 def _changes(manifest: Manifest, table: str) -> list[StagedChange]:
@@ -207,11 +280,47 @@ def _seed(hook: VitessHook) -> None:
 STATE: dict[str, Any] = {}
 
 
+def _assert_moved(src: Sync) -> None:
+    """A run of the source keyspace's sync is refused before it reads, and nothing of it is lost."""
+    committed_before = src.store.committed(src.id)
+    with pytest.raises(
+        TablesMovedError,
+        match=r"table\(s\) 'customer', 'corder' moved out of keyspace 'commerce' .*'corder' -> keyspace "
+        r"'customer'.*Remedy: sync them from keyspace 'customer' — a new sync",
+    ):
+        src.runner.catch_up()
+    assert src.store.committed(src.id) == committed_before and src.store.open_window(src.id) is None
+
+
+def _assert_a_waiting_sensor_wakes_on_the_journal(topology: Topology, hook: VitessHook) -> None:
+    """Watching from shard 0's position at the switch (its journal's own local_position, read with
+    vtctldclient: the old primary serves no queries any more), the next event is the journal; the
+    workload's rows on the new shards come after it."""
+    out = topology.vtctl(
+        "ExecuteFetchAsDBA", "--json", "zone1-0000000200", "SELECT val FROM _vt.resharding_journal"
+    )
+    (row,) = json.loads(out)["rows"]
+    before = Vgtid((ShardGtid("customer", "0", parse_journal(row[0]).local_position),))
+    sensor = VitessChangesSensor(
+        task_id="changes", keyspace="customer", tables=TABLES, start_vgtid=before.to_json(),
+        vitess_conn_id="vitess_topology", poke_read_seconds=20,
+    )  # fmt: skip
+    change = sensor.read_once(hook, before)
+    assert change is not None and (change.reason, change.shard) == (JOURNAL, "0"), change
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="vitess_topology", keyspace="customer", tables=TABLES, start_vgtid=before.to_json()
+    )
+    change = asyncio.run(asyncio.wait_for(trigger.wait_for_change(), 60))
+    assert (change.reason, change.shard) == (JOURNAL, "0"), change
+
+
 def test_windows_follow_movetables_and_reshard_switches(
     topology: Topology, hook: VitessHook, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     root = tmp_path_factory.mktemp("reshard")
     _seed(hook)
+    src = Sync(hook, root, "src", keyspace="commerce")
+    src.snapshot()
     topology.move_tables_create()
     live, offline, gone = (Sync(hook, root, name) for name in ("live", "offline", "gone"))
     for sync in (live, offline, gone):
@@ -222,15 +331,21 @@ def test_windows_follow_movetables_and_reshard_switches(
     workload.start()
     try:
         live.catch_up()
-        topology.move_tables_switch()
+        src.catch_up()  # before the switch, `commerce` still serves the tables' writes
+        topology.move_tables_switch("--enable-reverse-replication=false")
+        time.sleep(1)
+        _assert_moved(src)
         live.catch_up()  # across the MoveTables switch: only the writer changed
         offline.catch_up()
         topology.move_tables_complete()
+        _assert_moved(src)  # the tables are dropped from `commerce` now: still the move's error
         topology.reshard_create()
         live.catch_up()
         time.sleep(1)
         topology.reshard_switch()
-        crossing = live.catch_up()  # across the reshard's journal
+        _assert_a_waiting_sensor_wakes_on_the_journal(topology, hook)
+        time.sleep(1)  # rows on the new shards, inside the next window
+        crossing = live.catch_up_killed_after_journal(connection_uri_env("vitess_topology", topology.vitess))
         time.sleep(2)
     finally:
         workload.stop_event.set()
@@ -247,7 +362,7 @@ def test_windows_follow_movetables_and_reshard_switches(
     assert {c.shard for c in _changes(after, "corder")} <= {"-80", "80-"}
     assert live.rows() == _source(hook)
     STATE["source"] = _source(hook)
-    live.merge_to_delta(hook, root / "delta-live")
+    live.merge_to_delta(hook, root / "delta-live", merge_again=True)
     STATE["root"] = root
 
 

@@ -66,11 +66,11 @@ class Topology:
         )  # fmt: skip
         self.wait_copied("customer", "commerce2customer")
 
-    def move_tables_switch(self) -> None:
+    def move_tables_switch(self, *flags: str) -> None:
         self.timed(
             "MoveTables SwitchTraffic",
             "vtctldclient", "MoveTables", "--workflow", "commerce2customer", "--target-keyspace", "customer",
-            "switchtraffic",
+            "switchtraffic", *flags,
         )  # fmt: skip
 
     def move_tables_complete(self) -> None:
