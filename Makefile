@@ -45,9 +45,10 @@ integration: $(STAMP) protos vitess
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration
 
 # Not part of `test`: our snapshot and catch-up window next to Debezium's Vitess connector
-# (builds bench/peers with Maven; see bench/README.md).
+# (builds bench/peers with Maven; see bench/README.md). E.g. BENCH_PEERS_ARGS="--repeat 1".
+BENCH_PEERS_ARGS ?=
 bench-peers: $(STAMP) protos vitess
-	$(BIN)/python bench/bench_peers.py
+	$(BIN)/python bench/bench_peers.py $(BENCH_PEERS_ARGS)
 
 vitess:
 	dev/local_vitess.sh start
