@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 AIRFLOW_VERSION ?= 3.3.2
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)
 
-.PHONY: demo test lint unit integration vitess vitess-stop protos clean
+.PHONY: demo test lint unit integration vitess vitess-stop protos clean bench-peers
 
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
@@ -43,6 +43,12 @@ unit: $(STAMP) protos
 
 integration: $(STAMP) protos vitess
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration
+
+# Not part of `test`: our snapshot and catch-up window next to Debezium's Vitess connector
+# (builds bench/peers with Maven; see bench/README.md). E.g. BENCH_PEERS_ARGS="--repeat 1".
+BENCH_PEERS_ARGS ?=
+bench-peers: $(STAMP) protos vitess
+	$(BIN)/python bench/bench_peers.py $(BENCH_PEERS_ARGS)
 
 vitess:
 	dev/local_vitess.sh start
