@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 AIRFLOW_VERSION ?= 3.3.2
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)
 
-.PHONY: demo test lint unit integration vitess vitess-stop protos clean bench-peers
+.PHONY: demo test lint unit integration soak vitess vitess-stop protos clean bench-peers
 
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
@@ -49,6 +49,12 @@ integration: $(STAMP) protos vitess
 BENCH_PEERS_ARGS ?=
 bench-peers: $(STAMP) protos vitess
 	$(BIN)/python bench/bench_peers.py $(BENCH_PEERS_ARGS)
+
+# The seeded kill soak in full mode (every phase faulted, the 100k-row transaction in every seed);
+# `make test` runs its five small seeds. Prints the tally at the end; SOAK_LOG=file keeps each seed's.
+SEEDS ?= 50
+soak: $(STAMP) protos vitess
+	SOAK_FULL=1 SOAK_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_soak.py
 
 vitess:
 	dev/local_vitess.sh start

@@ -82,6 +82,10 @@ class FaultProxy:
         """Abort every connection once ``n`` more bytes have been forwarded to the client."""
         self._loop.call_soon_threadsafe(setattr, self, "_cut_budget", n)
 
+    def disarm(self) -> None:
+        """Forget a ``cut_after`` that has not fired yet."""
+        self._loop.call_soon_threadsafe(setattr, self, "_cut_budget", None)
+
     def stall(self) -> None:
         def stall() -> None:
             for conn in self._conns:
