@@ -352,14 +352,15 @@ class Soak:
         }
         delay = self.rng.uniform(0.0, 2.5)
         committed = self.store.committed(self.sync_id)[1]
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.capture_child", kind, json.dumps(spec)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
+        log = self.root / "capture-child.log"
+        with open(log, "a") as err:  # a file: a pipe nobody reads while it runs would fill and block it
+            child = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.capture_child", kind, json.dumps(spec)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
         try:
             deadline = time.monotonic() + 120
             while child.poll() is None and time.monotonic() < deadline:
@@ -373,8 +374,7 @@ class Soak:
                         return window is not None and window.state is WindowState.PLANNED
                     break
                 time.sleep(0.02)
-            _, err = child.communicate(timeout=600)
-            assert child.returncode == 0, err[-3000:]
+            assert child.wait(timeout=600) == 0, log.read_text()[-3000:]
             return False
         finally:
             if child.poll() is None:

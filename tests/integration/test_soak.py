@@ -10,7 +10,9 @@ Reproduce one seed: ``SOAK_FULL=1 pytest -m soak 'tests/integration/test_soak.py
 
 from __future__ import annotations
 
+import json
 import os
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,11 +35,13 @@ def proxy(vitess: LocalVitess, request: pytest.FixtureRequest) -> Iterator[Fault
     p.start()
     yield p
     p.stop()
-    if TALLY.results:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("")
-            reporter.write_line(TALLY.line())
+    if TALLY.results:  # past pytest's capture: the tally is the soak's output
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if capture is None:  # run with -p no:capture
+            print("\n" + TALLY.line(), flush=True)
+        else:
+            with capture.global_and_fixture_disabled():
+                print("\n" + TALLY.line(), flush=True)
 
 
 def test_the_small_seeds_cover_every_phase() -> None:
@@ -49,9 +53,15 @@ def test_the_small_seeds_cover_every_phase() -> None:
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_soak(vitess: LocalVitess, proxy: FaultProxy, tmp_path: Path, seed: int) -> None:
     plan = SeedPlan.for_seed(seed, full=FULL)
-    result = Soak(vitess, proxy, tmp_path, plan).run()
-    TALLY.results.append(result)
     log = os.environ.get("SOAK_LOG")
+    try:
+        result = Soak(vitess, proxy, tmp_path, plan).run()
+    except BaseException:
+        if log:  # a long soak's log says at once which seed broke, and how
+            with open(log, "a") as f:
+                f.write(json.dumps({"seed": seed, "error": traceback.format_exc()[-6000:]}) + "\n")
+        raise
+    TALLY.results.append(result)
     if log:
         with open(log, "a") as f:
             f.write(result.to_json() + "\n")
