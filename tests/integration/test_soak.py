@@ -4,7 +4,8 @@ SIGKILLs and network cuts, rerun after each; target == source, each window once 
 ``make test`` runs seeds 0-4, each faulting one phase (seed % 3: snapshot, catch-up, merge;
 seed 1 with the 100,000-row transaction). ``make soak SEEDS=50`` runs seeds 0-49 in full mode
 (every phase faulted, several times, the big transaction in every seed) and prints the tally;
-``SOAK_LOG=file`` also appends each seed's result there as it finishes (a JSON line).
+``SOAK_FIRST=n`` starts at seed n; ``SOAK_LOG=file`` also appends each seed's result (a JSON
+line) there as it finishes.
 Reproduce one seed: ``SOAK_FULL=1 pytest -m soak 'tests/integration/test_soak.py::test_soak[7]'``.
 """
 
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 FULL = os.environ.get("SOAK_FULL", "") not in ("", "0")
 SEEDS = int(os.environ.get("SOAK_SEEDS", "5"))
+FIRST = int(os.environ.get("SOAK_FIRST", "0"))  # to split a long soak over several runs
 TALLY = Tally()
 
 
@@ -50,7 +52,7 @@ def test_the_small_seeds_cover_every_phase() -> None:
     assert sum(plan.big_transaction_round is not None for plan in plans) == 1
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize("seed", range(FIRST, FIRST + SEEDS))
 def test_soak(vitess: LocalVitess, proxy: FaultProxy, tmp_path: Path, seed: int) -> None:
     plan = SeedPlan.for_seed(seed, full=FULL)
     log = os.environ.get("SOAK_LOG")
