@@ -273,6 +273,7 @@ class Soak:
         self.spec = SyncSpec(self.sync_id, KEYSPACE, (self.table,), str(root / "stage"))
         self.delta = root / "delta"
         self.work = Workload(self.hook, self.rng, self.table)
+        self._chosen: dict[str, int] = {}  # small seeds: the one occurrence of a phase faulted
 
     # -- the faults --
 
@@ -281,9 +282,9 @@ class Soak:
             return False
         if self.plan.every_occurrence:
             return self.rng.random() < 0.5
-        if not hasattr(self, f"_one_{phase}"):
-            setattr(self, f"_one_{phase}", self.rng.randrange(occurrences))
-        return bool(getattr(self, f"_one_{phase}") == occurrence)
+        if phase not in self._chosen:  # drawn once, at its first occurrence
+            self._chosen[phase] = self.rng.randrange(occurrences)
+        return self._chosen[phase] == occurrence
 
     def _rerun(self, what: Callable[[], T]) -> T:
         """Run ``what`` until it finishes; a holder killed a moment ago still holds the lock
