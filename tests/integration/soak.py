@@ -312,8 +312,11 @@ class Soak:
             outcome = runner.snapshot(checkpoint_every_rows=500) if kind == "snapshot" else runner.catch_up()
             return outcome.seq
 
-        faults = 0
-        while faults < 3 and self._faulted(phase, occurrence, 1 if kind == "snapshot" else self.plan.windows):
+        # Full seeds: up to 3 faults in a row. Small seeds: draw again until one lands.
+        faults, most = 0, 3 if self.plan.every_occurrence else 5
+        while faults < most and self._faulted(
+            phase, occurrence, 1 if kind == "snapshot" else self.plan.windows
+        ):
             faults += 1
             # A slowed link makes the read last ~2 s, so a random point falls inside it.
             self.proxy.slow(max(expected_bytes / 2.0, 20_000.0))
