@@ -241,11 +241,26 @@ class Workload:
             self.changes += 1
 
     def big_transaction(self) -> None:
-        """100,000 rows in one transaction over both shards (1,000-row statements)."""
-        with self.hook.connect_sql() as conn, conn.begin():
-            for chunk in range(BIG_ROWS // 1000):
-                base = BIG_BASE + chunk * 1000
-                self._insert(conn, [self._values(base + i, i) for i in range(1000)])
+        """100,000 rows in one transaction over both shards (1,000-row statements).
+
+        vttablet kills a transaction older than 30 s (its transaction timeout): on a loaded
+        machine this one can take longer, and is then rolled back whole. It is run again (its
+        keys are free again); the soak needs it committed, not fast."""
+        chunks = [
+            [self._values(BIG_BASE + c * 1000 + i, i) for i in range(1000)] for c in range(BIG_ROWS // 1000)
+        ]
+        for attempt in range(3):
+            orders, changes = dict(self.orders), self.changes
+            try:
+                with self.hook.connect_sql() as conn, conn.begin():
+                    for rows in chunks:
+                        self._insert(conn, rows)
+                return
+            except sqlalchemy.exc.DBAPIError as exc:
+                self.orders, self.changes = orders, changes
+                killed = any(m in str(exc) for m in ("exceeded timeout", "tx killer", "code = Aborted"))
+                if not killed or attempt == 2:
+                    raise
 
 
 # -- one seed --------------------------------------------------------------------------------------
