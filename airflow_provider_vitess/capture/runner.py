@@ -238,7 +238,7 @@ class CaptureRunner:
             return window
         if discard and window.state in (WindowState.PLANNED, WindowState.STAGED):
             message = f"discarded by {reason} ({self.holder})"
-            self.store.mark_failed(self.spec.sync_id, window.seq, message)
+            self.store.discard_unmerged(self.spec.sync_id, message)  # with STAGED ones before it
             log.warning(
                 "sync %r: unfinished %s window %d (%s) %s; the next catch-up reads its changes again "
                 "from the committed position",
@@ -297,7 +297,8 @@ class CaptureRunner:
             window.start_vgtid.to_json(),
         )
         delete_window(spec.staging_location, spec.sync_id, window.seq, storage_options=spec.storage_options)
-        self.store.mark_failed(spec.sync_id, window.seq, f"staged files lost or corrupt: {problem}")
+        # With the STAGED windows after it, which start where it ends.
+        self.store.discard_unmerged(spec.sync_id, f"staged files lost or corrupt: {problem}", window.seq)
 
     def _adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
         """A run killed between writing the manifest and recording STAGED left a complete window:
@@ -462,12 +463,22 @@ class CaptureRunner:
 
     # ----- catch-up ------------------------------------------------------------------------
 
-    def catch_up(self, bounds: ReadBounds | None = None) -> WindowOutcome:
+    def catch_up(
+        self, bounds: ReadBounds | None = None, *, extend: bool = False, stop: Vgtid | None = None
+    ) -> WindowOutcome:
+        """Stage one catch-up window (or resume the unfinished one, or return it if staged).
+
+        ``extend``: when the sync's latest window is a STAGED catch-up, plan the next window
+        from its end instead of returning it, up to ``stop`` (default: the keyspace's position
+        now); how one run reads a long backlog as several windows (:mod:`.backlog`).
+        """
         spec = self.spec
         chosen_keys = self._check_source()
         with self._locked():
             window = self._unfinished(WindowKind.CATCHUP)
             self._record_sync(chosen_keys)
+            if extend and window is not None and window.state is WindowState.STAGED:
+                window = None  # the next window follows it
             if window is not None and window.state is not WindowState.PLANNED:
                 staged = self._already_staged(window)
                 if staged is not None:
@@ -475,15 +486,16 @@ class CaptureRunner:
                 window = None  # discarded: read again from the committed position
             resumed = window is not None
             if window is None:
-                committed, _ = self.store.committed(spec.sync_id)
-                if committed is None:
+                # The committed position, or the end of the STAGED windows before this one.
+                start = self.store.next_catchup_start(spec.sync_id)
+                if start is None:
                     raise CheckpointError(
                         f"sync {spec.sync_id!r} has no committed position: snapshot it first"
                     )
-                self._check_keyspace(committed, "the committed position")
-                stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
-                seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, committed, stop)
-                start = committed
+                self._check_keyspace(start, "the committed position")
+                if stop is None:
+                    stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
+                seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, start, stop)
             else:
                 seq, start = window.seq, window.start_vgtid
                 if window.stop_vgtid is None:
