@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
@@ -237,8 +238,17 @@ class MergeRunner:
         if window.manifest_path is None:
             return
         try:
+            # Snapshots and discarded windows go as soon as a later window is committed.
+            early = [
+                w.seq
+                for w in recent_windows(self.store.engine, self.sync_id, self._keep + 1)
+                if w.kind is WindowKind.SNAPSHOT or w.state is WindowState.FAILED
+            ]
             deleted = prune_after_commit(
-                window.manifest_path, keep=self._keep, storage_options=self._storage_options
+                window.manifest_path,
+                keep=self._keep,
+                gone_early=early,
+                storage_options=self._storage_options,
             )
         except Exception as exc:
             log.warning("sync %r: staged windows before %d not deleted: %s", self.sync_id, window.seq, exc)

@@ -330,3 +330,30 @@ def test_a_chain_merges_only_windows_staged_with_the_same_keys(store: Checkpoint
     assert MergeRunner(store, "s1", "/delta", holder="merge").run(submit).seqs == (2,)
     assert MergeRunner(store, "s1", "/delta", holder="merge").run(submit).seqs == (3,)
     assert [(p.windows[0].seq, p.targets["t"].key_columns) for p in plans] == [(2, ("id",)), (3, ("code",))]
+
+
+def test_a_snapshot_and_discarded_windows_are_deleted_once_a_later_window_is_committed(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    stage = tmp_path / "stage"
+
+    def staged(seq: int) -> str:
+        window = stage / "s1" / f"window={seq:010d}"
+        (window / "t").mkdir(parents=True)
+        (window / "t" / "part-00001.parquet").write_bytes(b"x")
+        (window / "_manifest.json").write_text("{}")
+        return str(window / "_manifest.json")
+
+    runner = MergeRunner(store, "s1", "/delta", holder="merge")
+    seq = store.plan_window("s1", WindowKind.SNAPSHOT, START)
+    store.mark_staged("s1", seq, END, staged(seq))
+    runner.run(_report)
+    assert (stage / "s1" / "window=0000000001").exists()  # the only copy of the tables' state
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, _end(100))
+    store.mark_staged("s1", seq, _end(11), staged(seq))
+    store.discard_unmerged("s1", "files lost")  # window 2: its changes are read again by window 3
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, _end(100))
+    store.mark_staged("s1", seq, _end(11), staged(seq))
+    runner.run(_report)
+    # Not 20 windows later: the snapshot's copy and the discarded window are read by no merge.
+    assert sorted(p.name for p in (stage / "s1").iterdir()) == ["window=0000000003"]
