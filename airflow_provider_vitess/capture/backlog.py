@@ -71,8 +71,10 @@ def catch_up_backlog(
         last = outcomes[-1].manifest
         reason = str(last.stats.get("stopped_early") or "")
         left = remaining()
-        if not reason:
-            stopped = "caught up"  # the window reached its stop
+        lag = dict(last.stats.get("shard_lag_transactions") or {})
+        if not reason or not any(lag.values()):
+            # It reached its stop (a bound may have been met on its very last transaction).
+            stopped = "caught up"
             break
         if left is not None and left <= 0:
             stopped = f"max_seconds={bounds.max_seconds:g}"
