@@ -66,6 +66,7 @@ def catch_up_backlog(
     def remaining() -> float | None:
         return None if bounds.max_seconds is None else bounds.max_seconds - (clock() - started)
 
+    runner.recheck_staged()  # a chain an earlier run staged: a lost window is read again
     outcomes = [runner.catch_up(_window_bounds(bounds, remaining()))]
     while True:
         last = outcomes[-1].manifest

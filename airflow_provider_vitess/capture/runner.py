@@ -283,6 +283,20 @@ class CaptureRunner:
         self._discard_lost(window, problem or "unreadable")
         return None
 
+    def recheck_staged(self) -> list[int]:
+        """Under the lock: every STAGED window before the latest one (a chain no merge took yet;
+        the latest is checked when a catch-up finds it) still has its files. The first that does
+        not is discarded with the windows after it (see :meth:`_discard_lost`); returns the seqs
+        left STAGED before it."""
+        with self._locked():
+            kept: list[int] = []
+            for window in self.store.open_windows(self.spec.sync_id)[:-1]:
+                if window.state is WindowState.STAGED:
+                    if self._already_staged(window) is None:
+                        break
+                    kept.append(window.seq)
+            return kept
+
     def _discard_lost(self, window: Window, problem: str) -> None:
         """An uncommitted window whose staged files are lost or corrupt is re-readable: its changes
         are still in vtgate from its start VGTID on. Abandon it (FAILED) and delete what is left

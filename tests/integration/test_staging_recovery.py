@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_vitess.capture.backlog import catch_up_backlog
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import read_table
 from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.vstream.window import ReadBounds
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import test_faults as faults
 
@@ -67,3 +69,41 @@ def test_lost_or_corrupt_staged_window_is_discarded_and_read_again(
     assert not wdir.exists()  # nothing of the lost window is left for a merge to trip on
     assert _changes(again.manifest) == expected
     assert again.manifest.start_vgtid == first.manifest.start_vgtid
+
+
+def test_a_backlog_is_staged_as_a_chain_and_a_lost_window_in_it_is_read_again_with_the_rest(
+    vitess: LocalVitess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env, value = connection_uri_env("vitess_recovery", vitess)
+    monkeypatch.setenv(env, value)
+    hook = VitessHook("vitess_recovery")
+    faults._setup(hook)
+    rng = random.Random(8)
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    spec = SyncSpec("chain", "customer", (faults.TABLE,), str(tmp_path / "staging"))
+    runner = CaptureRunner(hook, store, spec, holder="test")
+    snap = runner.snapshot()
+    store.mark_merged(spec.sync_id, snap.seq)
+    store.commit(spec.sync_id, snap.seq)
+    for first in range(1, 61, 5):  # 12 transactions of 5 rows
+        faults._insert(hook, rng, range(first, first + 5))
+
+    chain = catch_up_backlog(runner, ReadBounds(max_events=15))
+    assert chain.stopped == "caught up"
+    assert len(chain.windows) >= 3, [w.manifest.rows for w in chain.windows]
+    ends = [w.manifest.end_vgtid for w in chain.windows[:-1]]
+    assert [w.manifest.start_vgtid for w in chain.windows[1:]] == ends
+    expected = sorted(r for w in chain.windows for r in _changes(w.manifest))
+    assert len(expected) == 60 and len(set(expected)) == 60
+    seqs = [w.seq for w in chain.windows]
+    assert [w.seq for w in store.open_windows(spec.sync_id)] == seqs  # STAGED, for one merge
+
+    # The merge failed and, meanwhile, the second window's manifest was lost: the windows from it
+    # on are discarded (they start where it ends) and read again from the first window's end.
+    (tmp_path / "staging" / "chain" / f"window={seqs[1]:010d}" / "_manifest.json").unlink()
+    again = catch_up_backlog(runner, ReadBounds(max_events=15))
+    assert [store.window(spec.sync_id, s).state for s in seqs[1:]] == [WindowState.FAILED] * (len(seqs) - 1)
+    assert again.windows[0].seq == seqs[0] and again.windows[0].result is None  # kept, not re-read
+    assert again.windows[1].manifest.start_vgtid == chain.windows[0].manifest.end_vgtid
+    assert sorted(r for w in again.windows for r in _changes(w.manifest)) == expected
+    assert [w.seq for w in store.open_windows(spec.sync_id)] == [w.seq for w in again.windows]
