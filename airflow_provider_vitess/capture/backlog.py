@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
+from airflow_provider_vitess.checkpoints import WindowState
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,11 @@ def catch_up_backlog(
             break
         if last.end_vgtid == last.start_vgtid:
             stopped = "no progress"  # a bound below one transaction: do not spin
+            break
+        if any(w.state is WindowState.MERGED for w in runner.store.open_windows(runner.spec.sync_id)):
+            # A merge killed before committing: no window may follow until it is committed
+            # (the merge task does that first thing); the run's windows are merged meanwhile.
+            stopped = "an unfinished merge"
             break
         # The same stop: the run catches up to where the source was when it started. After a
         # reshard the stop may name retired shards: ask vtgate for a fresh one instead.
