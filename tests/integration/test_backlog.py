@@ -24,7 +24,7 @@ TABLES = ("customer", "corder")
 SYNC = "dag_backlog_sync"
 ID_BASE = 6_500_000
 MAX_EVENTS = 60
-TRANSACTIONS = 40  # of ~12-16 row changes each: ~9 windows of MAX_EVENTS
+TRANSACTIONS = 20  # of ~12-16 row changes each: ~5 windows of MAX_EVENTS
 
 DAG_FILE = """
 import os
@@ -79,8 +79,10 @@ def test_a_backlog_of_several_windows_is_caught_up_by_one_dag_run(
     assert len(windows) >= 4, f"one run staged {len(windows)} window(s) of {rows} rows"
     assert all(w.kind is WindowKind.CATCHUP and w.state is WindowState.COMMITTED for w in windows)
     assert sum(rows) >= 3 * MAX_EVENTS
-    # Each window ends at the first transaction boundary after MAX_EVENTS row changes.
-    assert max(rows[:-1]) < MAX_EVENTS + 40, rows
+    # A window that stopped early did so at the first transaction boundary after MAX_EVENTS
+    # row changes (one that reached its stop takes every change the merge order still held).
+    early = [r for w, r in zip(windows, rows, strict=True) if w.stats["stopped_early"]]
+    assert all(r < MAX_EVENTS + 40 for r in early), rows
     # A chain: each window starts where the one before it ends, the first at the snapshot's end.
     starts = [w.start_vgtid for w in windows]
     assert starts == [committed_before, *[w.end_vgtid for w in windows[:-1]]]
