@@ -63,7 +63,18 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": "default,vitess_checkpoints",
                         "default": "default",
-                    }
+                    },
+                    "spill_dir": {
+                        "description": "Where capture tasks spill what exceeds their memory limits "
+                        "(large transactions, changes held for the cross-shard order); empty: the system's "
+                        "temporary directory. The operators' spill_dir argument wins over it. Spill files "
+                        "are anonymous (unlinked from the start): their space is freed when the task ends, "
+                        "however it ends.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/var/tmp/vitess-spill",
+                        "default": "",
+                    },
                 },
             }
         },

@@ -30,6 +30,7 @@ Every staged value of the pool is read back and compared with the per-row decode
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import itertools
 import pstats
@@ -41,6 +42,7 @@ from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
 from airflow_provider_vitess.staging import WindowStager, load_manifest, read_table
+from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import EventDecoder, FieldEvent, Operation, RowEvent
 from airflow_provider_vitess.vstream.values import RowDecoder
@@ -203,13 +205,20 @@ def window_responses(events: Iterable[binlogdata_pb2.VEvent], n: int, per_event:
 
 
 def read_and_stage(
-    responses: Sequence[vtgate_pb2.VStreamResponse | bytes], stop: Vgtid, workdir: str, window: int
+    responses: Sequence[vtgate_pb2.VStreamResponse | bytes],
+    stop: Vgtid,
+    workdir: str,
+    window: int,
+    freeze: bool = True,
 ) -> int:
+    """A window's read and staging; ``freeze``: with the heap frozen around the read, as the
+    capture runner reads (``utils.heap.frozen_heap``)."""
     stager = WindowStager(workdir, "bench", window, key_columns={TABLE: ["id"]})
     reader = WindowReader(
         lambda request: iter(responses), stager, keyspace=KEYSPACE, tables=[TABLE], start=VGTID, stop=stop
     )
-    result = reader.run()
+    with frozen_heap() if freeze else contextlib.nullcontext():
+        result = reader.run()
     stager.finish(VGTID, stop, result.end_vgtid)
     return result.rows
 
@@ -289,7 +298,13 @@ def main() -> None:
             lambda: read_and_stage(serialized, stop, workdir, 6),
             args.profile == "read_raw",
         )
-        for window in (1, 4, 5, 6):
+        timed(
+            "raw, no freeze",
+            n,
+            lambda: read_and_stage(serialized, stop, workdir, 7, freeze=False),
+            False,
+        )
+        for window in (1, 4, 5, 6, 7):
             check(workdir, window, n, decoded)
         staged = check(workdir, 2, n, decoded)
         print(f"staged Parquet: {staged / 1e6:.1f} MB for {n:,} rows; pool rows checked against the decoder")

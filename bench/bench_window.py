@@ -59,6 +59,7 @@ from cpu_layout import LAYOUTS, cpu_layout  # noqa: E402  (bench/, the script's 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2  # noqa: E402
 from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
 from airflow_provider_vitess.staging import WindowStager  # noqa: E402
+from airflow_provider_vitess.utils.heap import frozen_heap  # noqa: E402
 from airflow_provider_vitess.vgtid import Vgtid, position_contains  # noqa: E402
 from airflow_provider_vitess.vstream.reader import VStreamReader  # noqa: E402
 from airflow_provider_vitess.vstream.window import (  # noqa: E402
@@ -271,7 +272,8 @@ def read_and_stage(
         stop=window.stop,
         flags=flags(hook),
     )
-    result = reader.run()
+    with frozen_heap():  # as the capture runner reads
+        result = reader.run()
     manifest = stager.finish(window.start, window.stop, result.end_vgtid, stats=result.stats)
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     if manifest.rows != window.events or result.rows != window.events:

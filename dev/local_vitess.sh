@@ -58,7 +58,9 @@ ensure_vitess_built() {
 # users' vtgates check credentials and serve TLS, and so must the one we test against. So
 # bin/vtcombo is a wrapper that appends (last flag wins) static user/password checks on both
 # protocols and a TLS server certificate to vttestserver's arguments; its gRPC port takes TLS
-# and plaintext alike, so both paths of our client are tested against one cluster.
+# and plaintext alike, so both paths of our client are tested against one cluster. Its gRPC
+# messages may be 64 MiB (Vitess's default, 16 MiB, cannot carry a row of 16 MiB; the client's
+# own limit is the connection's max_message_bytes, 64 MiB by default).
 prepare_vtroot() {
     mkdir -p "$vtroot/config/mycnf" "$vtroot/bin"
     cp "$here/vitess/config/init_db.sql" "$vtroot/config/init_db.sql"
@@ -79,7 +81,8 @@ exec "$real" "$@" \
     --grpc-cert "$VITESS_AUTH_DIR/server.crt" \
     --grpc-key "$VITESS_AUTH_DIR/server.key" \
     --mysql-server-ssl-cert "$VITESS_AUTH_DIR/server.crt" \
-    --mysql-server-ssl-key "$VITESS_AUTH_DIR/server.key"
+    --mysql-server-ssl-key "$VITESS_AUTH_DIR/server.key" \
+    --grpc-max-message-size 67108864
 WRAPPER
     chmod 755 "$vtroot/bin/vtcombo"
 }

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from airflow_provider_vitess.capture.runner import CaptureRunner, WindowOutcome
+from airflow_provider_vitess.capture.outcome import WindowOutcome
+from airflow_provider_vitess.capture.runner import CaptureRunner
 from airflow_provider_vitess.checkpoints import WindowState
 from airflow_provider_vitess.vstream.window import ReadBounds
 

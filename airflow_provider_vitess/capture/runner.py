@@ -24,29 +24,36 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
+from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import (
     WINDOW_KEYS,
     CheckpointStore,
     Part,
     Phase,
+    SyncLock,
     Window,
     WindowKind,
     WindowState,
 )
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
-    CorruptStagedDataError,
     InvalidVgtidError,
     UnknownTableError,
+    VStreamError,
 )
-from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, reconcile_keys, table_shape
-from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager, load_manifest, verify
-from airflow_provider_vitess.staging.retention import delete_window
+from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
-from airflow_provider_vitess.vgtid import ShardGtid, Vgtid, transactions_missing
+from airflow_provider_vitess.utils.heap import frozen_heap
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream.request import StreamTarget
+from airflow_provider_vitess.vstream.spill import MemoryLimits, spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
+
+__all__ = ["CHECKPOINT_EVERY_ROWS", "CaptureRunner", "SnapshotNeed", "SyncSpec", "WindowOutcome"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,9 @@ log = logging.getLogger(__name__)
 # copy's wall time once the copy ran near stream speed. A kill recopies at most this many rows
 # (plus the copy batch in flight, ~4,000): a second or two of copying.
 CHECKPOINT_EVERY_ROWS = 250_000
+# ... or this many bytes of rows, whichever comes first: 250,000 rows of 64 KiB would be 16 GB
+# to recopy after a kill (and one part file as large). Small rows never reach it.
+CHECKPOINT_EVERY_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -76,29 +86,8 @@ class SyncSpec:
     minimize_skew: bool = False
     # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
-
-
-@dataclass(frozen=True)
-class WindowOutcome:
-    seq: int
-    kind: WindowKind
-    manifest: Manifest
-    resumed: bool
-    result: ReadResult | None  # None when the window had already been staged
-
-
-def _lag(stop: Vgtid, reached: Vgtid, retired: Sequence[str] = ()) -> dict[str, int]:
-    """Per shard, transactions of the stop position not yet read: 0 once a window is complete
-    (also for a stop shard a reshard's journal retired: it has nothing more to read)."""
-    lag = {}
-    for sg in stop.shard_gtids:
-        name = f"{sg.keyspace}/{sg.shard}"
-        got = reached.shard(sg.keyspace, sg.shard)
-        if got is None and name in retired:
-            lag[name] = 0
-            continue
-        lag[name] = transactions_missing(got.gtid, sg.gtid) if got is not None and got.gtid else -1
-    return lag
+    # What a read holds in memory before it spills to disk, and where it spills.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
 
 def _store_part(p: PartInfo) -> Part:
@@ -117,7 +106,7 @@ class CaptureRunner:
 
     def __init__(
         self,
-        hook: VitessHook,
+        hook: VitessClient,
         store: CheckpointStore,
         spec: SyncSpec,
         *,
@@ -132,27 +121,54 @@ class CaptureRunner:
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
         self._writer_id: str | None = None
+        self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
+        # For cancel(): the lock held and the stream open now (one at a time per run).
+        self._lock: SyncLock | None = None
+        self._stream: Any = None
+        self._cancelled = threading.Event()
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
         """The sync's lock, heartbeated; every store write under it is fenced by its token, and
         the files this run stages are named with it."""
         with self.store.hold(self.spec.sync_id, self.holder, self._stale_after) as handle:
-            self._writer_id = handle.token[:12]
-            yield
+            self._writer_id, self._lock = handle.token[:12], handle
+            try:
+                yield
+            finally:
+                self._lock = None
 
     def _open(self, request: Any) -> Any:
         # No deadline: a long backlog streams as long as it needs. A dead link is found by gRPC
         # keepalive and by the reader's heartbeat watchdog, and reopened from the last VGTID.
-        return self.hook.open_vstream_raw(request)
+        if self._cancelled.is_set():
+            raise VStreamError(f"sync {self.spec.sync_id!r}: the run was cancelled (task killed)")
+        self._stream = self.hook.open_vstream_raw(request)
+        return self._stream
+
+    def cancel(self) -> None:
+        """Stops a run from another thread (a killed task's ``on_kill``): cancels the open
+        stream, so the read fails at once and its stager deletes what it had not recorded, and
+        releases the sync's lock, so a rerun need not wait for it to go stale."""
+        self._cancelled.set()
+        cancel = getattr(self._stream, "cancel", None)
+        if callable(cancel):
+            cancel()
+        lock = self._lock
+        if lock is not None and lock.release():
+            log.warning("sync %r: run cancelled, lock released (%s)", self.spec.sync_id, self.holder)
 
     @property
-    def _tablet_type(self) -> str:
-        """The tablet type of the connection (PRIMARY, REPLICA, RDONLY) every read uses."""
-        return self.hook.config.tablet_type
+    def _target(self) -> StreamTarget:
+        """The tablet type (PRIMARY, REPLICA, RDONLY) and cells of the connection every read uses."""
+        return StreamTarget.of(self.hook.config)
+
+    def _stop_position(self) -> Vgtid:
+        return capture_stop_position(self._open, self.spec.keyspace, target=self._target)
 
     def _check_source(self) -> dict[str, KeyChoice]:
         """Before the lock: the keyspace and tables exist, and each table's key as chosen now."""
+        spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.key_choices()
@@ -202,7 +218,7 @@ class CaptureRunner:
             t: tuple(dict.fromkeys(c.source_columns + c.target_from_source)) for t, c in self._keys.items()
         }
 
-    def _record_keys(self, seq: int, tables: Sequence[str]) -> None:
+    def _stager(self, seq: int, tables: Sequence[str]) -> WindowStager:
         for table in tables:
             choice = self._keys[table]
             self.store.update_progress(
@@ -212,9 +228,6 @@ class CaptureRunner:
                 key_columns=list(choice.source_columns),
                 key_source=choice.reason,
             )
-
-    def _stager(self, seq: int, tables: Sequence[str]) -> WindowStager:
-        self._record_keys(seq, tables)
         return WindowStager(
             self.spec.staging_location,
             self.spec.sync_id,
@@ -225,112 +238,6 @@ class CaptureRunner:
             zero_dates=self.spec.zero_dates,
         )
 
-    def _unfinished(self, kind: WindowKind, *, discard: bool = False, reason: str = "") -> Window | None:
-        """The sync's unfinished window, which must be of ``kind``: windows never interleave.
-
-        With ``discard``, an unfinished window of the other kind that is not merged yet is
-        abandoned (FAILED) instead: a re-snapshot is the way out of a window that cannot be
-        staged or merged (a value no policy accepts, a schema change Delta cannot take). Nothing
-        is lost: the checkpoint has not moved, so the next catch-up reads those changes again.
-        """
-        window = self.store.open_window(self.spec.sync_id)
-        if window is None or window.kind is kind:
-            return window
-        if discard and window.state in (WindowState.PLANNED, WindowState.STAGED):
-            message = f"discarded by {reason} ({self.holder})"
-            self.store.discard_unmerged(self.spec.sync_id, message)  # with STAGED ones before it
-            log.warning(
-                "sync %r: unfinished %s window %d (%s) %s; the next catch-up reads its changes again "
-                "from the committed position",
-                self.spec.sync_id,
-                window.kind.value,
-                window.seq,
-                window.state.value,
-                message,
-            )
-            return None
-        remedy = (
-            "its merge task commits it (clear that task if it failed)"
-            if window.state is WindowState.MERGED
-            else f"its {'snapshot' if window.kind is WindowKind.SNAPSHOT else 'catch_up'} task resumes it"
-        )
-        raise CheckpointError(
-            f"sync {self.spec.sync_id!r} has an unfinished {window.kind.value} window {window.seq} "
-            f"({window.state.value}); finish it before a {kind.value}: {remedy}"
-        )
-
-    def _already_staged(self, window: Window) -> WindowOutcome | None:
-        """The outcome of a window staged by an earlier run, or None when its staged files are
-        lost or corrupt and the window was discarded (see :meth:`_discard_lost`)."""
-        seq, kind = window.seq, window.kind
-        try:
-            manifest = load_manifest(
-                self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
-            )
-            problem = "its manifest is missing" if manifest is None else None
-            if manifest is not None and window.state is WindowState.STAGED:
-                verify(manifest)
-        except CorruptStagedDataError as exc:
-            manifest, problem = None, str(exc)
-        if manifest is not None:
-            return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
-        if window.state is not WindowState.STAGED:
-            # MERGED: its changes are in the target already; only its commit is left to do.
-            raise CheckpointError(
-                f"sync {self.spec.sync_id!r} window {seq} is {window.state.value} but {problem} in "
-                f"{self.spec.staging_location!r}; run the merge task to commit it"
-            )
-        self._discard_lost(window, problem or "unreadable")
-        return None
-
-    def recheck_staged(self) -> list[int]:
-        """Under the lock: every STAGED window before the latest one (a chain no merge took yet;
-        the latest is checked when a catch-up finds it) still has its files. The first that does
-        not is discarded with the windows after it (see :meth:`_discard_lost`); returns the seqs
-        left STAGED before it."""
-        with self._locked():
-            kept: list[int] = []
-            for window in self.store.open_windows(self.spec.sync_id)[:-1]:
-                if window.state is WindowState.STAGED:
-                    if self._already_staged(window) is None:
-                        break
-                    kept.append(window.seq)
-            return kept
-
-    def _discard_lost(self, window: Window, problem: str) -> None:
-        """An uncommitted window whose staged files are lost or corrupt is re-readable: its changes
-        are still in vtgate from its start VGTID on. Abandon it (FAILED) and delete what is left
-        of it; the caller plans a new window from the committed position, as a run would have."""
-        spec = self.spec
-        log.warning(
-            "sync %r window %d (%s) was staged but %s; discarding it and reading its changes again from %s",
-            spec.sync_id,
-            window.seq,
-            window.kind.value,
-            problem,
-            window.start_vgtid.to_json(),
-        )
-        delete_window(spec.staging_location, spec.sync_id, window.seq, storage_options=spec.storage_options)
-        # With the STAGED windows after it, which start where it ends.
-        self.store.discard_unmerged(spec.sync_id, f"staged files lost or corrupt: {problem}", window.seq)
-
-    def _adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
-        """A run killed between writing the manifest and recording STAGED left a complete window:
-        the manifest is written last, so its existence means every part is there. Record it."""
-        manifest = load_manifest(
-            self.spec.staging_location, self.spec.sync_id, seq, storage_options=self.spec.storage_options
-        )
-        if manifest is None:
-            return None
-        verify(manifest)
-        self.store.mark_staged(
-            self.spec.sync_id, seq, manifest.end_vgtid, manifest.path, dict(manifest.stats)
-        )
-        log.info(
-            "sync %r window %d was staged by a run that stopped before recording it", self.spec.sync_id, seq
-        )
-        return WindowOutcome(seq, kind, manifest, resumed=True, result=None)
-
     def _check_keyspace(self, vgtid: Vgtid, what: str) -> None:
         other = sorted(set(vgtid.keyspaces) - {self.spec.keyspace})
         if other:
@@ -339,7 +246,54 @@ class CaptureRunner:
                 f"not of {self.spec.keyspace!r}"
             )
 
+    def _resume(
+        self,
+        kind: WindowKind,
+        chosen_keys: Mapping[str, KeyChoice],
+        snapshot_of: Sequence[str] = (),
+        extend: bool = False,
+    ) -> WindowOutcome | Window | None:
+        """Under the lock, the window to work on: the outcome of one staged already, the
+        unfinished (PLANNED) one to resume, or None to plan a new one (with ``extend``, also
+        after a STAGED one). A re-snapshot abandons an unfinished catch-up (see
+        ``WindowBook.unfinished``)."""
+        resnapshot = kind is WindowKind.SNAPSHOT and self.store.committed(self.spec.sync_id)[0] is not None
+        window = self._windows.unfinished(
+            kind, discard=resnapshot, reason=f"a re-snapshot of {list(snapshot_of)}"
+        )
+        self._record_sync(chosen_keys, snapshot_of=snapshot_of)
+        if window is None or window.state is WindowState.PLANNED:
+            return window
+        if extend and window.state is WindowState.STAGED:
+            return None  # the next window follows it
+        return self._windows.already_staged(window)  # None: lost, discarded, read afresh
+
+    def recheck_staged(self) -> list[int]:
+        """Under the lock: every STAGED window before the latest one (a chain no merge took yet;
+        the latest is checked when a catch-up finds it) still has its files. The first that does
+        not is discarded with the windows after it (``WindowBook.discard_lost``); returns the
+        seqs left STAGED before it."""
+        with self._locked():
+            kept: list[int] = []
+            for window in self.store.open_windows(self.spec.sync_id)[:-1]:
+                if window.state is WindowState.STAGED:
+                    if self._windows.already_staged(window) is None:
+                        break
+                    kept.append(window.seq)
+            return kept
+
     # ----- snapshot ------------------------------------------------------------------------
+
+    def snapshot_need(self, requested: Sequence[str] = (), *, only_if_needed: bool = True) -> SnapshotNeed:
+        """Does a snapshot task have work? Yes for a new sync, a resumed snapshot, ``requested``
+        tables (a re-snapshot) or ``only_if_needed=False``; no for a sync that already streams."""
+        committed, seq = self.store.committed(self.spec.sync_id)
+        window = self.store.open_window(self.spec.sync_id)
+        resuming = window is not None and window.kind is WindowKind.SNAPSHOT
+        needed = committed is None or bool(requested) or resuming or not only_if_needed
+        # A resumed snapshot keeps its own tables, whatever is asked now (see snapshot()).
+        tables = tuple(requested) or self.spec.tables
+        return SnapshotNeed(needed, tables, resnapshot=committed is not None, committed_seq=seq)
 
     def snapshot(
         self, *, tables: Sequence[str] | None = None, checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS
@@ -359,20 +313,11 @@ class CaptureRunner:
             )
         chosen_keys = self._check_source()
         with self._locked():
-            committed, _ = self.store.committed(spec.sync_id)
-            resnapshot = committed is not None
-            window = self._unfinished(
-                WindowKind.SNAPSHOT, discard=resnapshot, reason=f"a re-snapshot of {list(chosen)}"
-            )
-            self._record_sync(chosen_keys, snapshot_of=chosen)
-            if window is not None and window.state is not WindowState.PLANNED:
-                staged = self._already_staged(window)
-                if staged is not None:
-                    return staged
-                window = None  # discarded: copy afresh
-            resumed = window is not None
+            window = self._resume(WindowKind.SNAPSHOT, chosen_keys, snapshot_of=chosen)
+            if isinstance(window, WindowOutcome):
+                return window
             if window is None:
-                stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
+                stop = self._stop_position()
                 start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
                 seq = self.store.plan_window(spec.sync_id, WindowKind.SNAPSHOT, start, None)
                 for table in chosen:  # the window's tables, for a resume (a kill before this: all)
@@ -382,13 +327,13 @@ class CaptureRunner:
                 recorded = {p.table for p in self.store.progress(spec.sync_id, seq)}
                 chosen = tuple(t for t in spec.tables if t in recorded) or spec.tables
             self._check_keyspace(start, "the snapshot start")
-            return self._run_snapshot(seq, start, resumed, checkpoint_every_rows, chosen)
+            return self._run_snapshot(seq, start, window is not None, checkpoint_every_rows, chosen)
 
     def _run_snapshot(
         self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...]
     ) -> WindowOutcome:
         spec = self.spec
-        adopted = self._adopt_written_manifest(seq, WindowKind.SNAPSHOT) if resumed else None
+        adopted = self._windows.adopt_written_manifest(seq, WindowKind.SNAPSHOT) if resumed else None
         if adopted is not None:
             return adopted
         kept = self.store.parts(spec.sync_id, seq)
@@ -411,7 +356,7 @@ class CaptureRunner:
         counter.start()
 
         stager = self._stager(seq, tables)
-        flags = self.hook.vstream_flags(heartbeat_interval=spec.heartbeat_interval)
+        flags = self._target.flags(heartbeat_interval=spec.heartbeat_interval)
         if resumed:
             # See the module docstring: without this, Vitess recopies finished tables.
             flags.tables_to_copy.extend(remaining)
@@ -433,36 +378,26 @@ class CaptureRunner:
                     phase=Phase.COPIED if done else Phase.COPYING,
                 )
 
-        reader = WindowReader(
-            self._open,
+        def copied() -> None:
+            tracker.report()
+            for table, progress in tracker.tables.items():
+                self.store.update_progress(
+                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED
+                )
+
+        reader = self._reader(
             stager,
-            keyspace=spec.keyspace,
-            tables=tables,
-            start=position,
-            stop=None,
+            tables,
+            position,
+            None,
             flags=flags,
-            tablet_type=self._tablet_type,
             checkpoint_every_rows=every,
+            checkpoint_every_bytes=CHECKPOINT_EVERY_BYTES,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
-            reset_connection=self.hook.reset_channel,
         )
-        try:
-            result = reader.run()
-        except BaseException:
-            stager.abort(keep_checkpointed=True)
-            raise
-        tracker.report()
-        stats = self._stats(result)
-        manifest = stager.finish(
-            start, None, result.end_vgtid, parts=[_staged_part(p) for p in kept], stats=stats
-        )
-        for table, progress in tracker.tables.items():
-            self.store.update_progress(
-                spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED
-            )
-        self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
-        return WindowOutcome(seq, WindowKind.SNAPSHOT, manifest, resumed, result)
+        parts = [_staged_part(p) for p in kept]
+        return self._stage(seq, WindowKind.SNAPSHOT, resumed, reader, stager, start, None, parts, copied)
 
     def _count_rows(self, seq: int, tracker: ProgressTracker) -> None:
         """``rows_known`` per table, concurrently with the copy (it may take a while)."""
@@ -489,16 +424,9 @@ class CaptureRunner:
         spec = self.spec
         chosen_keys = self._check_source()
         with self._locked():
-            window = self._unfinished(WindowKind.CATCHUP)
-            self._record_sync(chosen_keys)
-            if extend and window is not None and window.state is WindowState.STAGED:
-                window = None  # the next window follows it
-            if window is not None and window.state is not WindowState.PLANNED:
-                staged = self._already_staged(window)
-                if staged is not None:
-                    return staged
-                window = None  # discarded: read again from the committed position
-            resumed = window is not None
+            window = self._resume(WindowKind.CATCHUP, chosen_keys, extend=extend)
+            if isinstance(window, WindowOutcome):
+                return window
             if window is None:
                 # The committed position, or the end of the STAGED windows before this one.
                 start = self.store.next_catchup_start(spec.sync_id)
@@ -508,54 +436,77 @@ class CaptureRunner:
                     )
                 self._check_keyspace(start, "the committed position")
                 if stop is None:
-                    stop = capture_stop_position(self._open, spec.keyspace, tablet_type=self._tablet_type)
+                    stop = self._stop_position()
                 seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, start, stop)
             else:
                 seq, start = window.seq, window.start_vgtid
                 if window.stop_vgtid is None:
                     raise CheckpointError(f"sync {spec.sync_id!r} catch-up window {seq} has no stop position")
                 stop = window.stop_vgtid
-            adopted = self._adopt_written_manifest(seq, WindowKind.CATCHUP) if resumed else None
-            if adopted is not None:
-                return adopted
+                adopted = self._windows.adopt_written_manifest(seq, WindowKind.CATCHUP)
+                if adopted is not None:
+                    return adopted
             # A catch-up window is short: a rerun reads it again from its start, whole.
             WindowStager.discard_uncommitted(
                 spec.staging_location, spec.sync_id, seq, [], storage_options=spec.storage_options
             )
             stager = self._stager(seq, spec.tables)
-            reader = WindowReader(
-                self._open,
-                stager,
-                keyspace=spec.keyspace,
-                tables=spec.tables,
-                start=start,
-                stop=stop,
-                tablet_type=self._tablet_type,
-                bounds=bounds or ReadBounds(),
-                flags=self.hook.vstream_flags(
-                    heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
-                ),
-                reset_connection=self.hook.reset_channel,
+            flags = self._target.flags(
+                heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
             )
-            try:
+            reader = self._reader(
+                stager, spec.tables, start, stop, flags=flags, bounds=bounds or ReadBounds()
+            )
+            return self._stage(seq, WindowKind.CATCHUP, window is not None, reader, stager, start, stop)
+
+    # ----- the read-stage-record path both share -------------------------------------------
+
+    def _reader(
+        self, stager: WindowStager, tables: Sequence[str], start: Vgtid, stop: Vgtid | None, **options: Any
+    ) -> WindowReader:
+        return WindowReader(
+            self._open,
+            stager,
+            keyspace=self.spec.keyspace,
+            tables=tables,
+            start=start,
+            stop=stop,
+            tablet_type=self._target.tablet_type,
+            reset_connection=self.hook.reset_channel,
+            memory=self.spec.memory,
+            **options,
+        )
+
+    def _stage(
+        self,
+        seq: int,
+        kind: WindowKind,
+        resumed: bool,
+        reader: WindowReader,
+        stager: WindowStager,
+        start: Vgtid,
+        stop: Vgtid | None,
+        kept: Sequence[PartInfo] = (),
+        before_staged: Callable[[], None] | None = None,
+    ) -> WindowOutcome:
+        """Reads the window into ``stager``, writes its manifest and records it STAGED. A failed
+        read deletes the files it staged, except a snapshot's checkpointed parts (it resumes)."""
+        try:
+            with frozen_heap():
                 result = reader.run()
-            except BaseException:
-                stager.abort()
-                raise
-            stats = {
-                **self._stats(result),
-                "shard_lag_transactions": _lag(stop, result.end_vgtid, result.retired_shards),
-            }
-            if any(stats["shard_lag_transactions"].values()):
-                log.info(
-                    "window %d stopped early (%s); behind stop: %s",
-                    seq,
-                    result.stopped_early,
-                    stats["shard_lag_transactions"],
-                )
-            manifest = stager.finish(start, stop, result.end_vgtid, stats=stats)
-            self.store.mark_staged(spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
-            return WindowOutcome(seq, WindowKind.CATCHUP, manifest, resumed, result)
+        except BaseException:
+            stager.abort(keep_checkpointed=stop is None)
+            raise
+        stats = self._stats(result)
+        if stop is not None:
+            stats["shard_lag_transactions"] = lag = shard_lag(stop, result.end_vgtid, result.retired_shards)
+            if any(lag.values()):
+                log.info("window %d stopped early (%s); behind stop: %s", seq, result.stopped_early, lag)
+        manifest = stager.finish(start, stop, result.end_vgtid, parts=kept, stats=stats)
+        if before_staged is not None:
+            before_staged()
+        self.store.mark_staged(self.spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
+        return WindowOutcome(seq, kind, manifest, resumed, result)
 
     def _stats(self, result: ReadResult) -> dict[str, Any]:
         """The window's stats (manifest and store): counts, and the key each table was staged

@@ -11,7 +11,7 @@ import difflib
 import sqlalchemy
 
 from airflow_provider_vitess.exceptions import UnknownKeyspaceError, UnknownTableError
-from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.hooks.protocol import VitessClient
 
 _SYSTEM_SCHEMAS = {"information_schema", "mysql", "performance_schema", "sys", "_vt"}
 
@@ -21,23 +21,23 @@ def _hint(name: str, known: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def quote(hook: VitessHook, identifier: str) -> str:
+def quote(hook: VitessClient, identifier: str) -> str:
     return str(hook.engine.dialect.identifier_preparer.quote_identifier(identifier))
 
 
-def list_keyspaces(hook: VitessHook) -> list[str]:
+def list_keyspaces(hook: VitessClient) -> list[str]:
     with hook.connect_sql() as conn:
         names = [row[0] for row in conn.execute(sqlalchemy.text("SHOW DATABASES"))]
     return sorted(n for n in names if n not in _SYSTEM_SCHEMAS)
 
 
-def list_tables(hook: VitessHook, keyspace: str) -> list[str]:
+def list_tables(hook: VitessClient, keyspace: str) -> list[str]:
     with hook.connect_sql() as conn:
         rows = conn.execute(sqlalchemy.text(f"SHOW TABLES FROM {quote(hook, keyspace)}"))
         return sorted(row[0] for row in rows)
 
 
-def validate(hook: VitessHook, keyspace: str, tables: list[str]) -> None:
+def validate(hook: VitessClient, keyspace: str, tables: list[str]) -> None:
     """Raises an error naming the keyspace or the tables that vtgate does not know."""
     keyspaces = list_keyspaces(hook)
     if keyspace not in keyspaces:
@@ -54,7 +54,7 @@ def validate(hook: VitessHook, keyspace: str, tables: list[str]) -> None:
         )
 
 
-def count_rows(hook: VitessHook, keyspace: str, table: str) -> int:
+def count_rows(hook: VitessClient, keyspace: str, table: str) -> int:
     sql = f"SELECT COUNT(*) FROM {quote(hook, keyspace)}.{quote(hook, table)}"
     with hook.connect_sql() as conn:
         return int(conn.execute(sqlalchemy.text(sql)).scalar_one())

@@ -17,9 +17,9 @@ import grpc
 import grpc.aio
 
 from airflow_provider_vitess._proto import vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks.channel import new_channel, not_answering
 from airflow_provider_vitess.hooks.connection_config import VitessConnectionConfig
-from airflow_provider_vitess.hooks.vitess import VSTREAM_METHOD, VitessHook, tls_credentials
+from airflow_provider_vitess.hooks.vitess import VSTREAM_METHOD, VitessHook
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +61,12 @@ class AsyncVStreamClient:
         if self._channel is not None:
             return self._channel
         cfg = await aload_config(self.hook)
-        log.info(
-            "Connecting to vtgate gRPC at %s (%s, asyncio) as %r",
-            cfg.grpc_target,
-            "TLS" if cfg.tls else "plaintext",
-            cfg.user,
-        )
-        options = self.hook.channel_options()
-        if cfg.tls:
-            channel = grpc.aio.secure_channel(cfg.grpc_target, tls_credentials(cfg), options=options)
-        else:
-            channel = grpc.aio.insecure_channel(cfg.grpc_target, options=options)
+        channel: grpc.aio.Channel = new_channel(cfg, grpc.aio)
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=cfg.timeout_seconds)
         except asyncio.TimeoutError:
             await channel.close(None)
-            hint = " (is it TLS-only? set the 'tls' extra)" if not cfg.tls else " (check the TLS CA and name)"
-            raise VitessConnectionError(
-                f"vtgate gRPC at {cfg.grpc_target} did not answer within {cfg.timeout_seconds:g}s{hint}"
-            ) from None
+            raise not_answering(cfg) from None
         except BaseException:
             await channel.close(None)
             raise

@@ -22,11 +22,13 @@ from sqlalchemy.engine import URL, Engine
 
 from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2, vtrpc_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks.channel import channel_options, new_channel, not_answering
 from airflow_provider_vitess.hooks.connection_config import (
     EXTRA_FIELDS,
     UI_FIELD_BEHAVIOUR,
     VitessConnectionConfig,
 )
+from airflow_provider_vitess.vstream.request import StreamTarget
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +38,6 @@ VSTREAM_METHOD = f"/{_VSTREAM.containing_service.full_name}/{_VSTREAM.name}"
 
 # MySQL error numbers that mean "you are not who you say" rather than "cannot reach".
 _MYSQL_AUTH_ERRORS = {1044, 1045, 1698}
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise VitessConnectionError(f"cannot read the {what} file {path!r}: {exc.strerror}") from None
-
-
-def tls_credentials(cfg: VitessConnectionConfig) -> grpc.ChannelCredentials:
-    """TLS credentials of the connection: its CA, and a client certificate for mutual TLS."""
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(cfg.tls_ca, "TLS CA") if cfg.tls_ca else None,
-        private_key=_read(cfg.tls_key, "TLS client key") if cfg.tls_key else None,
-        certificate_chain=_read(cfg.tls_cert, "TLS client certificate") if cfg.tls_cert else None,
-    )
 
 
 def _disable_autocommit(dbapi_connection: Any, _record: Any) -> None:
@@ -95,50 +80,19 @@ class VitessHook(BaseHook):
 
     def channel_options(self) -> list[tuple[str, Any]]:
         """gRPC channel options from the connection (message size, keepalive, TLS name)."""
-        cfg = self.config
-        options: list[tuple[str, Any]] = [
-            # VStream responses batch many rows; gRPC's 4 MiB default is too small for wide rows.
-            ("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes),
-            # Keepalive pings find a dead or black-holed link under a stream (the stream calls
-            # carry no deadline). vtgate answers pings more frequent than its
-            # --grpc_keepalive_enforcement_policy_min_time (10 s by default), or any ping while
-            # no call is open, with GOAWAY "too_many_pings", and gRPC then doubles the ping
-            # interval for good: measured through a fault proxy, a 2 s keepalive took 68 s to
-            # notice a stall, a 10 s one ~20 s. So: no pings without a call.
-            ("grpc.keepalive_time_ms", int(cfg.keepalive_seconds * 1000)),
-            ("grpc.keepalive_timeout_ms", int(max(cfg.keepalive_seconds, 10) * 1000)),
-            ("grpc.keepalive_permit_without_calls", 0),
-            ("grpc.http2.max_pings_without_data", 0),
-        ]
-        if cfg.tls_server_name:
-            options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
-        return options
+        return channel_options(self.config)
 
     def get_channel(self) -> grpc.Channel:
         """The hook's gRPC channel to vtgate, opened and checked on first use."""
         if self._channel is not None:
             return self._channel
         cfg = self.config
-        log.info(
-            "Connecting to vtgate gRPC at %s (%s) as %r",
-            cfg.grpc_target,
-            "TLS" if cfg.tls else "plaintext",
-            cfg.user,
-        )
-        if cfg.tls:
-            credentials = tls_credentials(cfg)
-            channel = grpc.secure_channel(cfg.grpc_target, credentials, options=self.channel_options())
-        else:
-            channel = grpc.insecure_channel(cfg.grpc_target, options=self.channel_options())
+        channel: grpc.Channel = new_channel(cfg)
         try:
             grpc.channel_ready_future(channel).result(timeout=cfg.timeout_seconds)
         except grpc.FutureTimeoutError:
             channel.close()
-            hint = " (is it TLS-only? set the 'tls' extra)" if not cfg.tls else " (check the TLS CA and name)"
-            raise VitessConnectionError(
-                f"vtgate gRPC at {cfg.grpc_target} did not answer within {cfg.timeout_seconds:g}s{hint}"
-            ) from None
+            raise not_answering(cfg) from None
         self._channel = channel
         return channel
 
@@ -159,10 +113,7 @@ class VitessHook(BaseHook):
 
     def vstream_flags(self, **overrides: Any) -> vtgate_pb2.VStreamFlags:
         """VStreamFlags with the connection's cells; ``overrides`` set any other flag field."""
-        flags = vtgate_pb2.VStreamFlags(**overrides)
-        if self.config.cells and not flags.cells:
-            flags.cells = ",".join(self.config.cells)
-        return flags
+        return StreamTarget.of(self.config).flags(**overrides)
 
     def open_vstream(
         self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy
 
 from airflow_provider_vitess.exceptions import UnknownTableError
+from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys.rules import Column, Index, TableShape
-
-if TYPE_CHECKING:
-    from airflow_provider_vitess.hooks.vitess import VitessHook
 
 _COLUMNS = sqlalchemy.text(
     "SELECT table_schema, column_name, data_type, column_type, is_nullable "
@@ -36,7 +34,7 @@ _INDEXES = sqlalchemy.text(
 )
 
 
-def table_shape(hook: VitessHook, keyspace: str, table: str) -> TableShape:
+def table_shape(hook: VitessClient, keyspace: str, table: str) -> TableShape:
     """Columns (ordinal order) and indexes of ``keyspace.table``, read through vtgate."""
     params = {"keyspace": keyspace, "table": table}
     with hook.connect_sql() as conn:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_vitess.exceptions import KeyChangedError, KeyChoiceError
+from airflow_provider_vitess.utils.jsondoc import JsonDocument
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class KeyOverrides:
 
 
 @dataclass(frozen=True)
-class KeyChoice:
+class KeyChoice(JsonDocument):
     """The recorded key of one table.
 
     ``source_columns`` identify (and order) rows on the source. ``target_columns`` identify rows
@@ -161,20 +162,6 @@ class KeyChoice:
     source_index: str | None
     reason: str
     target_from_source: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> KeyChoice:
-        return cls(
-            table=value["table"],
-            source_columns=tuple(value["source_columns"]),
-            target_columns=tuple(value["target_columns"]),
-            source_index=value.get("source_index"),
-            reason=value["reason"],
-            target_from_source=tuple(value.get("target_from_source", ())),
-        )
 
     def columns(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """What identifies rows (source, target, and what feeds the target): two choices with

@@ -387,9 +387,10 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     if s3 is not None:
         use_s3_settings(s3)
     try:
-        plan = MergePlan.from_json(
-            args.plan_json if args.plan_json is not None else _read_text(args.plan_file)
-        )
+        if args.plan_json is not None:
+            plan = MergePlan.from_json(args.plan_json)
+        else:
+            plan = MergePlan.from_json(_read_text(args.plan_file), source=f"plan file {args.plan_file}")
         spark = spark or session(f"vitess-merge {plan.sync_id}")
         if args.jars_file:
             _write_text(args.jars_file, spark.sparkContext.getConf().get("spark.jars", ""))

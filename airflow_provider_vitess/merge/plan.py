@@ -11,12 +11,12 @@ target file systems take theirs from the Spark/Hadoop configuration).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from airflow_provider_vitess.exceptions import MergePlanError as MergePlanError
+from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TableTarget:
     path: str
     key_columns: tuple[str, ...]
     key_from_source: tuple[str, ...]
-    renames: Mapping[str, str] = field(default_factory=dict)
+    renames: Annotated[Mapping[str, str], null_is({})] = field(default_factory=dict)
     # What the checkpoint store says the sync last wrote to the table: the window seq (None:
     # never) and that commit's Delta version (None: no Delta table was needed). The job checks
     # the table against them before writing (``merge.integrity``).
@@ -52,33 +52,6 @@ class TableTarget:
     def target_name(self, source_column: str) -> str:
         return self.renames.get(source_column, source_column)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "path": self.path,
-            "key_columns": list(self.key_columns),
-            "key_from_source": list(self.key_from_source),
-            "renames": dict(self.renames),
-            "last_merged_seq": self.last_merged_seq,
-            "last_delta_version": self.last_delta_version,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TableTarget:
-        return cls(
-            table=str(d["table"]),
-            path=str(d["path"]),
-            key_columns=tuple(map(str, d["key_columns"])),
-            key_from_source=tuple(map(str, d["key_from_source"])),
-            renames={str(k): str(v) for k, v in dict(d.get("renames") or {}).items()},
-            last_merged_seq=_int_or_none(d.get("last_merged_seq")),
-            last_delta_version=_int_or_none(d.get("last_delta_version")),
-        )
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
 
 @dataclass(frozen=True)
 class WindowToMerge:
@@ -87,26 +60,11 @@ class WindowToMerge:
 
     seq: int
     manifest_path: str
-    replace_tables: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "manifest_path": self.manifest_path,
-            "replace_tables": list(self.replace_tables),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WindowToMerge:
-        return cls(
-            seq=int(d["seq"]),
-            manifest_path=str(d["manifest_path"]),
-            replace_tables=tuple(map(str, d.get("replace_tables") or ())),
-        )
+    replace_tables: Annotated[tuple[str, ...], null_is(())] = ()
 
 
 @dataclass(frozen=True)
-class MergePlan:
+class MergePlan(JsonDocument):
     """Windows of one sync, applied in ``seq`` order, to the tables in ``targets``.
 
     Delta transaction identifiers make each (window, table) apply once: app id
@@ -116,6 +74,8 @@ class MergePlan:
     sync_id: str
     windows: tuple[WindowToMerge, ...]
     targets: Mapping[str, TableTarget]
+    document = "merge plan"
+    error = MergePlanError
 
     def __post_init__(self) -> None:
         seqs = [w.seq for w in self.windows]
@@ -128,28 +88,6 @@ class MergePlan:
 
     def txn_app_id(self, table: str) -> str:
         return f"airflow-provider-vitess:{self.sync_id}:{table}"
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "sync_id": self.sync_id,
-                "windows": [w.to_dict() for w in self.windows],
-                "targets": {t: target.to_dict() for t, target in self.targets.items()},
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> MergePlan:
-        try:
-            d = json.loads(text)
-            return cls(
-                sync_id=str(d["sync_id"]),
-                windows=tuple(WindowToMerge.from_dict(w) for w in d["windows"]),
-                targets={str(t): TableTarget.from_dict(v) for t, v in dict(d["targets"]).items()},
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MergePlanError(f"not a valid merge plan: {exc!r}") from None
 
 
 def target_path(

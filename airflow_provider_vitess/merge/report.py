@@ -9,12 +9,12 @@ MERGED for the checkpoint store once every table of it is ``written``, ``already
 from __future__ import annotations
 
 import enum
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated
 
 from airflow_provider_vitess.merge.plan import MergePlanError
+from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
 
 REPORT_PREFIX = "VITESS_MERGE_REPORT "
 PROGRESS_PREFIX = "VITESS_MERGE_PROGRESS "
@@ -32,7 +32,7 @@ class WriteMode(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class TableResult:
+class TableResult(JsonDocument):
     table: str
     path: str
     status: TableStatus
@@ -40,41 +40,10 @@ class TableResult:
     rows_upserted: int = 0  # rows_inserted + rows_updated
     rows_deleted: int = 0
     delta_version: int | None = None  # the commit that holds the window (written only)
-    schema_changes: tuple[str, ...] = ()
+    schema_changes: Annotated[tuple[str, ...], null_is(())] = ()
     files_touched: int | None = None  # files the MERGE rewrote or marked (deletion vectors)
     rows_inserted: int = 0  # a replace inserts every row it writes
     rows_updated: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "path": self.path,
-            "status": self.status.value,
-            "mode": self.mode.value,
-            "rows_upserted": self.rows_upserted,
-            "rows_deleted": self.rows_deleted,
-            "delta_version": self.delta_version,
-            "schema_changes": list(self.schema_changes),
-            "files_touched": self.files_touched,
-            "rows_inserted": self.rows_inserted,
-            "rows_updated": self.rows_updated,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TableResult:
-        return cls(
-            table=str(d["table"]),
-            path=str(d["path"]),
-            status=TableStatus(d["status"]),
-            mode=WriteMode(d.get("mode", "merge")),
-            rows_upserted=int(d.get("rows_upserted", 0)),
-            rows_deleted=int(d.get("rows_deleted", 0)),
-            delta_version=None if d.get("delta_version") is None else int(d["delta_version"]),
-            schema_changes=tuple(map(str, d.get("schema_changes") or ())),
-            files_touched=None if d.get("files_touched") is None else int(d["files_touched"]),
-            rows_inserted=int(d.get("rows_inserted", 0)),
-            rows_updated=int(d.get("rows_updated", 0)),
-        )
 
 
 @dataclass(frozen=True)
@@ -85,18 +54,13 @@ class WindowResult:
     def table(self, name: str) -> TableResult:
         return next(t for t in self.tables if t.table == name)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "tables": [t.to_dict() for t in self.tables]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WindowResult:
-        return cls(int(d["seq"]), tuple(TableResult.from_dict(t) for t in d["tables"]))
-
 
 @dataclass(frozen=True)
-class MergeReport:
+class MergeReport(JsonDocument):
     sync_id: str
     windows: tuple[WindowResult, ...] = field(default_factory=tuple)
+    document = "merge report"
+    error = MergePlanError
 
     def window(self, seq: int) -> WindowResult:
         return next(w for w in self.windows if w.seq == seq)
@@ -107,19 +71,6 @@ class MergeReport:
 
     def statuses(self) -> dict[tuple[int, str], TableStatus]:
         return {(w.seq, t.table): t.status for w in self.windows for t in w.tables}
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"sync_id": self.sync_id, "windows": [w.to_dict() for w in self.windows]}, sort_keys=True
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> MergeReport:
-        try:
-            d = json.loads(text)
-            return cls(str(d["sync_id"]), tuple(WindowResult.from_dict(w) for w in d["windows"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MergePlanError(f"not a valid merge report: {exc!r}") from None
 
 
 def parse_report_line(lines: Iterable[str]) -> MergeReport | None:

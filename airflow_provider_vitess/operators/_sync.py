@@ -1,29 +1,26 @@
-"""What the operators share: one sync's settings, its checkpoint store, log groups and metrics.
+"""What the capture operators share: one sync's settings from their (templated) arguments.
 
-Kept apart from the operators so they stay thin: each builds its ``SyncSpec`` with :func:`sync_spec` from its
-(templated) arguments, opens the store named by an Airflow connection, and calls the capture
-or merge modules.
+Kept apart from the operators so they stay thin: each builds its ``SyncSpec`` with
+:func:`sync_spec` and calls the capture runner. The store and object-storage settings from
+Airflow connections live in :mod:`airflow_provider_vitess.connections`; log groups, metrics
+and the lock holder's name in :mod:`airflow_provider_vitess.utils.task`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import re
-import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_vitess.capture.runner import SyncSpec
-from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.checkpoints.store import default_url
-from airflow_provider_vitess.checkpoints.urls import url_from_connection
+from airflow_provider_vitess.connections import s3_settings, store_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
-from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
+from airflow_provider_vitess.vstream.spill import MemoryLimits
 
-log = logging.getLogger(__name__)
+# The connection settings were here once; their callers may still import them from here.
+__all__ = ["as_tables", "s3_settings", "store_url", "sync_spec"]
 
 _SYNC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -65,6 +62,16 @@ def sync_spec(
     )
 
 
+def memory_limits(spill_dir: str | None) -> MemoryLimits:
+    """The read's memory limits, spilling to ``spill_dir``, else to ``[vitess] spill_dir`` of the
+    Airflow configuration, else to the system's temporary directory."""
+    if not spill_dir:
+        from airflow.configuration import conf
+
+        spill_dir = conf.get("vitess", "spill_dir", fallback="") or None
+    return MemoryLimits(spill_dir=spill_dir)
+
+
 def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """Tables given as a list, or as text (a comma-separated or JSON list, from a template)."""
     if value is None:
@@ -77,85 +84,3 @@ def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:
             return tuple(str(t) for t in json.loads(text))
         return tuple(t.strip() for t in text.split(",") if t.strip())
     return tuple(str(t) for t in value)
-
-
-def store_url(checkpoint_conn_id: str | None) -> str:
-    """The store's SQLAlchemy URL: from an Airflow connection (credentials stay there), else
-    the default SQLite file under ``AIRFLOW_HOME``."""
-    if not checkpoint_conn_id:
-        return default_url()
-    from airflow.sdk.bases.hook import BaseHook
-
-    return url_from_connection(BaseHook.get_connection(checkpoint_conn_id))
-
-
-def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
-    """Object-storage settings from the Airflow ``aws`` connection, if one is named."""
-    if not aws_conn_id:
-        return None
-    from airflow.sdk.bases.hook import BaseHook
-
-    conn = BaseHook.get_connection(aws_conn_id)
-    return S3Settings.from_connection(
-        conn_id=aws_conn_id,
-        conn_type=conn.conn_type,
-        login=conn.login,
-        password=conn.password,
-        extra=conn.extra_dejson,
-    )
-
-
-def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
-    store = CheckpointStore(store_url(checkpoint_conn_id))
-    store.migrate()
-    return store
-
-
-def holder(context: Mapping[str, Any]) -> str:
-    """Who holds a sync's lock while a task runs: shown to a concurrent run that is refused."""
-    ti = context.get("ti") or context.get("task_instance")
-    if ti is None:
-        return f"pid on {socket.gethostname()}"
-    return (
-        f"dag {ti.dag_id!r} run {ti.run_id!r} task {ti.task_id!r} try {ti.try_number} "
-        f"on {socket.gethostname()}"
-    )
-
-
-@contextlib.contextmanager
-def log_group(title: str) -> Iterator[None]:
-    """A collapsible group in the Airflow task log (the UI folds ``::group::`` blocks)."""
-    print(f"::group::{title}", flush=True)
-    try:
-        yield
-    finally:
-        print("::endgroup::", flush=True)
-
-
-def airflow_conf() -> Any:
-    """Airflow's configuration as the task side reads it."""
-    from airflow.sdk.configuration import conf
-
-    return conf
-
-
-def _stats() -> Any:
-    try:
-        from airflow.sdk.observability.stats import Stats
-    except ImportError:  # Airflow 3.0/3.1
-        from airflow.stats import Stats
-    return Stats
-
-
-def emit_metrics(prefix: str, sync_id: str, values: Mapping[str, float], *, timing: bool = False) -> None:
-    """Airflow metrics ``vitess.<prefix>.<name>`` tagged with the sync; never fails the task."""
-    try:
-        stats = _stats()
-        for name, value in values.items():
-            metric = f"vitess.{prefix}.{name}"
-            if timing:
-                stats.timing(metric, value, tags={"sync_id": sync_id})
-            else:
-                stats.gauge(metric, value, tags={"sync_id": sync_id})
-    except Exception as exc:  # metrics are an aid, not part of the result
-        log.debug("could not emit metrics %s: %s", prefix, exc)

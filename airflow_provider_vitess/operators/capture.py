@@ -16,22 +16,17 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.backlog import catch_up_backlog
+from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import TableProgress
-from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner, WindowOutcome
+from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner
+from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
-from airflow_provider_vitess.operators._sync import (
-    as_tables,
-    emit_metrics,
-    holder,
-    log_group,
-    open_store,
-    s3_settings,
-    sync_spec,
-)
+from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
+from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -77,6 +72,7 @@ class _SyncOperator(BaseOperator):
         heartbeat_interval: int = 1,
         zero_date_policy: str = "null",
         zero_date_policies: Mapping[str, str] | None = None,
+        spill_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -95,13 +91,20 @@ class _SyncOperator(BaseOperator):
         self.heartbeat_interval = heartbeat_interval
         self.zero_date_policy = zero_date_policy
         self.zero_date_policies = dict(zero_date_policies or {})
+        self.spill_dir = spill_dir
         self._lineage: CaptureLineage | None = None
+        self._running: CaptureRunner | None = None
+
+    def on_kill(self) -> None:
+        """A killed task cancels its open stream and releases the sync's lock at once."""
+        if self._running is not None:
+            self._running.cancel()
 
     def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
         # Credentials join the options here, at run time: never in a (rendered) operator field.
         s3 = s3_settings(self.aws_conn_id)
         options = {**(s3.storage_options() if s3 else {}), **dict(self.storage_options or {})}
-        return CaptureRunner(
+        self._running = CaptureRunner(
             VitessHook(self.vitess_conn_id),
             open_store(self.checkpoint_conn_id),
             sync_spec(
@@ -116,11 +119,13 @@ class _SyncOperator(BaseOperator):
                 heartbeat_interval=self.heartbeat_interval,
                 zero_date_policy=self.zero_date_policy,
                 zero_date_policies=self.zero_date_policies,
+                memory=memory_limits(self.spill_dir),
                 **spec,
             ),
             holder=holder(context),
             emit_progress=self._progress,
         )
+        return self._running
 
     def _staged(self, runner: CaptureRunner, outcome: WindowOutcome) -> dict[str, Any]:
         """The task's summary; remembers what was read for OpenLineage."""
@@ -142,24 +147,6 @@ class _SyncOperator(BaseOperator):
         emit_metrics("snapshot", self.sync_id, values)
 
 
-def summary(outcome: WindowOutcome) -> dict[str, Any]:
-    """The XCom value of a capture task: what was staged, where, and up to which VGTID."""
-    m = outcome.manifest
-    return {
-        "sync_id": m.sync_id,
-        "window_seq": m.window_seq,
-        "kind": outcome.kind.value,
-        "resumed": outcome.resumed,
-        "manifest_path": m.path,
-        "rows": m.rows,
-        "rows_per_table": {t: tm.rows for t, tm in m.tables.items()},
-        "op_counts": {t: dict(tm.op_counts) for t, tm in m.tables.items()},
-        "ddls": [d.to_dict() for d in m.ddls],
-        "end_vgtid": m.end_vgtid.to_json(),
-        "stats": dict(m.stats),
-    }
-
-
 class VitessSnapshotOperator(_SyncOperator):
     """Snapshot the sync's tables (the first run), or re-snapshot chosen ones.
 
@@ -169,6 +156,10 @@ class VitessSnapshotOperator(_SyncOperator):
     :param aws_conn_id: an Airflow ``aws`` connection for an ``s3a://`` (or ``s3://``) staging
         location: keys, ``endpoint_url``, region (see :mod:`airflow_provider_vitess.object_storage`).
     :param storage_options: further fsspec options (they win over the connection's).
+    :param spill_dir: where a read spills what exceeds its memory limits (large transactions,
+        units held for the cross-shard order); default ``[vitess] spill_dir`` in the Airflow
+        configuration, else the system's temporary directory. Spill files are anonymous: they
+        vanish when the task ends, however it ends.
     :param resnapshot_tables: tables to copy again although the sync already streams (e.g. from
         DAG params: ``"{{ params.resnapshot_tables }}"``); the other tables are untouched.
     :param only_if_needed: when the sync already has a committed position and no re-snapshot is
@@ -201,20 +192,18 @@ class VitessSnapshotOperator(_SyncOperator):
     def _snapshot(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context)
         settings = runner.spec
-        requested = as_tables(self.resnapshot_tables)
-        committed, seq = runner.store.committed(settings.sync_id)
-        open_window = runner.store.open_window(settings.sync_id)
-        resuming = open_window is not None and open_window.kind.value == "snapshot"
-        if committed is not None and not requested and not resuming and self.only_if_needed:
+        need = runner.snapshot_need(as_tables(self.resnapshot_tables), only_if_needed=self.only_if_needed)
+        if not need.needed:
             self.log.info(
-                "sync %r already streams (committed window %d); no snapshot needed", settings.sync_id, seq
+                "sync %r already streams (committed window %d); no snapshot needed",
+                settings.sync_id,
+                need.committed_seq,
             )
-            return {"sync_id": settings.sync_id, "snapshot": "not needed", "committed_seq": seq}
-        tables = requested or settings.tables  # a resumed snapshot keeps its own tables
-        what = "re-snapshot of " + ", ".join(tables) if committed is not None else "snapshot"
+            return need.not_needed(settings.sync_id)
+        what = "re-snapshot of " + ", ".join(need.tables) if need.resnapshot else "snapshot"
         started = time.monotonic()
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):
-            outcome = runner.snapshot(tables=tables, checkpoint_every_rows=self.checkpoint_every_rows)
+            outcome = runner.snapshot(tables=need.tables, checkpoint_every_rows=self.checkpoint_every_rows)
         result = self._staged(runner, outcome)
         self.log.info(
             "staged snapshot window %d: %s rows (%s)",
@@ -222,8 +211,9 @@ class VitessSnapshotOperator(_SyncOperator):
             f"{result['rows']:,}",
             ", ".join(f"{t}: {n:,}" for t, n in result["rows_per_table"].items()),
         )
-        emit_metrics("snapshot", settings.sync_id, {"rows": result["rows"]})
-        emit_metrics("snapshot", settings.sync_id, {"duration": time.monotonic() - started}, timing=True)
+        elapsed = time.monotonic() - started
+        emit_metrics("snapshot", settings.sync_id, window_metrics(outcome, elapsed))
+        emit_metrics("snapshot", settings.sync_id, {"duration": elapsed}, timing=True)
         return result
 
 
@@ -280,11 +270,10 @@ class VitessCatchUpOperator(_SyncOperator):
             backlog.stopped,
             lag or "none",
         )
-        values: dict[str, float] = {"events": backlog.rows, "windows": len(backlog.windows)}
-        values.update({f"lag.{shard.replace('/', '.')}": n for shard, n in lag.items()})
-        read = sum(w.result.rows for w in backlog.windows if w.result is not None)
-        if read and elapsed > 0:
-            values["processed_per_second"] = read / elapsed
-        emit_metrics("catch_up", settings.sync_id, values)
+        emit_metrics(
+            "catch_up",
+            settings.sync_id,
+            {**window_metrics(outcome, elapsed), "events": backlog.rows, "windows": len(backlog.windows)},
+        )
         emit_metrics("catch_up", settings.sync_id, {"duration": elapsed}, timing=True)
         return result

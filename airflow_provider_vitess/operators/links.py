@@ -14,8 +14,8 @@ from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_provider_vitess.operators._sync import airflow_conf
 from airflow_provider_vitess.status import STATUS_PAGE_PATH
+from airflow_provider_vitess.utils.task import airflow_conf
 
 
 def _base_url() -> str:

@@ -27,6 +27,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.exceptions import VitessConnectionError, permanent_by_name
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
@@ -35,9 +36,9 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF, packages_for
-from airflow_provider_vitess.operators._sync import emit_metrics, holder, log_group, open_store, s3_settings
 from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
+from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
 
 REPORT_ARG = "--report-file"
 

@@ -40,22 +40,23 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
+from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.operators._sync import airflow_conf, store_url
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
+from airflow_provider_vitess.utils.task import airflow_conf
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.changes import (
     Change,
     ChangeDetector,
     lag_verdict,
     parse_start_vgtid,
+    read_changes,
     start_verdict,
 )
-from airflow_provider_vitess.vstream.events import VgtidEvent
-from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
-from airflow_provider_vitess.vstream.window import capture_stop_position, table_filter
+from airflow_provider_vitess.vstream.position import capture_stop_position
+from airflow_provider_vitess.vstream.request import StreamTarget
 
 
 def default_deferrable() -> bool:
@@ -240,9 +241,9 @@ class VitessChangesSensor(BaseSensorOperator):
 
     def read_once(self, hook: VitessHook, committed: Vgtid) -> Change | None:
         """One bounded read: the first change between ``committed`` and now, or None."""
-        cfg = hook.config
+        target = StreamTarget.of(hook.config)
         stop = capture_stop_position(
-            hook.open_vstream_raw, self.keyspace, tablet_type=cfg.tablet_type, timeout=self.poke_read_seconds
+            hook.open_vstream_raw, self.keyspace, target=target, timeout=self.poke_read_seconds
         )
         lag = lag_verdict(committed, stop, self.lag_threshold)
         if lag is not None:
@@ -251,37 +252,23 @@ class VitessChangesSensor(BaseSensorOperator):
         if start.has_reached(stop):
             self.log.info("No change: nothing was committed since %s", start.to_json())
             return None
-        detector = ChangeDetector(self.keyspace, self.tables)
-        reader = VStreamReader(
+        scan = read_changes(
             lambda request: hook.open_vstream_raw(request, timeout=self.poke_read_seconds + 30),
-            vgtid=start,
-            filter=table_filter(self.tables),
-            flags=hook.vstream_flags(heartbeat_interval=1),
-            tablet_type=cfg.tablet_type,
-            # The call's own deadline bounds the poke: past it, stop rather than reconnect.
-            retry=RetryPolicy(
-                max_attempts=3, max_elapsed=self.poke_read_seconds, retry_deadline_exceeded=False
-            ),
+            ChangeDetector(self.keyspace, self.tables),
+            start,
+            stop,
+            target=target,
+            seconds=self.poke_read_seconds,
         )
-        deadline = time.monotonic() + self.poke_read_seconds
-        events = reader.events()
-        try:
-            for event in events:
-                change = detector.push(event)
-                if change is not None:
-                    return change
-                if isinstance(event, VgtidEvent) and detector.resume_from(start).has_reached(stop):
-                    self._scanned[committed.to_json()] = detector.resume_from(start)
-                    self.log.info("No change of the tables up to %s", stop.to_json())
-                    return detector.flush()
-                if time.monotonic() > deadline:
-                    break
-        finally:
-            events.close()
-        self._scanned[committed.to_json()] = detector.resume_from(start)
-        self.log.info(
-            "No change of the tables within %gs of reading (read up to %s); the next poke goes on",
-            self.poke_read_seconds,
-            detector.resume_from(start).to_json(),
-        )
-        return detector.flush()
+        if scan.change is not None and not scan.reached_stop:
+            return scan.change
+        self._scanned[committed.to_json()] = scan.read_to
+        if scan.reached_stop:
+            self.log.info("No change of the tables up to %s", stop.to_json())
+        else:
+            self.log.info(
+                "No change of the tables within %gs of reading (read up to %s); the next poke goes on",
+                self.poke_read_seconds,
+                scan.read_to.to_json(),
+            )
+        return scan.change

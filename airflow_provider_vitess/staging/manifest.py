@@ -13,16 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import AfterValidator, Field, PlainSerializer, PlainValidator
 
 from airflow_provider_vitess._proto import query_pb2
-from airflow_provider_vitess.exceptions import CorruptStagedDataError, InvalidVgtidError, StagingError
+from airflow_provider_vitess.exceptions import CorruptStagedDataError, StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.files import MANIFEST_NAME, open_location, sha256_of, window_dir
+from airflow_provider_vitess.utils.jsondoc import JsonDocument, adapter
 from airflow_provider_vitess.vgtid import Vgtid
 
 FORMAT_VERSION = 1
@@ -68,29 +70,14 @@ class ColumnSchema:
             flags=0 if self.nullable else arrow_types.NOT_NULL_FLAG,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ColumnSchema:
-        return cls(
-            name=_str(d, "name"),
-            type=_str(d, "type"),
-            column_type=_str(d, "column_type"),
-            nullable=_typed(d, "nullable", bool),
-            arrow=_str(d, "arrow"),
-            charset=_int(d, "charset"),
-            decimals=_int(d, "decimals"),
-            column_length=_int(d, "column_length"),
-        )
-
 
 @dataclass(frozen=True)
-class TableSchema:
+class TableSchema(JsonDocument):
     """A table version: its columns and the key columns whose before image is staged."""
 
     columns: tuple[ColumnSchema, ...]
     key_columns: tuple[str, ...]
+    strict = True
 
     @classmethod
     def from_fields(
@@ -114,26 +101,13 @@ class TableSchema:
     def arrow_schema(self, table: str) -> pa.Schema:
         return arrow_types.staged_schema(table, self.fields(), self.key_columns)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"columns": [c.to_dict() for c in self.columns], "key_columns": list(self.key_columns)}
-
     def to_json(self) -> str:
         """Canonical text: equal schemas give equal texts (used as the schema's identity)."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TableSchema:
-        cols = _typed(d, "columns", list)
-        keys = _typed(d, "key_columns", list)
-        return cls(tuple(ColumnSchema.from_dict(_obj(c, "column")) for c in cols), tuple(map(str, keys)))
-
-    @classmethod
-    def from_json(cls, text: str) -> TableSchema:
-        return cls.from_dict(_obj(json.loads(text), "schema"))
-
 
 @dataclass(frozen=True)
-class PartInfo:
+class PartInfo(JsonDocument):
     """One closed Parquet part; JSON-able (:meth:`to_dict`) for the caller's checkpoint store."""
 
     table: str
@@ -145,36 +119,13 @@ class PartInfo:
     op_counts: Mapping[str, int] = field(default_factory=dict)
     keyspaces: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "op_counts": dict(self.op_counts), "keyspaces": list(self.keyspaces)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PartInfo:
-        return cls(
-            table=_str(d, "table"),
-            path=_str(d, "path"),
-            rows=_int(d, "rows"),
-            bytes=_int(d, "bytes"),
-            sha256=_str(d, "sha256"),
-            schema_json=_str(d, "schema_json"),
-            op_counts={str(k): int(v) for k, v in _typed(d, "op_counts", dict).items()},
-            keyspaces=tuple(map(str, _typed(d, "keyspaces", list))),
-        )
-
 
 @dataclass(frozen=True)
-class DdlRecord:
+class DdlRecord(JsonDocument):
     keyspace: str
     shard: str
     statement: str
     commit_ts: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DdlRecord:
-        return cls(_str(d, "keyspace"), _str(d, "shard"), _str(d, "statement"), _int(d, "commit_ts"))
 
 
 @dataclass(frozen=True)
@@ -205,49 +156,6 @@ class TableManifest:
     def schema_of(self, part: PartInfo) -> TableSchema:
         """The schema ``part`` was written with."""
         return next(s for s in self.schemas if s.to_json() == part.schema_json)
-
-    def to_dict(self) -> dict[str, Any]:
-        index = {s.to_json(): i for i, s in enumerate(self.schemas)}
-        return {
-            "keyspaces": list(self.keyspaces),
-            "key_columns": list(self.key_columns),
-            "op_counts": dict(self.op_counts),
-            "schemas": [s.to_dict() for s in self.schemas],
-            "parts": [
-                {
-                    "path": p.path,
-                    "rows": p.rows,
-                    "bytes": p.bytes,
-                    "sha256": p.sha256,
-                    "schema": index[p.schema_json],
-                    "op_counts": dict(p.op_counts),
-                    "keyspaces": list(p.keyspaces),
-                }
-                for p in self.parts
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, table: str, d: Mapping[str, Any]) -> TableManifest:
-        schemas = tuple(TableSchema.from_dict(_obj(s, "schema")) for s in _typed(d, "schemas", list))
-        parts = []
-        for raw in _typed(d, "parts", list):
-            p = _obj(raw, "part")
-            i = _int(p, "schema")
-            path = _str(p, "path")
-            if not path.startswith(f"{table}/") or ".." in path.split("/"):
-                raise ValueError(f"part path {path!r} of table {table!r} is not inside the table's directory")
-            if not 0 <= i < len(schemas):
-                raise ValueError(f"part {p.get('path')!r} refers to schema {i} of {len(schemas)}")
-            parts.append(PartInfo.from_dict({**p, "table": table, "schema_json": schemas[i].to_json()}))
-        return cls(
-            table=table,
-            keyspaces=tuple(map(str, _typed(d, "keyspaces", list))),
-            key_columns=tuple(map(str, _typed(d, "key_columns", list))),
-            schemas=schemas,
-            parts=tuple(parts),
-            op_counts={str(k): int(v) for k, v in _typed(d, "op_counts", dict).items()},
-        )
 
 
 @dataclass(frozen=True)
@@ -285,73 +193,119 @@ class Manifest:
         fs, root = open_location(self.location, self.storage_options)
         return fs, window_dir(root, self.sync_id, self.window_seq)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "sync_id": self.sync_id,
-            "window_seq": self.window_seq,
-            "start_vgtid": json.loads(self.start_vgtid.to_json()),
-            "stop_vgtid": None if self.stop_vgtid is None else json.loads(self.stop_vgtid.to_json()),
-            "end_vgtid": json.loads(self.end_vgtid.to_json()),
-            "created_at": self.created_at,
-            "tables": {name: t.to_dict() for name, t in self.tables.items()},
-            "ddls": [d.to_dict() for d in self.ddls],
-            "stats": dict(self.stats),
-        }
-
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
+        return _ManifestFile.of(self).to_json()
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "manifest") -> Manifest:
-        """Parse; any problem is a :class:`CorruptStagedDataError` naming ``source``."""
+        """Parse; any problem is a :class:`CorruptStagedDataError` naming ``source`` and the field."""
+        listed = _ManifestFile.from_json(text, source=source)
         try:
-            d = _obj(json.loads(text), "manifest")
-            version = _int(d, "format_version")
-            if version != FORMAT_VERSION:
-                raise ValueError(
-                    f"format_version {version} is not {FORMAT_VERSION} (written by a newer provider?)"
-                )
-            stop = d.get("stop_vgtid")
-            return cls(
-                sync_id=_str(d, "sync_id"),
-                window_seq=_int(d, "window_seq"),
-                start_vgtid=Vgtid.from_json(json.dumps(d["start_vgtid"])),
-                stop_vgtid=None if stop is None else Vgtid.from_json(json.dumps(stop)),
-                end_vgtid=Vgtid.from_json(json.dumps(d["end_vgtid"])),
-                tables={
-                    str(name): TableManifest.from_dict(str(name), _obj(t, "table"))
-                    for name, t in _typed(d, "tables", dict).items()
-                },
-                ddls=tuple(DdlRecord.from_dict(_obj(x, "ddl")) for x in _typed(d, "ddls", list)),
-                stats=_typed(d, "stats", dict),
-                created_at=_str(d, "created_at"),
-                format_version=version,
+            return listed.manifest()
+        except ValueError as exc:
+            raise CorruptStagedDataError(f"{source} is not a valid {listed.document}: {exc}") from None
+
+
+# -- the manifest file -------------------------------------------------------------------------
+# The file lists each table under its name and each part in its table, its schema by index (a
+# window's parts share a few schemas); in memory a part carries its table and schema text.
+
+
+def _vgtid(value: object) -> Vgtid:
+    return value if isinstance(value, Vgtid) else Vgtid.from_json(json.dumps(value))
+
+
+def _known_version(version: int) -> int:
+    if version != FORMAT_VERSION:
+        raise ValueError(f"format_version {version} is not {FORMAT_VERSION} (written by a newer provider?)")
+    return version
+
+
+_VgtidJson = Annotated[
+    Vgtid, PlainValidator(_vgtid), PlainSerializer(lambda v: json.loads(v.to_json()), return_type=Any)
+]
+
+
+@dataclass(frozen=True)
+class _ListedPart:
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+    schema: int  # index into the table's schemas
+    op_counts: dict[str, int]
+    keyspaces: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _ListedTable:
+    keyspaces: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    op_counts: dict[str, int]
+    schemas: tuple[TableSchema, ...]
+    parts: tuple[_ListedPart, ...]
+
+    @classmethod
+    def of(cls, tm: TableManifest) -> _ListedTable:
+        index = {s.to_json(): i for i, s in enumerate(tm.schemas)}
+        parts = tuple(
+            _ListedPart(
+                p.path, p.rows, p.bytes, p.sha256, index[p.schema_json], dict(p.op_counts), p.keyspaces
             )
-        except (ValueError, KeyError, TypeError, InvalidVgtidError) as exc:
-            problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise CorruptStagedDataError(f"{source} is not a valid staging manifest: {problem}") from None
+            for p in tm.parts
+        )
+        return cls(tm.keyspaces, tm.key_columns, dict(tm.op_counts), tm.schemas, parts)
+
+    def table(self, name: str) -> TableManifest:
+        texts = [s.to_json() for s in self.schemas]
+        parts = []
+        for i, p in enumerate(self.parts):
+            where = f"tables.{name}.parts.{i}"
+            if not p.path.startswith(f"{name}/") or ".." in p.path.split("/"):
+                raise ValueError(f"{where}.path: {p.path!r} is not inside the table's directory")
+            if not 0 <= p.schema < len(texts):
+                raise ValueError(f"{where}.schema: {p.schema} is not one of the table's {len(texts)} schemas")
+            parts.append(
+                PartInfo(name, p.path, p.rows, p.bytes, p.sha256, texts[p.schema], p.op_counts, p.keyspaces)
+            )
+        return TableManifest(
+            name, self.keyspaces, self.key_columns, self.schemas, tuple(parts), self.op_counts
+        )
 
 
-def _obj(value: object, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ValueError(f"a {what} must be a JSON object, got {type(value).__name__}")
-    return value
+@dataclass(frozen=True)
+class _ManifestFile(JsonDocument):
+    format_version: Annotated[int, AfterValidator(_known_version)]
+    sync_id: str
+    window_seq: int
+    start_vgtid: _VgtidJson
+    stop_vgtid: Annotated[_VgtidJson | None, Field(default=None)]
+    end_vgtid: _VgtidJson
+    created_at: str
+    tables: dict[str, _ListedTable]
+    ddls: tuple[DdlRecord, ...]
+    stats: dict[str, Any]
+    document = "staging manifest"
+    error = CorruptStagedDataError
+    strict = True
 
+    @classmethod
+    def of(cls, m: Manifest) -> _ManifestFile:
+        tables = {name: _ListedTable.of(t) for name, t in m.tables.items()}
+        return cls(
+            m.format_version, m.sync_id, m.window_seq, m.start_vgtid, m.stop_vgtid, m.end_vgtid,
+            m.created_at, tables, m.ddls, dict(m.stats),
+        )  # fmt: skip
 
-def _typed(d: Mapping[str, Any], key: str, type_: type) -> Any:
-    value = d[key]
-    if not isinstance(value, type_) or (type_ is int and isinstance(value, bool)):
-        raise ValueError(f"{key!r} must be a {type_.__name__}, got {type(value).__name__}")
-    return value
+    def to_json(self) -> str:
+        return adapter(_ManifestFile).dump_json(self, indent=1).decode()
 
-
-def _str(d: Mapping[str, Any], key: str) -> str:
-    return str(_typed(d, key, str))
-
-
-def _int(d: Mapping[str, Any], key: str) -> int:
-    return int(_typed(d, key, int))
+    def manifest(self) -> Manifest:
+        tables = {name: t.table(name) for name, t in self.tables.items()}
+        return Manifest(
+            self.sync_id, self.window_seq, self.start_vgtid, self.stop_vgtid, self.end_vgtid, tables,
+            self.ddls, self.stats, self.created_at, self.format_version,
+        )  # fmt: skip
 
 
 # -- reading -----------------------------------------------------------------------------------

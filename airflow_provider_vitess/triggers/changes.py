@@ -17,7 +17,6 @@ trigger (task cleared, timeout, triggerer shutdown) cancels the call and closes 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,20 +25,19 @@ import grpc
 import grpc.aio
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_vitess._proto import vtgate_pb2
 from airflow_provider_vitess.exceptions import (
-    VitessConnectionError,
     VitessProviderError,
     VStreamError,
     is_permanent,
 )
 from airflow_provider_vitess.hooks.aio import AsyncVStreamClient
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.vgtid import CURRENT, Vgtid
+from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.changes import Change, ChangeDetector, lag_verdict, start_verdict
-from airflow_provider_vitess.vstream.events import EventDecoder, VgtidEvent
-from airflow_provider_vitess.vstream.retry import AUTH_CODES, Backoff, RetryPolicy, is_transient
-from airflow_provider_vitess.vstream.window import table_filter
+from airflow_provider_vitess.vstream.events import EventDecoder
+from airflow_provider_vitess.vstream.position import current_position
+from airflow_provider_vitess.vstream.request import StreamTarget
+from airflow_provider_vitess.vstream.retry import Reconnects, RetryPolicy
 
 
 class VitessChangesTrigger(BaseTrigger):
@@ -149,15 +147,21 @@ class VitessChangesTrigger(BaseTrigger):
             return verdict
         hook = VitessHook(self.vitess_conn_id)
         detector = ChangeDetector(self.keyspace, self.tables)
-        policy = RetryPolicy(max_attempts=self.max_reconnects)
-        backoff = Backoff(policy, time.monotonic, random.random)
+        reconnects = Reconnects(
+            RetryPolicy(max_attempts=self.max_reconnects),
+            self._describe(),
+            auth_hint=f" (check the user and password of connection {self.vitess_conn_id!r})",
+        )
         self._failing = "no connection to vtgate yet"
         async with AsyncVStreamClient(hook) as client:
             self._failing = None
+            target = StreamTarget.of(hook.config)  # read by connect()
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
             while True:
                 resume = detector.resume_from(start)
-                call = client.vstream(self._request(hook, resume.to_proto()))
+                call = client.vstream(
+                    target.request(resume, self.tables, heartbeat_interval=self.heartbeat_interval)
+                )
                 self.streams_opened += 1
                 self.log.info(
                     "Watching %s from %s (stream %d)", self._describe(), resume.to_json(), self.streams_opened
@@ -168,10 +172,10 @@ class VitessChangesTrigger(BaseTrigger):
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:
                             return change
-                        backoff.progress()  # any response proves the stream healthy (heartbeats too)
+                        reconnects.progress()  # any response proves the stream healthy (heartbeats too)
                         self._failing = None
                         if time.monotonic() >= next_lag_check:
-                            lag = await self._check_lag(client, hook, start)
+                            lag = await self._check_lag(client, target, start)
                             if lag is not None:
                                 return lag
                             next_lag_check = time.monotonic() + self.lag_check_interval
@@ -179,37 +183,22 @@ class VitessChangesTrigger(BaseTrigger):
                 except grpc.aio.AioRpcError as err:
                     code, details = err.code(), err.details() or "no details"
                     self._failing = f"gRPC status {code.name}: {details}"
-                    if not is_transient(code, details, policy):
-                        raise self._fatal(code, details) from None
-                    delay = backoff.next_delay()
-                    if delay is None:
-                        raise VitessConnectionError(
-                            f"VStream of {self._describe()} gave up after {backoff.failures - 1} reconnects: "
-                            f"gRPC status {code.name}: {details}"
-                        ) from None
-                    self.log.warning(
-                        "VStream of %s cut (%s: %s); reconnect %d in %.1fs",
-                        self._describe(),
-                        code.name,
-                        details,
-                        backoff.failures,
-                        delay,
+                    self.log.warning("VStream of %s cut (%s: %s)", self._describe(), code.name, details)
+                    at = resume.to_proto()
+                    delay = reconnects.after(
+                        code, details, start=start.to_proto(), resume=at, started=at != start
                     )
+                    if isinstance(delay, Exception):
+                        raise delay from None
+                    self.log.info("Reconnect %d in %.1fs", reconnects.backoff.failures, delay)
                     await asyncio.sleep(delay)
                 finally:
                     call.cancel()
 
-    def _request(self, hook: VitessHook, vgtid: Any) -> vtgate_pb2.VStreamRequest:
-        request = vtgate_pb2.VStreamRequest(
-            tablet_type=hook.config.tablet_type,
-            filter=table_filter(self.tables),
-            flags=hook.vstream_flags(heartbeat_interval=self.heartbeat_interval),
-        )
-        request.vgtid.CopyFrom(vgtid)
-        return request
-
-    async def _check_lag(self, client: AsyncVStreamClient, hook: VitessHook, start: Vgtid) -> Change | None:
-        current = await current_position(client, hook, self.keyspace, self.tables)
+    async def _check_lag(
+        self, client: AsyncVStreamClient, target: StreamTarget, start: Vgtid
+    ) -> Change | None:
+        current = await current_position(client, self.keyspace, target)
         change = lag_verdict(start, current, self.lag_threshold)
         self.log.info(
             "Lag check for %s: %s",
@@ -217,43 +206,3 @@ class VitessChangesTrigger(BaseTrigger):
             "over the threshold" if change is not None else f"within {self.lag_threshold} transactions",
         )
         return change
-
-    def _fatal(self, code: grpc.StatusCode, details: str) -> Exception:
-        message = f"VStream of {self._describe()} failed with gRPC status {code.name}: {details}"
-        if code in AUTH_CODES:
-            return VitessConnectionError(
-                f"{message} (check the user and password of connection {self.vitess_conn_id!r})"
-            )
-        return VStreamError(message)
-
-
-async def current_position(
-    client: AsyncVStreamClient,
-    hook: VitessHook,
-    keyspace: str,
-    tables: Sequence[str],
-    timeout: float = 30.0,
-) -> Vgtid:
-    """The keyspace's current position on every shard (the async twin of ``capture_stop_position``)."""
-    request = vtgate_pb2.VStreamRequest(
-        tablet_type=hook.config.tablet_type,
-        filter=table_filter(tables),
-        flags=hook.vstream_flags(heartbeat_interval=1),
-    )
-    request.vgtid.CopyFrom(Vgtid.for_keyspace(keyspace).to_proto())
-    call = client.vstream(request, timeout=timeout)
-    decoder = EventDecoder()
-    try:
-        async for response in call:
-            for ev in response.events:
-                event = decoder.decode(ev)
-                if isinstance(event, VgtidEvent):
-                    vgtid = event.to_vgtid()
-                    if all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
-                        return vgtid
-    except grpc.aio.AioRpcError as err:
-        if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise
-    finally:
-        call.cancel()
-    raise VStreamError(f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s")

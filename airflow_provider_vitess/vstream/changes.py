@@ -14,12 +14,15 @@ Separately, ``lag`` (transactions between the committed and the current position
 whatever tables they touched) may trigger a run on its own: a sync whose tables are quiet still
 has to move its checkpoint before the server purges the binlogs it points into.
 
-Nothing here does I/O; ``triggers.changes`` and ``sensors.changes`` feed it events.
+The decisions do no I/O: the trigger (``triggers.changes``, asyncio) feeds the detector the
+events of its stream; the poking sensor reads through :func:`read_changes`, given a way to open a
+stream (``VitessHook.open_vstream_raw``).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -36,6 +39,8 @@ from airflow_provider_vitess.vstream.events import (
     RowEvent,
     VgtidEvent,
 )
+from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
+from airflow_provider_vitess.vstream.request import StreamTarget, table_filter
 
 # Why a sensor says "run now". The first four come from the stream; the others from the start.
 ROW, DDL, FIELD, JOURNAL, LAG = "row", "ddl", "field", "journal", "lag"
@@ -266,3 +271,50 @@ class ChangeDetector:
     def resume_from(self, start: Vgtid) -> Vgtid:
         """Where a new stream starts: the latest VGTID seen, else ``start``."""
         return start if self.position is None else Vgtid.from_proto(self.position)
+
+
+@dataclass(frozen=True)
+class ChangeScan:
+    """What one bounded read found: the first change (or None) and where it read up to."""
+
+    change: Change | None
+    read_to: Vgtid
+    reached_stop: bool
+
+
+def read_changes(
+    open_stream: OpenStream,
+    detector: ChangeDetector,
+    start: Vgtid,
+    stop: Vgtid,
+    *,
+    target: StreamTarget,
+    seconds: float,
+) -> ChangeScan:
+    """Reads the detector's tables from ``start`` until a change, ``stop`` or ``seconds``; a
+    later read may go on from ``read_to``. The call's own deadline (the opener's) bounds it:
+    past that, the read stops rather than reconnects."""
+    reader = VStreamReader(
+        open_stream,
+        vgtid=start,
+        filter=table_filter(detector.tables),
+        flags=target.flags(heartbeat_interval=1),
+        tablet_type=target.tablet_type,
+        retry=RetryPolicy(max_attempts=3, max_elapsed=seconds, retry_deadline_exceeded=False),
+    )
+    deadline = time.monotonic() + seconds
+    events = reader.events()
+    try:
+        for event in events:
+            change = detector.push(event)
+            if change is not None:
+                return ChangeScan(change, detector.resume_from(start), reached_stop=False)
+            if isinstance(event, VgtidEvent) and detector.resume_from(start).has_reached(stop):
+                read_to = detector.resume_from(start)
+                return ChangeScan(detector.flush(), read_to, reached_stop=True)
+            if time.monotonic() > deadline:
+                break
+    finally:
+        events.close()
+    read_to = detector.resume_from(start)
+    return ChangeScan(detector.flush(), read_to, reached_stop=False)

@@ -12,9 +12,11 @@ Two pieces, both pure:
   VGTID entry, i.e. the shard's position *after* the unit.
 * :class:`ShardMerger` buffers units per shard and releases them in merged order as soon as no
   other shard can still produce an earlier unit: its watermark (the commit time of its latest
-  unit, or a vtgate heartbeat when it has nothing open) has passed. Memory is bounded: past
-  ``max_buffered_rows`` buffered units (and, in the assembler, large transactions as they arrive)
-  move to temporary files (:mod:`.spill`), so the order never depends on memory.
+  unit, or a vtgate heartbeat when it has nothing open) has passed. Memory is bounded in bytes
+  (rows as a second guard, :class:`~.spill.MemoryLimits`): past ``max_buffered_bytes`` buffered
+  units (and, in the assembler, a transaction past ``transaction_bytes`` as it arrives) move to
+  spill files (:mod:`.spill`), so the order never depends on memory. ``close()`` on both frees
+  what they still hold (an early stop, an error), spill files included.
 
 Checkpoint positions come from released units only (:meth:`ShardMerger.released_positions`):
 vtgate's own VGTID also covers shards whose units are still buffered here, so checkpointing it
@@ -32,15 +34,33 @@ from airflow_provider_vitess.vstream.events import (
     BeginEvent,
     CommitEvent,
     CopyCompletedEvent,
+    DdlEvent,
     HeartbeatEvent,
     JournalEvent,
+    RawRows,
     RowEvent,
     VgtidEvent,
     VStreamEvent,
 )
-from airflow_provider_vitess.vstream.spill import SpillableEvents
+from airflow_provider_vitess.vstream.spill import MemoryLimits, SpillableEvents
 
 ShardKey = tuple[str, str]  # (keyspace, shard)
+
+_EVENT_BYTES = 300  # an event's Python objects (dataclass, strings, RawRows), roughly
+_DECODED_ROW_BYTES = 200  # a decoded row's tuples and values, roughly (tests' events only)
+
+
+def event_bytes(event: VStreamEvent) -> int:
+    """What a buffered event holds in memory: its rows' serialized bytes (what the reader
+    keeps, :class:`~.events.RawRows`) plus its objects. Cheap: no per-row work."""
+    if isinstance(event, RowEvent):
+        changes = event.changes
+        if isinstance(changes, RawRows):
+            return _EVENT_BYTES + len(changes.data)
+        return _EVENT_BYTES + _DECODED_ROW_BYTES * len(changes)
+    if isinstance(event, DdlEvent):
+        return _EVENT_BYTES + len(event.statement)
+    return _EVENT_BYTES
 
 
 @dataclass(slots=True)
@@ -84,10 +104,23 @@ class TransactionAssembler:
     (they belong to no shard).
     """
 
-    def __init__(self, *, spill_rows: int = 20_000) -> None:
+    def __init__(self, limits: MemoryLimits | None = None) -> None:
+        limits = limits or MemoryLimits()
         self._open: dict[ShardKey, _Open] = {}
-        self._spill_rows = spill_rows  # a transaction larger than this goes to disk as it arrives
+        # A transaction larger than these goes to disk as it arrives.
+        self._spill_bytes, self._spill_rows = limits.transaction_bytes, limits.transaction_rows
+        self._spill_dir = limits.spill_dir
         self.discarded_rows = 0  # rows of partial transactions dropped at a re-sent BEGIN
+        self.spilled_transactions = 0  # transactions that went to disk as they arrived
+
+    def _new(self, commit_ts: int = 0) -> _Open:
+        return _Open(events=SpillableEvents(self._spill_dir), commit_ts=commit_ts)
+
+    def close(self) -> None:
+        """Frees the transactions still open (their spill files too): the read is over."""
+        for unit in self._open.values():
+            unit.events.close()
+        self._open.clear()
 
     def open_shards(self) -> set[ShardKey]:
         """Shards with a transaction begun and not yet committed."""
@@ -97,7 +130,9 @@ class TransactionAssembler:
         if isinstance(event, HeartbeatEvent):
             return [event]
         key = (event.keyspace, event.shard)
-        unit = self._open.setdefault(key, _Open())
+        unit = self._open.get(key)
+        if unit is None:
+            unit = self._open[key] = self._new()
         if event.timestamp:
             unit.commit_ts = max(unit.commit_ts, event.timestamp)
         if isinstance(event, BeginEvent):
@@ -107,7 +142,7 @@ class TransactionAssembler:
                 # last VGTID, which precedes that BEGIN). Its rows so far would be staged twice.
                 self.discarded_rows += unit.rows
                 unit.events.close()
-                unit = self._open[key] = _Open(commit_ts=event.timestamp)
+                unit = self._open[key] = self._new(event.timestamp)
             unit.in_transaction = True
             return []
         if isinstance(event, VgtidEvent):
@@ -119,10 +154,12 @@ class TransactionAssembler:
         if isinstance(event, CommitEvent):
             return self._close(key)
         rows = len(event.changes) if isinstance(event, RowEvent) else 0
-        unit.events.append(event, rows)
+        events = unit.events
+        events.append(event, rows, event_bytes(event))
         unit.rows += rows
-        if unit.events.memory_rows > self._spill_rows:
-            unit.events.spill()
+        if events.memory_bytes > self._spill_bytes or events.memory_rows > self._spill_rows:
+            self.spilled_transactions += not events.spilled
+            events.spill()
         if isinstance(event, JournalEvent):
             unit.journal = event.journal
         if isinstance(event, CopyCompletedEvent | JournalEvent) and not unit.in_transaction:
@@ -159,8 +196,8 @@ class ShardMerger:
     """K-way merge of per-shard units by ``(order_ts, keyspace, shard, shard_pos)``.
 
     :param shards: the shards that must be waited for (``mark_done`` releases one of them).
-    :param max_buffered_rows: rows held in memory; past it, buffered units move to disk (the
-        order is never given up for memory).
+    :param max_buffered_bytes: bytes held in memory (see :func:`event_bytes`); past it, or past
+        ``max_buffered_rows``, buffered units move to disk (the order is never given up for memory).
     :param heartbeat_grace: seconds a shard may still lag behind a vtgate heartbeat.
     :param ordered: False passes units through in arrival order (a snapshot's copy: copied keys
         are disjoint across shards, and each shard's own order is kept anyway).
@@ -170,7 +207,8 @@ class ShardMerger:
         self,
         shards: Iterable[ShardKey],
         *,
-        max_buffered_rows: int = 50_000,
+        max_buffered_bytes: int = MemoryLimits.max_buffered_bytes,
+        max_buffered_rows: int = MemoryLimits.max_buffered_rows,
         heartbeat_grace: int = 1,
         ordered: bool = True,
     ) -> None:
@@ -180,7 +218,9 @@ class ShardMerger:
         self._next_pos: dict[ShardKey, int] = {}
         self._done: set[ShardKey] = set()
         self._buffered_rows = 0
+        self._buffered_bytes = 0
         self._max_buffered_rows = max_buffered_rows
+        self._max_buffered_bytes = max_buffered_bytes
         self._grace = heartbeat_grace
         self._last_released: tuple[int, str, str, int] | None = None
         self._released_positions: dict[ShardKey, binlogdata_pb2.ShardGtid] = {}
@@ -189,6 +229,19 @@ class ShardMerger:
     @property
     def buffered_rows(self) -> int:
         return self._buffered_rows
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered_bytes
+
+    def close(self) -> None:
+        """Frees the units still buffered (their spill files too): the read is over, and what
+        was not released is read again by the next window."""
+        for queue in self._queues.values():
+            for unit in queue:
+                unit.events.close()
+            queue.clear()
+        self._buffered_rows = self._buffered_bytes = 0
 
     def released_positions(self) -> dict[ShardKey, binlogdata_pb2.ShardGtid]:
         """Per shard, the position after its last released unit: a safe resume point."""
@@ -205,6 +258,7 @@ class ShardMerger:
             self.stats.late_units += 1
         queue.append(unit)
         self._buffered_rows += unit.events.memory_rows
+        self._buffered_bytes += unit.events.memory_bytes
         self._note_skew()
         if not self._ordered:
             yield self._pop(unit)
@@ -259,22 +313,34 @@ class ShardMerger:
             yield self._pop(head)
         self._spill_over_bound()
 
+    def _over_bound(self) -> bool:
+        return (
+            self._buffered_bytes > self._max_buffered_bytes or self._buffered_rows > self._max_buffered_rows
+        )
+
     def _spill_over_bound(self) -> None:
-        if self._buffered_rows <= self._max_buffered_rows:
+        if not self._over_bound():
             return
         # Largest in-memory units first: fewest files for the most memory.
-        queued = sorted((u for q in self._queues.values() for u in q), key=lambda u: -u.events.memory_rows)
+        queued = sorted(
+            (u for q in self._queues.values() for u in q),
+            key=lambda u: (-u.events.memory_bytes, -u.events.memory_rows),
+        )
         for unit in queued:
-            if self._buffered_rows <= self._max_buffered_rows:
+            if not self._over_bound():
                 break
-            moved = unit.events.spill()
-            if moved:
-                self._buffered_rows -= moved
+            events = unit.events
+            rows, nbytes = events.memory_rows, events.memory_bytes
+            if rows or nbytes:
+                events.spill()
+                self._buffered_rows -= rows
+                self._buffered_bytes -= nbytes
                 self.stats.spilled_units += 1
 
     def _pop(self, unit: ShardTransaction) -> ShardTransaction:
         self._queues[unit.key].popleft()
         self._buffered_rows -= unit.events.memory_rows
+        self._buffered_bytes -= unit.events.memory_bytes
         self._last_released = unit.sort_key
         if unit.position is not None:
             self._released_positions[unit.key] = unit.position

@@ -33,33 +33,26 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, cast
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import (
-    ShardsGoneError,
-    VitessConnectionError,
-    VStreamDeadlineError,
-    VStreamError,
-)
+from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import copyrows, wire
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
+from airflow_provider_vitess.vstream.request import vstream_request
 from airflow_provider_vitess.vstream.retry import (
-    AUTH_CODES,
     SC,
-    Backoff,
+    Reconnects,
     RetryPolicy,
     code_name,
     is_transient,
-    position_gone,
     rpc_status,
 )
 
@@ -73,9 +66,6 @@ OpenStream = Callable[[vtgate_pb2.VStreamRequest], Iterable[vtgate_pb2.VStreamRe
 # few missed heartbeats, never under the time a busy vtgate may take to send its first one.
 _IDLE_HEARTBEATS = 5
 _MIN_IDLE_SECONDS = 10.0
-# vtgate's answer to a VGTID naming a shard the keyspace no longer has (Reshard completed and the
-# old shard deleted): "shard provided in VGTID, 0, not found in the customer keyspace".
-_SHARD_NOT_FOUND = re.compile(r"shard provided in VGTID, ([^,\s]+), not found in the (\S+) keyspace")
 
 
 class _Watchdog:
@@ -112,18 +102,6 @@ class _Watchdog:
         self._stop.set()
 
 
-def _tablet_type(value: int | str) -> topodata_pb2.TabletType:
-    wrapper = topodata_pb2.TabletType
-    try:
-        number = (
-            wrapper.Value(value.upper()) if isinstance(value, str) else wrapper.Value(wrapper.Name(value))
-        )
-        return cast(topodata_pb2.TabletType, number)
-    except ValueError:
-        names = ", ".join(topodata_pb2.TabletType.keys())
-        raise ValueError(f"unknown tablet type {value!r}; expected one of {names}") from None
-
-
 class VStreamReader:
     """Reads one VStream (possibly over several calls) as typed events.
 
@@ -157,11 +135,7 @@ class VStreamReader:
         if not self._start.shard_gtids:
             raise ValueError("the start vgtid names no keyspace/shard")
         self._open_stream = open_stream
-        self._template = vtgate_pb2.VStreamRequest(tablet_type=_tablet_type(tablet_type))
-        if filter is not None:
-            self._template.filter.CopyFrom(filter)
-        if flags is not None:
-            self._template.flags.CopyFrom(flags)
+        self._template = vstream_request(tablet_type=tablet_type, filter=filter, flags=flags)
         self._policy = retry or RetryPolicy()
         heartbeat = self._template.flags.heartbeat_interval
         if idle_timeout is None and heartbeat:
@@ -197,7 +171,7 @@ class VStreamReader:
 
     def events(self) -> Generator[Event, None, None]:
         """Yield events until the server ends the stream; reconnects on transient errors."""
-        backoff = Backoff(self._policy, self._clock, self._rand)
+        reconnects = Reconnects(self._policy, self._describe(), clock=self._clock, rand=self._rand)
         while True:
             stream: Iterable[vtgate_pb2.VStreamResponse | bytes] | None = None
             watchdog: _Watchdog | None = None
@@ -220,9 +194,9 @@ class VStreamReader:
                         event = self._decoder.decode(vevent)
                         if isinstance(event, VgtidEvent):
                             self._last_vgtid = event.vgtid
-                            backoff.progress()
+                            reconnects.progress()
                         elif isinstance(event, HeartbeatEvent):
-                            backoff.progress()
+                            reconnects.progress()
                         yield event
             except grpc.RpcError as err:
                 code, details = rpc_status(err)
@@ -239,11 +213,15 @@ class VStreamReader:
                     )
                     if self._reset_connection is not None:
                         self._reset_connection()  # reopened on a new connection, not the dead one
-                elif not is_transient(code, details, self._policy):
-                    raise self._fatal(code, details) from err
-                delay = backoff.next_delay()
-                if delay is None:
-                    raise self._exhausted(code, details, backoff.failures - 1, backoff.elapsed) from err
+                delay = reconnects.after(
+                    code,
+                    details,
+                    start=self._start,
+                    resume=self.resume_vgtid,
+                    started=self._last_vgtid is not None,
+                )
+                if isinstance(delay, Exception):
+                    raise delay from err
                 if self._deadline is not None and time.monotonic() + delay >= self._deadline:
                     raise VStreamDeadlineError(
                         f"VStream for {self._describe()} did not finish by its deadline; last error: "
@@ -254,7 +232,7 @@ class VStreamReader:
                     self._describe(),
                     code_name(code),
                     details,
-                    backoff.failures,
+                    reconnects.backoff.failures,
                     self._policy.max_attempts,
                     delay,
                     "the last VGTID" if self._last_vgtid is not None else "the start position",
@@ -277,44 +255,3 @@ class VStreamReader:
                 f"VStream for {self._describe()}: vtgate sent a response ({len(data)} bytes) that is "
                 f"not a VStreamResponse: {err}"
             ) from err
-
-    def _fatal(self, code: grpc.StatusCode | None, details: str) -> Exception:
-        name = code_name(code)
-        gone = _SHARD_NOT_FOUND.search(details)
-        if gone is not None:
-            shards = ", ".join(f"{sg.keyspace}/{sg.shard}" for sg in self.resume_vgtid.shard_gtids)
-            return ShardsGoneError(
-                f"VStream for {self._describe()}: the position names shard {gone[2]}/{gone[1]}, which "
-                f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
-                "resharded and its old shards deleted before the sync read past the reshard, so the "
-                "changes since the position are gone. Remedy: snapshot the sync again (a new "
-                "snapshot replaces the target); in future, let a catch-up window run after "
-                "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
-                f"vtgate said: gRPC status {name}: {details}"
-            )
-        if code in AUTH_CODES:
-            return VitessConnectionError(
-                f"vtgate refused the VStream for {self._describe()} (gRPC status {name}): {details}"
-            )
-        hint = ""
-        if code == SC.RESOURCE_EXHAUSTED:
-            hint = " (raise the gRPC channel's max receive message length)"
-        elif position_gone(details, started=self._last_vgtid is not None):
-            start = ", ".join(f"{sg.keyspace}/{sg.shard}@{sg.gtid}" for sg in self._start.shard_gtids)
-            hint = (
-                f". The start position {start} may be gone from the source's binlogs (purged; the "
-                "vttablet log then shows MySQL error 1236): if so the changes since it are lost to "
-                "VStream and the sync must be snapshotted again (its snapshot task)"
-            )
-        return VStreamError(f"VStream for {self._describe()} failed with gRPC status {name}: {details}{hint}")
-
-    def _exhausted(
-        self, code: grpc.StatusCode | None, details: str, attempts: int, elapsed: float
-    ) -> Exception:
-        message = (
-            f"VStream for {self._describe()} gave up after {attempts} reconnect attempts in "
-            f"{elapsed:.1f}s without progress; last error: gRPC status {code_name(code)}: {details}"
-        )
-        if code in (SC.UNAVAILABLE, SC.DEADLINE_EXCEEDED):
-            return VitessConnectionError(message)
-        return VStreamError(message)

@@ -1,8 +1,10 @@
-"""When a cut VStream is worth reopening, and how long to wait: one rule for every reader.
+"""When a cut VStream is worth reopening, how long to wait, and the error that ends it: one
+rule for every reader.
 
 Both loops that reopen a VStream from their last position, the capture reader
-(:mod:`.reader`, threads) and the changes trigger (``triggers/changes.py``, asyncio), classify
-gRPC errors with :func:`is_transient` and pace their reconnects with :class:`Backoff`.
+(:mod:`.reader`, threads) and the changes trigger (``triggers/changes.py``, asyncio), hand each
+gRPC error to one :class:`Reconnects`: it classifies the error (:func:`is_transient`), paces the
+reconnects (:class:`Backoff`), and names a final error with its remedy (:func:`stream_error`).
 
 Transient (``tests/integration/test_faults.py`` cuts and stalls the real vtgate's connection
 through a proxy; what it saw is marked *seen*):
@@ -24,10 +26,16 @@ through a proxy; what it saw is marked *seen*):
 
 from __future__ import annotations
 
+import random
+import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+
+from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.exceptions import ShardsGoneError, VitessConnectionError, VStreamError
 
 SC = grpc.StatusCode
 AUTH_CODES = frozenset({SC.UNAUTHENTICATED, SC.PERMISSION_DENIED})
@@ -137,3 +145,108 @@ def position_gone(details: str, *, started: bool) -> bool:
     (``started``: the stream had already moved past its start, so the picker message is not it)."""
     text = details.lower()
     return any(h in text for h in _GONE_HINTS) or (not started and _NO_TABLET_HINT in text)
+
+
+# vtgate's answer to a VGTID naming a shard the keyspace no longer has (Reshard completed and the
+# old shard deleted): "shard provided in VGTID, 0, not found in the customer keyspace".
+_SHARD_NOT_FOUND = re.compile(r"shard provided in VGTID, ([^,\s]+), not found in the (\S+) keyspace")
+
+
+def stream_error(
+    code: grpc.StatusCode | None,
+    details: str,
+    what: str,
+    *,
+    start: binlogdata_pb2.VGtid,
+    resume: binlogdata_pb2.VGtid,
+    started: bool,
+    auth_hint: str = "",
+) -> Exception:
+    """The error that ends a stream of ``what`` on a final gRPC error, with its remedy.
+
+    ``start``/``resume``: where the stream started and would resume; ``started``: it moved past
+    its start. ``auth_hint`` follows a refusal of the credentials (e.g. the connection to check).
+    """
+    name = code_name(code)
+    gone = _SHARD_NOT_FOUND.search(details)
+    if gone is not None:
+        shards = ", ".join(f"{sg.keyspace}/{sg.shard}" for sg in resume.shard_gtids)
+        return ShardsGoneError(
+            f"VStream for {what}: the position names shard {gone[2]}/{gone[1]}, which "
+            f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
+            "resharded and its old shards deleted before the sync read past the reshard, so the "
+            "changes since the position are gone. Remedy: snapshot the sync again (a new "
+            "snapshot replaces the target); in future, let a catch-up window run after "
+            "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
+            f"vtgate said: gRPC status {name}: {details}"
+        )
+    if code in AUTH_CODES:
+        return VitessConnectionError(
+            f"vtgate refused the VStream for {what} (gRPC status {name}): {details}{auth_hint}"
+        )
+    hint = ""
+    if code == SC.RESOURCE_EXHAUSTED:
+        hint = " (raise the gRPC channel's max receive message length)"
+    elif position_gone(details, started=started):
+        at = ", ".join(f"{sg.keyspace}/{sg.shard}@{sg.gtid}" for sg in start.shard_gtids)
+        hint = (
+            f". The start position {at} may be gone from the source's binlogs (purged; the "
+            "vttablet log then shows MySQL error 1236): if so the changes since it are lost to "
+            "VStream and the sync must be snapshotted again (its snapshot task)"
+        )
+    return VStreamError(f"VStream for {what} failed with gRPC status {name}: {details}{hint}")
+
+
+class Reconnects:
+    """One stream's reconnect decisions, for a blocking or an asyncio loop alike.
+
+    After each gRPC error the loop asks :meth:`after`: the seconds to wait before reopening
+    the stream from its last position, or the error to raise (final, or retries exhausted).
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        what: str,
+        *,
+        auth_hint: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.policy, self.what, self._auth_hint = policy, what, auth_hint
+        self.backoff = Backoff(policy, clock, rand)
+
+    def progress(self) -> None:
+        """The stream is healthy (a new position, a heartbeat): the count starts over."""
+        self.backoff.progress()
+
+    def after(
+        self,
+        code: grpc.StatusCode | None,
+        details: str,
+        *,
+        start: binlogdata_pb2.VGtid,
+        resume: binlogdata_pb2.VGtid,
+        started: bool,
+    ) -> float | Exception:
+        if not is_transient(code, details, self.policy):
+            return stream_error(
+                code,
+                details,
+                self.what,
+                start=start,
+                resume=resume,
+                started=started,
+                auth_hint=self._auth_hint,
+            )
+        delay = self.backoff.next_delay()
+        if delay is not None:
+            return delay
+        message = (
+            f"VStream for {self.what} gave up after {self.backoff.failures - 1} reconnect attempts in "
+            f"{self.backoff.elapsed:.1f}s without progress; "
+            f"last error: gRPC status {code_name(code)}: {details}"
+        )
+        if code in (SC.UNAVAILABLE, SC.DEADLINE_EXCEEDED):
+            return VitessConnectionError(message)
+        return VStreamError(message)

@@ -117,7 +117,7 @@ class LocatedRows:
     block_has_after: tuple[bool, ...]
 
 
-def _varint_at(data: bytes, pos: int, max_bytes: int = _MAX_VARINT) -> tuple[int, int]:
+def varint_at(data: bytes, pos: int, max_bytes: int = _MAX_VARINT) -> tuple[int, int]:
     """(value, position after it) of one varint; per event only, never per row."""
     value = shift = 0
     while True:
@@ -134,7 +134,7 @@ def _varint_at(data: bytes, pos: int, max_bytes: int = _MAX_VARINT) -> tuple[int
 def _first_record(data: bytes) -> int:
     """Offset of the first ``row_changes`` record: after ``table_name``, which sorts first."""
     if data[:1] == bytes([_TAG_1]):
-        size, pos = _varint_at(data, 1)
+        size, pos = varint_at(data, 1)
         return pos + size
     return 0
 
@@ -148,7 +148,7 @@ def _packed(serialized: bytes) -> bytes:
     """
     if serialized[:1] != bytes([_TAG_1]):
         return b""
-    size, pos = _varint_at(serialized, 1)
+    size, pos = varint_at(serialized, 1)
     return serialized[pos : pos + size]
 
 

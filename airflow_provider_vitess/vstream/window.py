@@ -27,7 +27,6 @@ new shards then are not read in this window, their journal positions carry over)
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
+from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
 from airflow_provider_vitess.vstream.events import (
     CopyCompletedEvent,
@@ -45,15 +44,21 @@ from airflow_provider_vitess.vstream.events import (
     JournalEvent,
     RowChange,
     RowEvent,
-    VgtidEvent,
 )
 from airflow_provider_vitess.vstream.ordering import (
     ShardKey,
     ShardMerger,
     ShardTransaction,
     TransactionAssembler,
+    event_bytes,
 )
-from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
+from airflow_provider_vitess.vstream.position import capture_stop_position
+from airflow_provider_vitess.vstream.reader import OpenStream, VStreamReader
+from airflow_provider_vitess.vstream.request import table_filter
+from airflow_provider_vitess.vstream.spill import MemoryLimits
+
+# The probe and the filter are imported from here by older callers.
+__all__ = ["ReadBounds", "ReadResult", "Stager", "WindowReader", "capture_stop_position", "table_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -100,50 +105,6 @@ class ReadResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def table_filter(tables: Sequence[str]) -> binlogdata_pb2.Filter:
-    """One rule per table (exact names: a rule's ``match`` is a name, never a pattern here)."""
-    return binlogdata_pb2.Filter(
-        rules=[binlogdata_pb2.Rule(match=t, filter=f"select * from `{t.replace('`', '``')}`") for t in tables]
-    )
-
-
-def capture_stop_position(
-    open_stream: OpenStream, keyspace: str, *, tablet_type: str = "PRIMARY", timeout: float = 60.0
-) -> Vgtid:
-    """The keyspace's current position on every shard: a window's stop.
-
-    vtgate answers a VStream from ``current`` with a VGTID event listing every shard, but a shard
-    whose stream has not started yet still shows ``current``; wait until none does. Heartbeats
-    are asked for so a quiet keyspace still answers, and the whole probe, reconnects included,
-    ends by ``timeout`` (a dead or black-holed link cannot hold it longer).
-    """
-    reader = VStreamReader(
-        open_stream,
-        keyspace=keyspace,
-        tablet_type=tablet_type,
-        flags=vtgate_pb2.VStreamFlags(heartbeat_interval=1),
-        idle_timeout=min(timeout, 10.0),
-        deadline=time.monotonic() + timeout,
-        retry=RetryPolicy(max_elapsed=timeout),
-    )
-    events = reader.events()
-    last = ""
-    try:
-        for event in events:
-            if isinstance(event, VgtidEvent):
-                vgtid = event.to_vgtid()
-                if vgtid.shard_gtids and all(sg.gtid not in ("", CURRENT) for sg in vgtid.shard_gtids):
-                    return vgtid
-    except VStreamDeadlineError as exc:
-        last = f"; {exc}"  # names the last error vtgate answered with, if any
-    finally:
-        events.close()
-    raise VStreamDeadlineError(
-        f"keyspace {keyspace!r}: vtgate gave no position for every shard within {timeout:g}s "
-        f"(is vtgate reachable, and are the keyspace's {tablet_type} tablets serving?){last}"
-    )
-
-
 class WindowReader:
     """Reads one window (or snapshot) and hands its units, in order, to a stager."""
 
@@ -159,8 +120,9 @@ class WindowReader:
         bounds: ReadBounds = ReadBounds(),
         flags: vtgate_pb2.VStreamFlags | None = None,
         tablet_type: str = "PRIMARY",
-        max_buffered_rows: int = 50_000,
+        memory: MemoryLimits | None = None,
         checkpoint_every_rows: int = 0,
+        checkpoint_every_bytes: int = 0,
         on_checkpoint: Callable[[Vgtid], None] | None = None,
         on_rows: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -170,7 +132,10 @@ class WindowReader:
         self._keyspace, self._tables = keyspace, tuple(tables)
         self._start, self._stop, self._bounds = start, stop, bounds
         self._stager = stager
+        # A snapshot checkpoints by rows or by bytes, whichever comes first: with wide rows a
+        # row count alone would let a kill recopy (and a part file grow to) gigabytes.
         self._checkpoint_every = checkpoint_every_rows
+        self._checkpoint_every_bytes = checkpoint_every_bytes
         self._on_checkpoint, self._on_rows, self._clock = on_checkpoint, on_rows, clock
         # Without this flag vtgate switches to the new shards silently, and the checkpoint would
         # keep the old shards forever (see the module docstring).
@@ -197,14 +162,19 @@ class WindowReader:
         # A snapshot needs no cross-shard order (copied keys are disjoint), so units pass straight
         # through and each shard's resume position keeps moving; a catch-up window merges. The
         # merge waits for the start's shards only: new shards join when their journal is staged.
+        memory = memory or MemoryLimits()
         self._merger = ShardMerger(
-            list(self._shards), max_buffered_rows=max_buffered_rows, ordered=not self._snapshot
+            list(self._shards),
+            max_buffered_bytes=memory.max_buffered_bytes,
+            max_buffered_rows=memory.max_buffered_rows,
+            ordered=not self._snapshot,
         )
-        self._assembler = TransactionAssembler()
+        self._assembler = TransactionAssembler(memory)
         self._done: set[ShardKey] = set()
         self._result = ReadResult(end_vgtid=start)
         self._seq = 0
         self._rows_since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
         self._early_stop: str | None = None
 
     @property
@@ -224,15 +194,8 @@ class WindowReader:
         return Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=entries))
 
     def run(self) -> ReadResult:
-        # Objects alive now (Airflow's and ours, imported once) never die during the read; frozen,
-        # the collector stops re-walking them on every full collection (~30% of a read's CPU).
-        gc.freeze()
-        try:
-            return self._run()
-        finally:
-            gc.unfreeze()
-
-    def _run(self) -> ReadResult:
+        """Reads to the stop (or the copy's end, or a bound). A long read wants the caller to
+        keep the collector off the objects alive before it: ``utils.heap.frozen_heap``."""
         started = self._clock()
         if self._stop is not None:
             for sg in self._start.shard_gtids:
@@ -266,6 +229,7 @@ class WindowReader:
                     return self._close(reason)
         finally:
             events.close()
+            self._release_buffers()
         raise VStreamError(
             f"keyspace {self._keyspace!r}: the VStream ended before the window's stop position"
         )
@@ -322,6 +286,15 @@ class WindowReader:
         while self._unheld:
             self._accept(self._unheld.pop(0))
 
+    def _release_buffers(self) -> None:
+        """The read is over, however it ended: what it still buffers (units past an early stop,
+        an open transaction cut by an error) is dropped now, spill files included, rather than
+        whenever the reader is collected. A next read gets them again from the position."""
+        self._assembler.close()
+        self._merger.close()
+        for unit in (*self._unheld, *(u for held in self._held.values() for u in held)):
+            unit.events.close()
+
     def _finish_shard(self, key: ShardKey) -> None:
         self._done.add(key)
         self._stage(self._merger.mark_done(key))
@@ -362,6 +335,7 @@ class WindowReader:
                     self._seq += n
                     self._result.rows += n
                     self._rows_since_checkpoint += n
+                    self._bytes_since_checkpoint += event_bytes(event)
                     counts = self._result.rows_per_table
                     counts[event.table] = counts.get(event.table, 0) + n
                     if self._on_rows:
@@ -372,16 +346,21 @@ class WindowReader:
                 elif isinstance(event, JournalEvent) and _is_reshard(event.journal):
                     self._pass_journal(unit, event.journal)
             unit.events.close()  # frees memory, deletes a spill file
-            if (
-                self._checkpoint_every
-                and self._on_checkpoint is not None
-                and self._rows_since_checkpoint >= self._checkpoint_every
-                and unit.position is not None
-            ):
-                self._rows_since_checkpoint = 0
+            if self._checkpoint_due() and unit.position is not None:
+                assert self._on_checkpoint is not None
+                self._rows_since_checkpoint = self._bytes_since_checkpoint = 0
                 self._on_checkpoint(self.position())
             if self._bounds.max_events is not None and self._result.rows >= self._bounds.max_events:
                 self._early_stop = f"max_events={self._bounds.max_events}"
+
+    def _checkpoint_due(self) -> bool:
+        if self._on_checkpoint is None:
+            return False
+        rows, nbytes = self._checkpoint_every, self._checkpoint_every_bytes
+        return bool(
+            (rows and self._rows_since_checkpoint >= rows)
+            or (nbytes and self._bytes_since_checkpoint >= nbytes)
+        )
 
     def _close(self, reason: str | None) -> ReadResult:
         if reason is None:
@@ -393,6 +372,7 @@ class WindowReader:
             "merge": self.merge_stats,
             "reconnects": self._reader.reconnects,
             "partial_rows_discarded": self._assembler.discarded_rows,
+            "spilled_transactions": self._assembler.spilled_transactions,
         }
         return self._result
 

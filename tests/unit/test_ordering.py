@@ -15,7 +15,7 @@ from airflow_provider_vitess.vstream.events import (
     VgtidEvent,
 )
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction, TransactionAssembler
-from airflow_provider_vitess.vstream.spill import SpillableEvents
+from airflow_provider_vitess.vstream.spill import MemoryLimits, SpillableEvents
 
 A, B = ("ks", "-80"), ("ks", "80-")
 
@@ -122,7 +122,7 @@ def test_unordered_merge_passes_units_through_in_arrival_order() -> None:
 
 
 def test_assembler_spills_a_large_transaction_as_it_arrives() -> None:
-    asm = TransactionAssembler(spill_rows=3)
+    asm = TransactionAssembler(MemoryLimits(transaction_rows=3))
     changes = (RowChange(None, (1,)),)
     asm.push(BeginEvent(**common(A, 5)))
     for _ in range(7):

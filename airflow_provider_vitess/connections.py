@@ -1,0 +1,43 @@
+"""Settings read from the Airflow connections other than ``vitess``: the checkpoint store's
+SQLAlchemy URL and the object store's S3 settings. Credentials stay in the connections: they are
+read at run time, never put in an operator field or a log.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.checkpoints.store import default_url
+from airflow_provider_vitess.checkpoints.urls import url_from_connection
+from airflow_provider_vitess.object_storage import S3Settings
+
+
+def store_url(checkpoint_conn_id: str | None) -> str:
+    """The store's SQLAlchemy URL: from an Airflow connection (credentials stay there), else
+    the default SQLite file under ``AIRFLOW_HOME``."""
+    if not checkpoint_conn_id:
+        return default_url()
+    from airflow.sdk.bases.hook import BaseHook
+
+    return url_from_connection(BaseHook.get_connection(checkpoint_conn_id))
+
+
+def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
+    """Object-storage settings from the Airflow ``aws`` connection, if one is named."""
+    if not aws_conn_id:
+        return None
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(aws_conn_id)
+    return S3Settings.from_connection(
+        conn_id=aws_conn_id,
+        conn_type=conn.conn_type,
+        login=conn.login,
+        password=conn.password,
+        extra=conn.extra_dejson,
+    )
+
+
+def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
+    store = CheckpointStore(store_url(checkpoint_conn_id))
+    store.migrate()
+    return store

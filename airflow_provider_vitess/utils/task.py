@@ -1,0 +1,63 @@
+"""What an Airflow task of this provider does around its work: names the holder of a sync's
+lock, folds its log into groups, emits metrics, reads Airflow's configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def holder(context: Mapping[str, Any]) -> str:
+    """Who holds a sync's lock while a task runs: shown to a concurrent run that is refused."""
+    ti = context.get("ti") or context.get("task_instance")
+    if ti is None:
+        return f"pid on {socket.gethostname()}"
+    return (
+        f"dag {ti.dag_id!r} run {ti.run_id!r} task {ti.task_id!r} try {ti.try_number} "
+        f"on {socket.gethostname()}"
+    )
+
+
+@contextlib.contextmanager
+def log_group(title: str) -> Iterator[None]:
+    """A collapsible group in the Airflow task log (the UI folds ``::group::`` blocks)."""
+    print(f"::group::{title}", flush=True)
+    try:
+        yield
+    finally:
+        print("::endgroup::", flush=True)
+
+
+def airflow_conf() -> Any:
+    """Airflow's configuration as the task side reads it."""
+    from airflow.sdk.configuration import conf
+
+    return conf
+
+
+def _stats() -> Any:
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:  # Airflow 3.0/3.1
+        from airflow.stats import Stats
+    return Stats
+
+
+def emit_metrics(prefix: str, sync_id: str, values: Mapping[str, float], *, timing: bool = False) -> None:
+    """Airflow metrics ``vitess.<prefix>.<name>`` tagged with the sync; never fails the task."""
+    try:
+        stats = _stats()
+        for name, value in values.items():
+            metric = f"vitess.{prefix}.{name}"
+            if timing:
+                stats.timing(metric, value, tags={"sync_id": sync_id})
+            else:
+                stats.gauge(metric, value, tags={"sync_id": sync_id})
+    except Exception as exc:  # metrics are an aid, not part of the result
+        log.debug("could not emit metrics %s: %s", prefix, exc)
