@@ -17,6 +17,7 @@ sync's tables); that run copies those tables again and replaces their Delta tabl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,6 +29,35 @@ from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
 
 RESNAPSHOT_PARAM = "resnapshot_tables"
+# The share of the schedule's interval a run's catch-up may read for by default: the merge of
+# what it read takes time too, and the next run should not wait for this one.
+READ_SHARE_OF_INTERVAL = 0.5
+
+
+def schedule_interval(schedule: Any, start: datetime | None = None) -> timedelta | None:
+    """The shortest time between two runs of ``schedule`` (a timedelta, a cron expression or
+    preset), looked at over its next few runs; None for other schedules (manual, assets)."""
+    if isinstance(schedule, timedelta):
+        return schedule
+    if not isinstance(schedule, str):
+        return None
+    from airflow.utils.dates import cron_presets
+    from croniter import croniter  # type: ignore[import-untyped]  # Airflow's own cron library
+
+    expression = cron_presets.get(schedule, schedule)
+    if not croniter.is_valid(expression):
+        return None  # "@once", "@continuous": no interval to fit in
+    fires = croniter(expression, start or datetime(2026, 1, 1))
+    times = [fires.get_next(datetime) for _ in range(8)]
+    return timedelta(seconds=min((b - a).total_seconds() for a, b in itertools.pairwise(times)))
+
+
+def default_max_seconds(schedule: Any) -> float | None:
+    """A catch-up run's read budget when none is given: half the schedule's interval, so that a
+    long backlog is read over several runs that each fit their interval; None (read until
+    caught up) for schedules without an interval."""
+    interval = schedule_interval(schedule)
+    return None if interval is None else interval.total_seconds() * READ_SHARE_OF_INTERVAL
 
 
 def vitess_sync_dag(
@@ -66,6 +96,11 @@ def vitess_sync_dag(
 
     ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
     what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
+    ``max_events`` bounds one catch-up window (what one Delta commit applies and what a killed
+    read reads again); a run stages window after window until the backlog is read or its
+    ``max_seconds`` are spent. ``max_seconds`` defaults to half the schedule's interval
+    (:func:`default_max_seconds`), so a run that comes back to hours of changes reads a share
+    of them per run and each run fits its interval; without an interval a run reads it all.
     ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
     both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
     """
@@ -124,7 +159,10 @@ def vitess_sync_dag(
         )
         merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
         catch_up = VitessCatchUpOperator(
-            task_id="catch_up", max_events=max_events, max_seconds=max_seconds, **common
+            task_id="catch_up",
+            max_events=max_events,
+            max_seconds=default_max_seconds(schedule) if max_seconds is None else max_seconds,
+            **common,
         )
         merge_changes = VitessMergeOperator(task_id="merge", **merge)
         if wait_for_changes:

@@ -22,5 +22,5 @@ dag = vitess_sync_dag(
     staging_location=f"{LAKE}/staging",
     target_location=f"{LAKE}/delta/customer",
     schedule="*/5 * * * *",
-    max_seconds=240,  # a window never outlasts the schedule interval
+    max_seconds=240,  # reading time per run (windows of max_events each): fits the interval
 )

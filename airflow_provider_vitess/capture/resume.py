@@ -48,7 +48,7 @@ class WindowBook:
             return window
         if discard and window.state in (WindowState.PLANNED, WindowState.STAGED):
             message = f"discarded by {reason} ({self.holder})"
-            self.store.mark_failed(self.sync_id, window.seq, message)
+            self.store.discard_unmerged(self.sync_id, message)  # with STAGED ones before it
             log.warning(
                 "sync %r: unfinished %s window %d (%s) %s; the next catch-up reads its changes again "
                 "from the committed position",
@@ -104,7 +104,8 @@ class WindowBook:
             window.start_vgtid.to_json(),
         )
         delete_window(self.location, self.sync_id, window.seq, storage_options=self._options)
-        self.store.mark_failed(self.sync_id, window.seq, f"staged files lost or corrupt: {problem}")
+        # With the STAGED windows after it, which start where it ends.
+        self.store.discard_unmerged(self.sync_id, f"staged files lost or corrupt: {problem}", window.seq)
 
     def adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
         """A run killed between writing the manifest and recording STAGED left a complete window:

@@ -249,11 +249,16 @@ class CaptureRunner:
             )
 
     def _resume(
-        self, kind: WindowKind, chosen_keys: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = ()
+        self,
+        kind: WindowKind,
+        chosen_keys: Mapping[str, KeyChoice],
+        snapshot_of: Sequence[str] = (),
+        extend: bool = False,
     ) -> WindowOutcome | Window | None:
         """Under the lock, the window to work on: the outcome of one staged already, the
-        unfinished (PLANNED) one to resume, or None to plan a new one. A re-snapshot abandons
-        an unfinished catch-up (see ``WindowBook.unfinished``)."""
+        unfinished (PLANNED) one to resume, or None to plan a new one (with ``extend``, also
+        after a STAGED one). A re-snapshot abandons an unfinished catch-up (see
+        ``WindowBook.unfinished``)."""
         resnapshot = kind is WindowKind.SNAPSHOT and self.store.committed(self.spec.sync_id)[0] is not None
         window = self._windows.unfinished(
             kind, discard=resnapshot, reason=f"a re-snapshot of {list(snapshot_of)}"
@@ -261,7 +266,23 @@ class CaptureRunner:
         self._record_sync(chosen_keys, snapshot_of=snapshot_of)
         if window is None or window.state is WindowState.PLANNED:
             return window
+        if extend and window.state is WindowState.STAGED:
+            return None  # the next window follows it
         return self._windows.already_staged(window)  # None: lost, discarded, read afresh
+
+    def recheck_staged(self) -> list[int]:
+        """Under the lock: every STAGED window before the latest one (a chain no merge took yet;
+        the latest is checked when a catch-up finds it) still has its files. The first that does
+        not is discarded with the windows after it (``WindowBook.discard_lost``); returns the
+        seqs left STAGED before it."""
+        with self._locked():
+            kept: list[int] = []
+            for window in self.store.open_windows(self.spec.sync_id)[:-1]:
+                if window.state is WindowState.STAGED:
+                    if self._windows.already_staged(window) is None:
+                        break
+                    kept.append(window.seq)
+            return kept
 
     # ----- snapshot ------------------------------------------------------------------------
 
@@ -393,23 +414,32 @@ class CaptureRunner:
 
     # ----- catch-up ------------------------------------------------------------------------
 
-    def catch_up(self, bounds: ReadBounds | None = None) -> WindowOutcome:
+    def catch_up(
+        self, bounds: ReadBounds | None = None, *, extend: bool = False, stop: Vgtid | None = None
+    ) -> WindowOutcome:
+        """Stage one catch-up window (or resume the unfinished one, or return it if staged).
+
+        ``extend``: when the sync's latest window is a STAGED catch-up, plan the next window
+        from its end instead of returning it, up to ``stop`` (default: the keyspace's position
+        now); how one run reads a long backlog as several windows (:mod:`.backlog`).
+        """
         spec = self.spec
         chosen_keys = self._check_source()
         with self._locked():
-            window = self._resume(WindowKind.CATCHUP, chosen_keys)
+            window = self._resume(WindowKind.CATCHUP, chosen_keys, extend=extend)
             if isinstance(window, WindowOutcome):
                 return window
             if window is None:
-                committed, _ = self.store.committed(spec.sync_id)
-                if committed is None:
+                # The committed position, or the end of the STAGED windows before this one.
+                start = self.store.next_catchup_start(spec.sync_id)
+                if start is None:
                     raise CheckpointError(
                         f"sync {spec.sync_id!r} has no committed position: snapshot it first"
                     )
-                self._check_keyspace(committed, "the committed position")
-                stop = self._stop_position()
-                seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, committed, stop)
-                start = committed
+                self._check_keyspace(start, "the committed position")
+                if stop is None:
+                    stop = self._stop_position()
+                seq = self.store.plan_window(spec.sync_id, WindowKind.CATCHUP, start, stop)
             else:
                 seq, start = window.seq, window.start_vgtid
                 if window.stop_vgtid is None:

@@ -160,7 +160,10 @@ class CheckpointStore:
             return window_from_row(self._window_row(conn, sync_id, seq))
 
     def open_window(self, sync_id: str) -> Window | None:
-        """The unfinished (PLANNED, STAGED or MERGED) window to resume, if any; at most one."""
+        """The latest unfinished (PLANNED, STAGED or MERGED) window, the one to resume, if any.
+
+        Earlier unfinished windows exist only as a chain of STAGED catch-up windows (with
+        perhaps MERGED ones before them): see :meth:`open_windows`."""
         with self.engine.connect() as conn:
             row = conn.execute(
                 select(_WINDOW)
@@ -170,14 +173,39 @@ class CheckpointStore:
             ).first()
         return None if row is None else window_from_row(row)
 
+    def open_windows(self, sync_id: str) -> list[Window]:
+        """Every unfinished window, in seq order: what a merge finishes, first to last."""
+        with self.engine.connect() as conn:
+            return [window_from_row(r) for r in self._open_rows(conn, sync_id)]
+
+    def _open_rows(self, conn: Connection, sync_id: str) -> list[Row[Any]]:
+        return list(
+            conn.execute(
+                select(_WINDOW)
+                .where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.state.in_([s.value for s in OPEN_STATES]))
+                .order_by(_WINDOW.c.seq)
+            )
+        )
+
+    def next_catchup_start(self, sync_id: str) -> Vgtid | None:
+        """Where the sync's next catch-up window starts: the end of its chain of STAGED catch-up
+        windows, else the committed VGTID (None before the first commit)."""
+        with self.engine.connect() as conn:
+            chain = self._open_rows(conn, sync_id)
+        if chain and WindowState(chain[-1].state) is WindowState.STAGED and chain[-1].end_vgtid:
+            return Vgtid.from_json(chain[-1].end_vgtid)
+        return self.committed(sync_id)[0]
+
     def plan_window(
         self, sync_id: str, kind: WindowKind | str, start_vgtid: Vgtid, stop_vgtid: Vgtid | None = None
     ) -> int:
         """Record a new PLANNED window and return its seq (1, 2, ...).
 
         Refused while another window is unfinished (resume that one via :meth:`open_window`),
-        and for a catch-up that does not start at the committed VGTID: either would leave a gap
-        or an overlap between windows.
+        except that a catch-up may follow STAGED catch-up windows (a backlog read in several
+        bounded windows by one run, merged together later); and refused for a catch-up that does
+        not start where the previous window ends (the committed VGTID, or the last STAGED
+        window's end): either would leave a gap or an overlap between windows.
         """
         kind = WindowKind(kind)
         now, start, seq = self._clock(), start_vgtid.to_json(), 0
@@ -185,12 +213,18 @@ class CheckpointStore:
             with self._begin("window plan") as conn:
                 if conn.execute(select(_SYNC.c.sync_id).where(_SYNC.c.sync_id == sync_id)).first() is None:
                     raise CheckpointError(f"unknown sync {sync_id!r}: call ensure_sync first")
-                # Only the latest window can be open (earlier ones are final), so one read gives
-                # both the check and the next seq. Two racing planners read the same latest
-                # window and collide on the (sync_id, seq) key: no isolation level needed.
-                seq = self._refuse_if_open(conn, sync_id) + 1
+                # Two racing planners read the same latest window and collide on the
+                # (sync_id, seq) key: no isolation level needed.
+                seq = self._refuse_if_open(conn, sync_id, kind) + 1
+                chain = self._open_rows(conn, sync_id)
                 checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
-                if kind is WindowKind.CATCHUP and checkpoint and checkpoint.committed_vgtid != start:
+                if kind is WindowKind.CATCHUP and chain and chain[-1].end_vgtid != start:
+                    raise CheckpointError(
+                        f"sync {sync_id!r}: a catch-up window after STAGED window {chain[-1].seq} must "
+                        f"start at its end ({chain[-1].end_vgtid}), not {start}"
+                    )
+                committed = None if checkpoint is None else checkpoint.committed_vgtid
+                if kind is WindowKind.CATCHUP and not chain and checkpoint and committed != start:
                     raise CheckpointError(
                         f"sync {sync_id!r}: a catch-up window must start at the committed VGTID of "
                         f"window {checkpoint.committed_seq} ({checkpoint.committed_vgtid}), not {start}"
@@ -211,25 +245,25 @@ class CheckpointStore:
             return seq
         except IntegrityError as exc:
             with self.engine.connect() as conn:
-                self._refuse_if_open(conn, sync_id)  # names the window planned concurrently
+                self._refuse_if_open(conn, sync_id, kind)  # names the window planned concurrently
             raise CheckpointError(f"sync {sync_id!r}: window {seq} was planned concurrently") from exc
 
-    def _refuse_if_open(self, conn: Connection, sync_id: str) -> int:
-        """The latest window's seq (0 if none); raises if that window is unfinished."""
-        latest = conn.execute(
-            select(_WINDOW.c.seq, _WINDOW.c.state)
-            .where(_WINDOW.c.sync_id == sync_id)
-            .order_by(_WINDOW.c.seq.desc())
-            .limit(1)
-        ).first()
-        if latest is None:
-            return 0
-        if WindowState(latest.state) in OPEN_STATES:
-            raise CheckpointError(
-                f"sync {sync_id!r}: window {latest.seq} is {latest.state}, not COMMITTED; resume it "
-                "(open_window) instead of planning a new window"
+    def _refuse_if_open(self, conn: Connection, sync_id: str, kind: WindowKind) -> int:
+        """The latest window's seq (0 if none); raises if an unfinished window forbids a new
+        one: any, except STAGED catch-up windows before a new catch-up window."""
+        latest = conn.execute(select(func.max(_WINDOW.c.seq)).where(_WINDOW.c.sync_id == sync_id)).scalar()
+        for row in self._open_rows(conn, sync_id):
+            chained = (
+                kind is WindowKind.CATCHUP
+                and WindowState(row.state) is WindowState.STAGED
+                and WindowKind(row.kind) is WindowKind.CATCHUP
             )
-        return int(latest.seq)
+            if not chained:
+                raise CheckpointError(
+                    f"sync {sync_id!r}: window {row.seq} is {row.state}, not COMMITTED; resume it "
+                    "(open_window) instead of planning a new window"
+                )
+        return int(latest or 0)
 
     def mark_staged(
         self,
@@ -301,6 +335,23 @@ class CheckpointStore:
         """Abandon an unmerged window; the next window starts again from the committed VGTID."""
         with self._begin("FAILED mark") as conn:
             self._transition(conn, sync_id, seq, WindowState.FAILED, {"error": error})
+
+    def discard_unmerged(self, sync_id: str, error: str, from_seq: int = 0) -> list[int]:
+        """Abandon (FAILED) every unfinished window from ``from_seq`` on, in one transaction:
+        a chain of STAGED windows never keeps a window whose predecessor was discarded (it would
+        start where nothing ends). Refused, with nothing changed, if one of them is MERGED: its
+        rows are in Delta already, it can only be committed. Returns the seqs discarded."""
+        with self._begin("FAILED mark") as conn:
+            rows = [r for r in self._open_rows(conn, sync_id) if r.seq >= from_seq]
+            merged = [r.seq for r in rows if WindowState(r.state) is WindowState.MERGED]
+            if merged:
+                raise CheckpointError(
+                    f"sync {sync_id!r} window {merged[0]} is MERGED: it cannot be discarded, only "
+                    "committed; run the merge task first"
+                )
+            for row in rows:
+                self._transition(conn, sync_id, row.seq, WindowState.FAILED, {"error": error})
+        return [int(r.seq) for r in rows]
 
     def commit(self, sync_id: str, seq: int) -> Vgtid:
         """MERGED -> COMMITTED and advance the checkpoint to the window's end, atomically.

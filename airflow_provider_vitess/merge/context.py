@@ -101,22 +101,28 @@ def context_windows(
     second for the table. ``load(seq)`` gives a window's manifest (None: not there any more)."""
     since = first_commit_ts - CONTEXT_SECONDS
     out: list[ContextWindow] = []
+    # The windows that count are the chain of merged windows: each catch-up starts where the
+    # one merged before it ended. A discarded (FAILED) window is not in it: its changes were
+    # read again by a later window. Its files are deleted (lost or corrupt ones) or left
+    # (discarded by a re-snapshot): either way it is skipped, and the look-back goes on.
+    expected = manifest.start_vgtid
     for back in range(1, MAX_WINDOWS_BACK + 1):
         seq = manifest.window_seq - back
         if seq < 1:  # windows are numbered from 1
             break
         earlier = load(seq)
         if earlier is None:
-            log.warning(
-                "table %s: window %d's staged files are gone; its events cannot inform window %d",
-                table,
-                seq,
-                manifest.window_seq,
-            )
-            break
+            # Discarded, or a snapshot deleted once the window after it committed (retention).
+            log.info("table %s: window %d has no staged files; looking further back", table, seq)
+            continue
         created = created_epoch(earlier)
         if created is not None and created < since - CLOCK_SKEW_SECONDS:
             break  # written before the cut-off: it and every earlier window end before it
+        if earlier.stop_vgtid is not None and earlier.end_vgtid != expected:
+            log.info("table %s: window %d is not one the merges built on (discarded): skipped", table, seq)
+            continue
+        if earlier.end_vgtid == expected:
+            expected = earlier.start_vgtid
         if table not in earlier.tables or not earlier.tables[table].parts:
             continue
         found = ts_range(earlier, table)

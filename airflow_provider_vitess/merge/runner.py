@@ -1,30 +1,33 @@
-"""The apply side of the window state machine: merge the sync's staged window, then commit.
+"""The apply side of the window state machine: merge the sync's staged windows, then commit.
 
 ``MergeRunner.run`` holds the sync's lock (the same one capture holds: one writer at a time,
-every store write fenced by its token), and drives the window the store says is open:
+every store write fenced by its token), and drives the windows the store says are open, in order:
 
 * none: nothing was staged since the last commit; nothing to do.
+* MERGED (a merge whose commit was interrupted): commit only.
+* STAGED: the leading chain of STAGED windows (a backlog one run staged as several windows, see
+  ``capture/backlog.py``; usually one window) is merged by one Spark job: build the
+  :class:`MergePlan` (each table's key as recorded when the windows were staged, and what the
+  sync last wrote to each Delta table, for the integrity check), hand it to ``submit``, then for
+  each window in order record MERGED with the tables the job wrote, and COMMITTED.
 * PLANNED: its capture task has not finished staging it; the capture task resumes it (this is
   not the merge's work, so the merge does nothing and says which task owns the window).
-* STAGED: build the :class:`MergePlan` (each table's key as recorded when the window was staged,
-  and what the sync last wrote to each Delta table, for the integrity check), hand it to
-  ``submit`` (the Spark job), record MERGED with the tables the job wrote.
-* MERGED (a merge whose commit was interrupted): commit only.
 
-Then MERGED -> COMMITTED moves the checkpoint. No Airflow import: the operator passes the
-Spark submission as a function.
+MERGED -> COMMITTED moves the checkpoint. No Airflow import: the operator passes the Spark
+submission as a function.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
@@ -52,18 +55,21 @@ class MergeOutcome:
     report: MergeReport | None = None
     message: str = ""
     streamed_before: bool = False  # the sync had a committed position before this window
+    seqs: tuple[int, ...] = ()  # every window committed, in order (``seq`` is the last)
 
 
 def build_plan(
     store: CheckpointStore,
     sync_id: str,
-    window: Window,
+    window: Window | Sequence[Window],
     target_location: str,
     targets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> MergePlan:
-    """The plan for one staged window: each table's Delta path and the key it was staged with,
-    and what the sync last wrote to each table (for the job's integrity check)."""
-    keys = window_keys(store, sync_id, window)
+    """The plan for staged windows (one, or a chain staged with the same keys, in order): each
+    table's Delta path and the key the windows were staged with, and what the sync last wrote
+    to each table (for the job's integrity check)."""
+    windows = [window] if isinstance(window, Window) else list(window)
+    keys = window_keys(store, sync_id, windows[0])
     written = store.target_versions(sync_id)
     root = target_location.rstrip("/")
     planned: dict[str, TableTarget] = {}
@@ -81,13 +87,43 @@ def build_plan(
             last_merged_seq=None if last is None else last.merged_seq,
             last_delta_version=None if last is None else last.delta_version,
         )
-    replace: tuple[str, ...] = ()
-    if window.kind is WindowKind.SNAPSHOT:
-        copied = {p.table for p in store.progress(sync_id, window.seq)}
-        replace = tuple(t for t in planned if t in copied) or tuple(planned)
-    if window.manifest_path is None:
-        raise CheckpointError(f"sync {sync_id!r} window {window.seq} is STAGED without a manifest path")
-    return MergePlan(sync_id, (WindowToMerge(window.seq, window.manifest_path, replace),), planned)
+    to_merge = []
+    for w in windows:
+        replace: tuple[str, ...] = ()
+        if w.kind is WindowKind.SNAPSHOT:
+            copied = {p.table for p in store.progress(sync_id, w.seq)}
+            replace = tuple(t for t in planned if t in copied) or tuple(planned)
+        if w.manifest_path is None:
+            raise CheckpointError(f"sync {sync_id!r} window {w.seq} is STAGED without a manifest path")
+        to_merge.append(WindowToMerge(w.seq, w.manifest_path, replace))
+    return MergePlan(sync_id, tuple(to_merge), planned)
+
+
+def mergeable(windows: Sequence[Window], committed: Vgtid | None) -> list[Window]:
+    """The STAGED windows one Spark job merges: the leading STAGED ones of ``windows`` (the
+    open windows after any MERGED ones, in order), as long as each starts where the one before
+    it ends and was staged with the same keys. A snapshot is merged alone (it replaces tables;
+    catch-up windows never follow an unmerged one)."""
+    batch: list[Window] = []
+    for w in windows:
+        if w.state is not WindowState.STAGED:
+            break
+        if batch and (
+            w.kind is WindowKind.SNAPSHOT
+            or batch[0].kind is WindowKind.SNAPSHOT
+            or w.start_vgtid != batch[-1].end_vgtid
+            or w.stats.get(WINDOW_KEYS) != batch[0].stats.get(WINDOW_KEYS)
+        ):
+            break
+        batch.append(w)
+    first = batch[0] if batch else None
+    if first is not None and first.kind is WindowKind.CATCHUP and committed not in (None, first.start_vgtid):
+        raise CheckpointError(
+            f"STAGED catch-up window {batch[0].seq} starts at {batch[0].start_vgtid.to_json()}, "
+            f"not at the committed position {committed.to_json()}: merging it would skip changes; "
+            "re-snapshot the sync's tables"
+        )
+    return batch
 
 
 def window_keys(store: CheckpointStore, sync_id: str, window: Window) -> dict[str, KeyChoice]:
@@ -102,11 +138,13 @@ def recorded_report(window: Window) -> MergeReport | None:
     return None if not kept else MergeReport.from_json(json.dumps(kept))
 
 
-def merged_targets(plan: MergePlan, report: MergeReport | None) -> dict[str, int | None]:
-    """The tables that hold the plan's window once the job succeeded, with their Delta version:
-    what the next merge checks each table against. A replaced table without rows (its
-    snapshot was empty) holds the window without a Delta table."""
-    window = plan.windows[-1]
+def merged_targets(
+    plan: MergePlan, report: MergeReport | None, seq: int | None = None
+) -> dict[str, int | None]:
+    """The tables that hold window ``seq`` (default: the plan's last) once the job succeeded,
+    with their Delta version: what the next merge checks each table against. A replaced table
+    without rows (its snapshot was empty) holds the window without a Delta table."""
+    window = plan.windows[-1] if seq is None else next(w for w in plan.windows if w.seq == seq)
     if report is None:
         return {}
     found: dict[str, int | None] = {}
@@ -123,7 +161,7 @@ def _describe(seqs: list[int]) -> str:
 
 
 class MergeRunner:
-    """Merges and commits one sync's open window; see the module docstring."""
+    """Merges and commits one sync's open windows; see the module docstring."""
 
     def __init__(
         self,
@@ -144,13 +182,22 @@ class MergeRunner:
 
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
-            window = self.store.open_window(self.sync_id)
+            windows = self.store.open_windows(self.sync_id)
             before, committed_seq = self.store.committed(self.sync_id)
-            if window is None:
+            if not windows:
                 return MergeOutcome(
                     committed_seq, message=f"nothing staged to merge (committed window {committed_seq})"
                 )
-            if window.state is WindowState.PLANNED:
+            done: list[Window] = []
+            report: MergeReport | None = None
+            # MERGED windows first (a merge killed before their commit): their rows are in Delta.
+            while windows and windows[0].state is WindowState.MERGED:
+                report = recorded_report(windows[0])
+                self.store.commit(self.sync_id, windows[0].seq)
+                done.append(windows.pop(0))
+            batch = mergeable(windows, self.store.committed(self.sync_id)[0])
+            if not batch and not done:
+                window = windows[0]
                 return MergeOutcome(
                     committed_seq,
                     message=(
@@ -159,22 +206,30 @@ class MergeRunner:
                         "(clear that task in the run where it failed, or let the next run's task do it)"
                     ),
                 )
-            report = recorded_report(window)  # a MERGED window: what its merge recorded
-            if window.state is WindowState.STAGED:
-                plan = build_plan(self.store, self.sync_id, window, self.target_location, self.targets)
+            if batch:
+                plan = build_plan(self.store, self.sync_id, batch, self.target_location, self.targets)
                 report = submit(plan)
                 kept = None if report is None else json.loads(report.to_json())
-                self.store.mark_merged(self.sync_id, window.seq, merged_targets(plan, report), kept)
-            committed = self.store.commit(self.sync_id, window.seq)
-            self._prune(window)
+                # Window by window, in order: a kill in between leaves a prefix COMMITTED (and
+                # perhaps one MERGED), the rest STAGED and already in Delta (a rerun skips them).
+                for w in batch:
+                    self.store.mark_merged(self.sync_id, w.seq, merged_targets(plan, report, w.seq), kept)
+                    self.store.commit(self.sync_id, w.seq)
+                    done.append(w)
+            last = done[-1]
+            committed = self.store.committed(self.sync_id)[0]
+            assert committed is not None
+            self._prune(last)
+            seqs = ", ".join(str(w.seq) for w in done)
             return MergeOutcome(
-                window.seq,
-                window.seq,
-                window.kind,
+                last.seq,
+                last.seq,
+                last.kind,
                 committed,
                 report,
-                message=f"committed window {window.seq} at {committed.to_json()}",
+                message=f"committed window(s) {seqs} at {committed.to_json()}",
                 streamed_before=before is not None,
+                seqs=tuple(w.seq for w in done),
             )
 
     def _prune(self, window: Window) -> None:
@@ -183,8 +238,17 @@ class MergeRunner:
         if window.manifest_path is None:
             return
         try:
+            # Snapshots and discarded windows go as soon as a later window is committed.
+            early = [
+                w.seq
+                for w in recent_windows(self.store.engine, self.sync_id, self._keep + 1)
+                if w.kind is WindowKind.SNAPSHOT or w.state is WindowState.FAILED
+            ]
             deleted = prune_after_commit(
-                window.manifest_path, keep=self._keep, storage_options=self._storage_options
+                window.manifest_path,
+                keep=self._keep,
+                gone_early=early,
+                storage_options=self._storage_options,
             )
         except Exception as exc:
             log.warning("sync %r: staged windows before %d not deleted: %s", self.sync_id, window.seq, exc)

@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_vitess.capture.backlog import catch_up_backlog
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import TableProgress
 from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner
@@ -217,11 +218,14 @@ class VitessSnapshotOperator(_SyncOperator):
 
 
 class VitessCatchUpOperator(_SyncOperator):
-    """Read one bounded catch-up window: from the committed VGTID to the position the keyspace
-    had when the window started (or earlier at a transaction boundary, if ``max_events`` /
-    ``max_seconds`` say so), staged as Parquet with a manifest.
+    """Read the sync's backlog in bounded catch-up windows: from the committed VGTID to the
+    position the keyspace had when the run started, each window staged as Parquet with a
+    manifest. A window ends at a transaction boundary after ``max_events`` row changes; the
+    next one starts there, until the backlog is read or ``max_seconds`` (the whole run's read
+    time) are spent; the merge task merges them all (see ``capture/backlog.py``).
 
-    Returns (XCom) the window's summary: manifest path, per table counts, end VGTID, lag.
+    Returns (XCom) the last window's summary (manifest path, per table counts, end VGTID, lag)
+    with ``windows``: the seqs of every window of the run, and ``rows_all_windows``.
     """
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "max_events", "max_seconds")
@@ -252,17 +256,24 @@ class VitessCatchUpOperator(_SyncOperator):
         )
         started = time.monotonic()
         with log_group(f"Vitess catch-up of {settings.keyspace} (sync {settings.sync_id})"):
-            outcome = runner.catch_up(bounds)
+            backlog = catch_up_backlog(runner, bounds)
         elapsed = time.monotonic() - started
-        result = self._staged(runner, outcome)
+        outcome = backlog.last
+        result = {**self._staged(runner, outcome), "windows": [w.seq for w in backlog.windows]}
+        result["rows_all_windows"] = backlog.rows
         lag = result["stats"].get("shard_lag_transactions", {})
         self.log.info(
-            "staged catch-up window %d: %s row changes in %.1f s; shards behind the stop: %s",
-            outcome.seq,
-            f"{result['rows']:,}",
+            "staged catch-up window(s) %s: %s row changes in %.1f s (%s); shards behind the stop: %s",
+            ", ".join(map(str, result["windows"])),
+            f"{backlog.rows:,}",
             elapsed,
+            backlog.stopped,
             lag or "none",
         )
-        emit_metrics("catch_up", settings.sync_id, window_metrics(outcome, elapsed))
+        emit_metrics(
+            "catch_up",
+            settings.sync_id,
+            {**window_metrics(outcome, elapsed), "events": backlog.rows, "windows": len(backlog.windows)},
+        )
         emit_metrics("catch_up", settings.sync_id, {"duration": elapsed}, timing=True)
         return result

@@ -173,7 +173,9 @@ class VitessMergeOperator(SparkSubmitOperator):
         if outcome.report is None or outcome.seq is None or outcome.committed_vgtid is None:
             return None
         kind = lineage_assets.window_kind(outcome.kind, outcome.streamed_before)
-        events = lineage_assets.window_events(outcome.report, outcome.seq, kind, outcome.committed_vgtid)
+        events: dict[str, dict[str, Any]] = {}
+        for seq in outcome.seqs or (outcome.seq,):  # a table changed by several windows: the last
+            events.update(lineage_assets.window_events(outcome.report, seq, kind, outcome.committed_vgtid))
         emitted = lineage_assets.emit(self, context, self.table_uris, events)
         self.log.info("asset events for %d changed table(s): %s", len(emitted), emitted or "none")
         window = runner.store.window(self.sync_id, outcome.seq)

@@ -8,15 +8,20 @@ deletes it. The merge task calls it once, after COMMITTED (:func:`prune_after_co
 committed window's manifest path, which the checkpoint store records).
 
 ``keep`` may be raised (an audit trail of staged windows) but never lowered below the look-back:
-a merge that finds an earlier window gone warns and merges without it, which can drop a row
-moved between shards across that window's stop (``merge/apply.py``).
+a merge that finds an earlier window gone merges without it, which can drop a row moved between
+shards across that window's stop (``merge/apply.py``).
+
+Two kinds of windows go earlier, as soon as a later window is COMMITTED (``gone_early``, from
+the checkpoint store): a snapshot (a copy of whole tables, by far the largest window; the
+look-back ends at a copy anyway), and a discarded (FAILED) window, whose changes a later window
+read again and which no merge reads (``merge/context.py`` skips it).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from airflow_provider_vitess.exceptions import StagingError
@@ -31,15 +36,21 @@ _MANIFEST_PATH = re.compile(
 )
 
 
-def prunable(committed_seq: int, staged: list[int], keep: int = MAX_WINDOWS_BACK) -> list[int]:
+def prunable(
+    committed_seq: int, staged: list[int], keep: int = MAX_WINDOWS_BACK, gone_early: Collection[int] = ()
+) -> list[int]:
     """The staged window seqs no merge after ``committed_seq`` can read: the newest ``keep``
-    committed windows stay, and so does every window not committed yet."""
+    committed windows stay, except the ``gone_early`` ones (snapshots, discarded windows) before
+    ``committed_seq``; every window not committed yet stays."""
     if keep < MAX_WINDOWS_BACK:
         raise StagingError(
             f"keep={keep} staged windows is fewer than a merge may read back ({MAX_WINDOWS_BACK}); "
             "later merges would lose the context of rows moved between shards"
         )
-    return sorted(seq for seq in staged if seq <= committed_seq - keep)
+    early = set(gone_early)
+    return sorted(
+        seq for seq in staged if seq <= committed_seq - keep or (seq < committed_seq and seq in early)
+    )
 
 
 def prune_committed(
@@ -48,6 +59,7 @@ def prune_committed(
     committed_seq: int,
     *,
     keep: int = MAX_WINDOWS_BACK,
+    gone_early: Collection[int] = (),
     storage_options: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Deletes the staged windows of ``sync_id`` that :func:`prunable` lets go; returns their seqs.
@@ -62,17 +74,16 @@ def prune_committed(
     except FileNotFoundError:
         return []
     staged = [int(m.group(1)) for n in names if (m := _WINDOW_DIR.search(n.rstrip("/")))]
-    gone = prunable(committed_seq, staged, keep)
+    gone = prunable(committed_seq, staged, keep, gone_early)
     for seq in gone:
         delete_window(location, sync_id, seq, storage_options=storage_options)
     if gone:
         log.info(
-            "sync %r: deleted %d staged window(s) no merge can read any more (%d..%d; kept the last %d "
-            "committed)",
+            "sync %r: deleted %d staged window(s) no merge can read any more (%s; kept the last %d "
+            "committed but snapshots and discarded windows)",
             sync_id,
             len(gone),
-            gone[0],
-            gone[-1],
+            ", ".join(map(str, gone)),
             keep,
         )
     return gone
@@ -95,6 +106,7 @@ def prune_after_commit(
     manifest_path: str,
     *,
     keep: int = MAX_WINDOWS_BACK,
+    gone_early: Collection[int] = (),
     storage_options: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """:func:`prune_committed` for the window whose manifest is ``manifest_path`` (a path or URL
@@ -103,5 +115,10 @@ def prune_after_commit(
     if found is None:
         raise StagingError(f"{manifest_path!r} is not a staged window's manifest path")
     return prune_committed(
-        found["root"], found["sync"], int(found["seq"]), keep=keep, storage_options=storage_options
+        found["root"],
+        found["sync"],
+        int(found["seq"]),
+        keep=keep,
+        gone_early=gone_early,
+        storage_options=storage_options,
     )

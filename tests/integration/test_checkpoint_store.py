@@ -359,6 +359,53 @@ def test_planning_while_a_window_is_open_is_refused(store: CheckpointStore) -> N
         store.plan_window("nope", "snapshot", SNAPSHOT_START)
 
 
+def test_catch_up_windows_chain_after_staged_ones_and_are_discarded_together(store: CheckpointStore) -> None:
+    # A backlog read as several windows by one run: each starts where the STAGED one before it ends.
+    end_3 = _vgtid(30)
+    store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START)
+    store.mark_staged(SYNC, 1, END_1, "m1.json")
+    store.mark_merged(SYNC, 1)
+    store.commit(SYNC, 1)
+    assert store.next_catchup_start(SYNC) == END_1
+    assert store.plan_window(SYNC, "catchup", END_1, end_3) == 2
+    with pytest.raises(CheckpointError, match="window 2 is PLANNED, not COMMITTED"):
+        store.plan_window(SYNC, "catchup", END_1, end_3)  # a PLANNED window is resumed, not followed
+    store.mark_staged(SYNC, 2, END_2, "m2.json")
+    assert store.next_catchup_start(SYNC) == END_2
+    with pytest.raises(CheckpointError, match=r"after STAGED window 2 must start at its end"):
+        store.plan_window(SYNC, "catchup", END_1, end_3)  # an overlap
+    with pytest.raises(CheckpointError, match="window 2 is STAGED, not COMMITTED"):
+        store.plan_window(SYNC, "snapshot", SNAPSHOT_START)  # only catch-ups chain
+    assert store.plan_window(SYNC, "catchup", END_2, end_3) == 3
+    store.mark_staged(SYNC, 3, end_3, "m3.json")
+    assert [(w.seq, w.state) for w in store.open_windows(SYNC)] == [
+        (2, WindowState.STAGED),
+        (3, WindowState.STAGED),
+    ]
+    assert store.open_window(SYNC).seq == 3  # type: ignore[union-attr]
+
+    # Losing window 2 loses the chain after it (window 3 starts where 2 ends): one transaction.
+    assert store.discard_unmerged(SYNC, "lost", from_seq=2) == [2, 3]
+    assert store.open_windows(SYNC) == []
+    assert store.next_catchup_start(SYNC) == END_1
+    assert store.plan_window(SYNC, "catchup", END_1, end_3) == 4
+
+    # Committed in order; a MERGED window is never discarded (its rows are in Delta).
+    store.mark_staged(SYNC, 4, END_2, "m4.json")
+    store.plan_window(SYNC, "catchup", END_2, end_3)
+    store.mark_staged(SYNC, 5, end_3, "m5.json")
+    store.mark_merged(SYNC, 4)
+    with pytest.raises(CheckpointError, match="window 4 is MERGED: it cannot be discarded"):
+        store.discard_unmerged(SYNC, "re-snapshot")
+    assert store.window(SYNC, 5).state is WindowState.STAGED  # nothing changed
+    with pytest.raises(CheckpointError, match="window 4 is MERGED, not COMMITTED"):
+        store.plan_window(SYNC, "catchup", end_3, end_3)
+    store.commit(SYNC, 4)
+    store.mark_merged(SYNC, 5)
+    assert store.commit(SYNC, 5) == end_3
+    assert store.committed(SYNC) == (end_3, 5)
+
+
 def test_racing_planners_get_one_window(store: CheckpointStore) -> None:
     other = CheckpointStore(engine=store.engine)
     results = _run_concurrently(

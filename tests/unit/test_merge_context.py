@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import logging
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.merge import context
@@ -79,6 +77,8 @@ class Windows:
         created: float | None = None,
         snapshot: bool = False,
         rows: bool = True,
+        start: Vgtid = V,
+        end: Vgtid = V,
     ) -> None:
         tables = self.template.tables if rows else {}
         self.by_seq[seq] = dataclasses.replace(
@@ -86,7 +86,9 @@ class Windows:
             window_seq=seq,
             tables=tables,
             created_at=at(high + 1 if created is None else created),
-            stop_vgtid=None if snapshot else V,
+            start_vgtid=start,
+            stop_vgtid=None if snapshot else end,
+            end_vgtid=end,
         )
         self.ranges[seq] = (low, high)
 
@@ -137,15 +139,29 @@ def test_clock_skew_between_worker_and_server_is_tolerated(tmp_path: Path) -> No
     assert w.pick(3, first=1003) == [(2, 998)]
 
 
-def test_a_window_whose_files_are_gone_ends_the_look_back_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def _at(n: int) -> Vgtid:
+    return Vgtid.from_json(f'[{{"keyspace":"ks","shard":"-80","gtid":"MariaDB/0-1-{n}","table_p_ks":[]}}]')
+
+
+def test_a_discarded_window_whose_files_are_gone_is_skipped_not_the_end_of_the_look_back(
+    tmp_path: Path,
 ) -> None:
     w = Windows(tmp_path)
-    w.add(3, 1000, 1001)
-    w.add(4, 1001, 1002)
-    with caplog.at_level(logging.WARNING):
-        assert w.pick(4, first=1001) == [(3, 996)]
-    assert "window 2's staged files are gone" in caplog.text
+    w.add(1, 0, 0, snapshot=True, created=0, end=_at(1))
+    w.add(2, 1000, 1001, start=_at(1), end=_at(2))
+    # Window 3 (from _at(2)) lost its staged files and was discarded (deleted, FAILED); window 4
+    # read its changes again from window 2's end.
+    w.add(4, 1001, 1002, start=_at(2), end=_at(4))
+    assert w.pick(4, first=1001) == [(2, 996)]
+
+
+def test_a_discarded_window_whose_files_are_left_is_skipped(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 0, snapshot=True, created=0, end=_at(1))
+    w.add(2, 1000, 1001, start=_at(1), end=_at(2))
+    w.add(3, 1000, 1003, start=_at(2), end=_at(3))  # discarded by a re-snapshot, files left
+    w.add(4, 1001, 1002, start=_at(2), end=_at(4))
+    assert w.pick(4, first=1001) == [(2, 996)]  # window 3's events were never merged
 
 
 def test_look_back_is_bounded(tmp_path: Path) -> None:

@@ -230,3 +230,130 @@ def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None
             'Re-snapshot the table to rebuild it (trigger the DAG with {"resnapshot_tables": ["t"]})'
             in str(refused.value)
         )
+
+
+def _end(n: int) -> Vgtid:
+    return Vgtid.from_json(
+        f'[{{"keyspace":"customer","shard":"0","gtid":"MariaDB/0-1-{n}","table_p_ks":[]}}]'
+    )
+
+
+def _staged_backlog(store: CheckpointStore, windows: int, keys: KeyChoice = BY_ID) -> list[int]:
+    """Catch-up windows 2.. staged one after the other by one run (each from the last's end)."""
+    seqs = []
+    for i in range(windows):
+        start = END if i == 0 else _end(10 + i)
+        seq = store.plan_window("s1", WindowKind.CATCHUP, start, _end(100))
+        stats = {"keys": {"t": keys.to_dict()}}
+        store.mark_staged("s1", seq, _end(11 + i), f"/stage/s1/window={seq:010d}/_manifest.json", stats)
+        seqs.append(seq)
+    return seqs
+
+
+def _report(plan: MergePlan) -> MergeReport:
+    return MergeReport(
+        plan.sync_id,
+        tuple(
+            WindowResult(w.seq, (TableResult("t", "/delta/t", TableStatus.WRITTEN, delta_version=w.seq),))
+            for w in plan.windows
+        ),
+    )
+
+
+def test_staged_windows_are_merged_by_one_job_and_committed_one_by_one_in_order(
+    store: CheckpointStore,
+) -> None:
+    _committed_snapshot(store)
+    seqs = _staged_backlog(store, 3)
+    plans: list[MergePlan] = []
+
+    def submit(plan: MergePlan) -> MergeReport:
+        plans.append(plan)
+        return _report(plan)
+
+    outcome = MergeRunner(store, "s1", "/delta", holder="merge").run(submit)
+    assert [[w.seq for w in p.windows] for p in plans] == [[2, 3, 4]]  # one Spark job
+    assert (outcome.seqs, outcome.seq, outcome.committed_seq) == (tuple(seqs), 4, 4)
+    assert store.committed("s1") == (_end(13), 4)
+    assert [store.window("s1", s).state for s in seqs] == [WindowState.COMMITTED] * 3
+    assert store.target_versions("s1")["t"].merged_seq == 4
+    assert outcome.message == f"committed window(s) 2, 3, 4 at {_end(13).to_json()}"
+
+
+def test_a_merge_killed_between_windows_commits_what_is_merged_and_merges_the_rest(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _committed_snapshot(store)
+    _staged_backlog(store, 3)
+    commit = store.commit
+
+    def killed_at_3(sync_id: str, seq: int) -> Vgtid:
+        if seq == 3:
+            raise KeyboardInterrupt("killed")  # after window 3 was recorded MERGED
+        return commit(sync_id, seq)
+
+    monkeypatch.setattr(store, "commit", killed_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        MergeRunner(store, "s1", "/delta", holder="merge").run(_report)
+    states = [store.window("s1", s).state for s in (2, 3, 4)]
+    assert states == [WindowState.COMMITTED, WindowState.MERGED, WindowState.STAGED]
+    assert store.committed("s1")[1] == 2
+    monkeypatch.setattr(store, "commit", commit)
+
+    plans: list[MergePlan] = []
+
+    def submit(plan: MergePlan) -> MergeReport:
+        plans.append(plan)
+        return _report(plan)
+
+    outcome = MergeRunner(store, "s1", "/delta", holder="merge").run(submit)
+    # Window 3's rows are in Delta: committed without a job; only window 4 is submitted again
+    # (Delta's transaction version makes it a no-op there if the killed job had written it).
+    assert [[w.seq for w in p.windows] for p in plans] == [[4]]
+    assert outcome.seqs == (3, 4)
+    assert store.committed("s1") == (_end(13), 4)
+
+
+def test_a_chain_merges_only_windows_staged_with_the_same_keys(store: CheckpointStore) -> None:
+    _committed_snapshot(store)
+    _staged_backlog(store, 1)
+    seq = store.plan_window("s1", WindowKind.CATCHUP, _end(11), _end(100))
+    store.mark_staged(
+        "s1", seq, _end(12), f"/stage/s1/window={seq:010d}/_manifest.json", {"keys": {"t": BY_CODE.to_dict()}}
+    )
+    plans: list[MergePlan] = []
+
+    def submit(plan: MergePlan) -> MergeReport:
+        plans.append(plan)
+        return _report(plan)
+
+    assert MergeRunner(store, "s1", "/delta", holder="merge").run(submit).seqs == (2,)
+    assert MergeRunner(store, "s1", "/delta", holder="merge").run(submit).seqs == (3,)
+    assert [(p.windows[0].seq, p.targets["t"].key_columns) for p in plans] == [(2, ("id",)), (3, ("code",))]
+
+
+def test_a_snapshot_and_discarded_windows_are_deleted_once_a_later_window_is_committed(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    stage = tmp_path / "stage"
+
+    def staged(seq: int) -> str:
+        window = stage / "s1" / f"window={seq:010d}"
+        (window / "t").mkdir(parents=True)
+        (window / "t" / "part-00001.parquet").write_bytes(b"x")
+        (window / "_manifest.json").write_text("{}")
+        return str(window / "_manifest.json")
+
+    runner = MergeRunner(store, "s1", "/delta", holder="merge")
+    seq = store.plan_window("s1", WindowKind.SNAPSHOT, START)
+    store.mark_staged("s1", seq, END, staged(seq))
+    runner.run(_report)
+    assert (stage / "s1" / "window=0000000001").exists()  # the only copy of the tables' state
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, _end(100))
+    store.mark_staged("s1", seq, _end(11), staged(seq))
+    store.discard_unmerged("s1", "files lost")  # window 2: its changes are read again by window 3
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, _end(100))
+    store.mark_staged("s1", seq, _end(11), staged(seq))
+    runner.run(_report)
+    # Not 20 windows later: the snapshot's copy and the discarded window are read by no merge.
+    assert sorted(p.name for p in (stage / "s1").iterdir()) == ["window=0000000003"]
