@@ -34,10 +34,9 @@ pid_file="$state_dir/server.pid"
 log_file="$state_dir/server.log"
 
 log() { printf '[spark_connect] %s\n' "$*" >&2; }
-
-port_open() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
+# port_open: one definition for every dev script.
+# shellcheck source=vitess/common.sh
+. "$here/vitess/common.sh"
 
 running() {
     [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null

@@ -434,6 +434,11 @@ def session(app_name: str) -> SparkSession:
     (so ``python merge_cdc.py`` works too)."""
     from pyspark import SparkConf
 
+    # A process that opened a Spark Connect session marks its environment for Connect
+    # (pyspark.sql.utils.is_remote), and a spark-submit it starts inherits the mark: this
+    # session is a classic one, whoever started the job.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        os.environ.pop(name, None)
     given = SparkConf()
     builder = SparkSession.builder.appName(app_name)
     s3 = S3Settings.from_environment(os.environ)

@@ -289,7 +289,12 @@ class VitessMergeOperator(SparkSubmitOperator):
 
         url = SparkConnectHook(conn_id).get_connection_url()
         with log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} on Spark Connect"):
-            return run_merge(url, plan, s3=s3_settings(self.aws_conn_id))
+            return run_merge(
+                url,
+                plan,
+                s3=s3_settings(self.aws_conn_id),
+                progress=lambda seq, table, phase: self.log.info("window %d table %s: %s", seq, table, phase),
+            )
 
 
 def _job_error(report_file: Path) -> dict[str, Any] | None:
