@@ -46,19 +46,8 @@ url() { printf 'sc://127.0.0.1:%s\n' "$port"; }
 
 wait_ready() {
     # Cold: Ivy resolves Delta's jars first (a minute); warm: the JVM and session in ~15 s.
-    local deadline=$((SECONDS + ${SPARK_CONNECT_START_TIMEOUT:-300}))
-    while [ $SECONDS -lt $deadline ]; do
-        if ! running; then
-            log "the server exited while starting; last lines of $log_file:"
-            tail -n 40 "$log_file" >&2
-            return 1
-        fi
-        if port_open "$port"; then return 0; fi
-        sleep 0.5
-    done
-    log "the server did not listen on 127.0.0.1:$port in time; last lines of $log_file:"
-    tail -n 40 "$log_file" >&2
-    return 1
+    wait_until_ready "the Spark Connect server" "${SPARK_CONNECT_START_TIMEOUT:-300}" 0.5 "$log_file" \
+        port_open "$port"
 }
 
 start() {
