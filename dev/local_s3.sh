@@ -99,19 +99,7 @@ create_bucket() {
 }
 
 wait_ready() {
-    local deadline=$((SECONDS + ${LOCAL_S3_START_TIMEOUT:-60}))
-    while [ $SECONDS -lt $deadline ]; do
-        if ! running; then
-            log "versitygw exited while starting; last lines of $log_file:"
-            tail -n 40 "$log_file" >&2
-            return 1
-        fi
-        if port_open "$port"; then return 0; fi
-        sleep 0.2
-    done
-    log "versitygw did not listen on 127.0.0.1:$port in time; last lines of $log_file:"
-    tail -n 40 "$log_file" >&2
-    return 1
+    wait_until_ready versitygw "${LOCAL_S3_START_TIMEOUT:-60}" 0.2 "$log_file" port_open "$port"
 }
 
 start() {

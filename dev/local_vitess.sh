@@ -139,22 +139,11 @@ print_ports() {
 
 # vttestserver prints its config as one JSON line once every keyspace is serving.
 wait_ready() {
-    local deadline=$((SECONDS + ${VITESS_START_TIMEOUT:-300}))
-    while [ $SECONDS -lt $deadline ]; do
-        if ! running; then
-            log "vttestserver exited while starting; last lines of $log_file:"
-            tail -n 40 "$log_file" >&2
-            return 1
-        fi
-        if grep -q '"port"' "$log_file" 2>/dev/null && port_open "$grpc_port" && port_open "$mysql_port"; then
-            touch "$state_dir/ready"
-            return 0
-        fi
-        sleep 1
-    done
-    log "vttestserver did not become ready in time; last lines of $log_file:"
-    tail -n 40 "$log_file" >&2
-    return 1
+    wait_until_ready vttestserver "${VITESS_START_TIMEOUT:-300}" 1 "$log_file" serving && touch "$state_dir/ready"
+}
+
+serving() {
+    grep -q '"port"' "$log_file" 2>/dev/null && port_open "$grpc_port" && port_open "$mysql_port"
 }
 
 start() {

@@ -21,8 +21,10 @@ never fall between the check and the write.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -127,3 +129,26 @@ def release(engine: Engine, sync_id: str, token: str) -> bool:
     with engine.begin() as conn:
         deleted = conn.execute(delete(_LOCK).where(_LOCK.c.sync_id == sync_id, _LOCK.c.token == token))
     return deleted.rowcount == 1
+
+
+@contextmanager
+def heartbeating(lock: SyncLock, every_seconds: float) -> Iterator[None]:
+    """Heartbeats ``lock`` from a thread every ``every_seconds`` for the block, so a killed
+    holder's lock goes stale soon while a live one keeps it however long its work takes."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_seconds):
+            try:
+                lock.heartbeat()
+            except Exception as exc:  # taken over: the holder's own writes now fail too
+                log.error("lost the lock of sync %r: %s", lock.sync_id, exc)
+                return
+
+    beater = threading.Thread(target=beat, name="sync-lock-heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -27,6 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import locking, models, progress, schema
+from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.states import (
     OPEN_STATES,
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 _SYNC = cast(Table, models.SyncRow.__table__)
 _WINDOW = cast(Table, models.WindowRow.__table__)
-_PART = cast(Table, models.WindowPartRow.__table__)
 _CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
 _TARGET = cast(Table, models.TargetRow.__table__)
 _PROGRESS = cast(Table, models.TableProgressRow.__table__)
@@ -448,7 +447,6 @@ class CheckpointStore:
         Re-recording an identical part is a no-op (a retried batch); a different file under a
         known path is refused. Returns the number of parts newly recorded.
         """
-        resume, now = resume_vgtid.to_json(), self._clock()
         with self._begin("staged parts") as conn:
             state = WindowState(self._window_row(conn, sync_id, seq).state)
             if state is not WindowState.PLANNED:
@@ -456,66 +454,11 @@ class CheckpointStore:
                     f"sync {sync_id!r} window {seq} is {state.value}: parts can only be recorded while "
                     "PLANNED (a window's files are immutable once its manifest exists)"
                 )
-            known = {p.path: p for p in self._parts(conn, sync_id, seq)}
-            last = conn.execute(
-                select(func.max(_PART.c.part_no)).where(_PART.c.sync_id == sync_id, _PART.c.seq == seq)
-            ).scalar()
-            rows: list[dict[str, Any]] = []
-            for part in parts:
-                if part.path in known:
-                    if known[part.path] != part:
-                        raise CheckpointError(
-                            f"sync {sync_id!r} window {seq}: part {part.path!r} is already recorded as "
-                            f"{known[part.path]}, refusing {part}"
-                        )
-                    continue
-                known[part.path] = part
-                rows.append(
-                    {
-                        "sync_id": sync_id,
-                        "seq": seq,
-                        "part_no": (last or 0) + len(rows) + 1,
-                        "path": part.path,
-                        "table_name": part.table,
-                        "row_count": part.rows,
-                        "byte_count": part.bytes,
-                        "sha256": part.sha256,
-                        "resume_vgtid": resume,
-                        "detail": part.detail,
-                        "created_at": now,
-                    }
-                )
-            try:
-                if rows:
-                    conn.execute(insert(_PART), rows)
-            except IntegrityError as exc:
-                # Same part numbers taken by another writer: only one may hold the sync's lock.
-                raise CheckpointError(f"sync {sync_id!r} window {seq}: parts recorded concurrently") from exc
-            self._set_resume(conn, sync_id, seq, resume)
-        return len(rows)
-
-    def _set_resume(self, conn: Connection, sync_id: str, seq: int, resume: str) -> None:
-        changed = conn.execute(
-            update(_WINDOW)
-            .where(
-                _WINDOW.c.sync_id == sync_id,
-                _WINDOW.c.seq == seq,
-                _WINDOW.c.state == WindowState.PLANNED.value,
-            )
-            .values(resume_vgtid=resume, updated_at=self._clock())
-        ).rowcount
-        if changed != 1:
-            raise CheckpointError(f"sync {sync_id!r} window {seq} left PLANNED while its parts were recorded")
+            return staged_parts.record(conn, self._clock(), sync_id, seq, parts, resume_vgtid.to_json())
 
     def parts(self, sync_id: str, seq: int) -> list[Part]:
         with self.engine.connect() as conn:
-            return self._parts(conn, sync_id, seq)
-
-    def _parts(self, conn: Connection, sync_id: str, seq: int) -> list[Part]:
-        rows = conn.execute(
-            select(_PART).where(_PART.c.sync_id == sync_id, _PART.c.seq == seq).order_by(_PART.c.part_no)
-        )
-        return [Part(r.path, r.table_name, r.row_count, r.byte_count, r.sha256, r.detail or {}) for r in rows]
+            return staged_parts.load(conn, sync_id, seq)
 
     def resume_vgtid(self, sync_id: str, seq: int) -> Vgtid | None:
         """Where a resumed window streams from; None if it never recorded parts."""
@@ -579,21 +522,8 @@ class CheckpointStore:
         """:meth:`lock`, heartbeating from a thread every third of ``stale_after``: a killed
         holder's lock goes stale quickly (a rerun takes it over), a live one keeps it however
         long its work takes."""
-        with self.lock(sync_id, holder, stale_after) as handle:
-            stop = threading.Event()
-
-            def beat() -> None:
-                while not stop.wait(stale_after.total_seconds() / 3):
-                    try:
-                        handle.heartbeat()
-                    except Exception as exc:  # taken over: the holder's own writes now fail too
-                        log.error("lost the lock of sync %r: %s", sync_id, exc)
-                        return
-
-            beater = threading.Thread(target=beat, name="sync-lock-heartbeat", daemon=True)
-            beater.start()
-            try:
-                yield handle
-            finally:
-                stop.set()
-                beater.join()
+        with (
+            self.lock(sync_id, holder, stale_after) as handle,
+            locking.heartbeating(handle, stale_after.total_seconds() / 3),
+        ):
+            yield handle

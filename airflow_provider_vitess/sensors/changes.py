@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
+from airflow_provider_vitess.capture.moves import refuse_moved
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -168,6 +169,16 @@ class VitessChangesSensor(BaseSensorOperator):
             self.log.info("Sync %r committed window %d at %s", self.sync_id, seq, vgtid.to_json())
         return vgtid
 
+    def refuse_moved_tables(self) -> None:
+        """A MoveTables that switched the tables to another keyspace fails a wait that saw no
+        change: the keyspace's stream stays silent on moved tables, so every run would otherwise
+        end "no change" (skipped) instead of naming the move."""
+        hook = VitessHook(self.vitess_conn_id)
+        try:
+            refuse_moved(hook, self.sync_id or self.keyspace, self.keyspace, self.tables)
+        finally:
+            hook.close()
+
     def _done(self, change: Change) -> dict[str, Any]:
         summary = change.summary()
         self.log.info("Sync %s has work: %s", self.sync_id or self.keyspace, summary)
@@ -176,6 +187,8 @@ class VitessChangesSensor(BaseSensorOperator):
     # ----- deferrable ---------------------------------------------------------------------
 
     def _no_change(self) -> Exception:
+        with task_failures(self.log):
+            self.refuse_moved_tables()  # "no change" is also what tables moved away look like
         message = f"No change to {self.keyspace}.{','.join(self.tables)} within {self.timeout:g} s"
         if self.skip_on_timeout:
             return AirflowSkipException(f"{message}: nothing to do, the rest of this run is skipped")

@@ -32,6 +32,26 @@ port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Waits until the command given after the first four arguments succeeds, while the caller's
+# `running` says the server is alive; if it dies or the time runs out, shows its log's tail.
+# Usage: wait_until_ready WHAT TIMEOUT_SECONDS INTERVAL LOG_FILE COMMAND...
+wait_until_ready() {
+    local what=$1 deadline=$((SECONDS + $2)) interval=$3 log_file=$4
+    shift 4
+    while [ $SECONDS -lt $deadline ]; do
+        if ! running; then
+            log "$what exited while starting; last lines of $log_file:"
+            tail -n 40 "$log_file" >&2
+            return 1
+        fi
+        if "$@"; then return 0; fi
+        sleep "$interval"
+    done
+    log "$what did not become ready in time; last lines of $log_file:"
+    tail -n 40 "$log_file" >&2
+    return 1
+}
+
 # Builds every tool pinned in dev/vitess/go.mod into $vtroot/libexec.
 build_vitess() {
     command -v go >/dev/null 2>&1 || { log "Go is required to build Vitess"; exit 1; }

@@ -30,6 +30,7 @@ from airflow_provider_vitess.checkpoints import (
     head_revision,
     schema,
 )
+from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.models import VERSION_TABLE, Base, SyncRow
 from airflow_provider_vitess.exceptions import CheckpointError, SyncLockedError
 from airflow_provider_vitess.vgtid import ShardGtid, TableLastPK, Vgtid
@@ -455,7 +456,7 @@ def test_record_parts_keeps_parts_and_the_resume_position_together(
     def fail(*args: object) -> None:
         raise RuntimeError("connection lost")
 
-    monkeypatch.setattr(store, "_set_resume", fail)
+    monkeypatch.setattr(staged_parts, "set_resume", fail)
     with pytest.raises(RuntimeError, match="connection lost"):
         store.record_parts(SYNC, 1, [_part("p5")], _vgtid(9))
     monkeypatch.undo()

@@ -20,6 +20,8 @@ from airflow.sdk.exceptions import (
     TaskDeferred,
 )
 
+from airflow_provider_vitess.capture import moves
+from airflow_provider_vitess.capture.moves import TableMove
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.triggers import VitessChangesTrigger
@@ -101,11 +103,15 @@ def _store_connection(monkeypatch: pytest.MonkeyPatch, path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url = _store_connection(monkeypatch, tmp_path / "store.db")
-    store = CheckpointStore(url)
+def _no_movetables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No vtgate in these tests: the MoveTables check of a "no change" wait finds no move (it
+    has a test of its own, below)."""
+    monkeypatch.setattr(VitessChangesSensor, "refuse_moved_tables", lambda self: None)
+
+
+def _committed_sync(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """A checkpoint store where sync "orders" of keyspace customer committed START."""
+    store = CheckpointStore(_store_connection(monkeypatch, path))
     store.migrate()
     store.ensure_sync("orders", "customer", ["orders"], {})
     seq = store.plan_window("orders", "snapshot", Vgtid.for_keyspace("customer", ""))
@@ -113,6 +119,12 @@ def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
     store.mark_merged("orders", seq)
     store.commit("orders", seq)
     store.close()
+
+
+def test_sensor_defers_to_the_trigger_from_the_committed_vgtid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _committed_sync(monkeypatch, tmp_path / "store.db")
     task = sensor(
         sync_id="orders",
         checkpoint_conn_id="vitess_store",
@@ -167,7 +179,8 @@ def test_sensor_resumes_with_the_change_or_raises_the_error() -> None:
         task.execute_complete(CONTEXT, None)
 
 
-def test_the_trigger_ends_the_wait_itself_at_its_deadline() -> None:
+def test_the_trigger_ends_the_wait_itself_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_movetables(monkeypatch)
     # dag.test() runs triggers inline without enforcing the deferral timeout: the trigger must.
     trigger = VitessChangesTrigger(
         vitess_conn_id="unused", keyspace="customer", tables=["orders"], start_vgtid=START.to_json(),
@@ -185,7 +198,10 @@ def test_the_trigger_ends_the_wait_itself_at_its_deadline() -> None:
         sensor(start_vgtid=START.to_json(), timeout=5).execute_complete(CONTEXT, {"status": "timeout"})
 
 
-def test_only_no_change_skips_errors_fail_and_permanent_ones_without_retries() -> None:
+def test_only_no_change_skips_errors_fail_and_permanent_ones_without_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _no_movetables(monkeypatch)
     # What vitess_sync_dag's sensor does (skip_on_timeout, never soft_fail): an outage, refused
     # credentials or a purged position must fail the task, never look like "no changes".
     from airflow_provider_vitess.dag_factory import vitess_sync_dag
@@ -237,3 +253,27 @@ def test_a_wait_that_never_reached_vtgate_ends_in_an_error_not_in_no_change(
         "could not watch keyspace 'customer' tables orders: vtgate did not answer until the sensor's "
         "timeout (no connection to vtgate yet)"
     )
+
+
+def test_a_wait_that_saw_no_change_on_tables_a_movetables_switched_away_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The keyspace's stream stays silent on moved tables: without the check every run of a
+    # sensor-gated DAG would end "no change" (skipped) instead of naming the move.
+    _committed_sync(monkeypatch, tmp_path / "store.db")
+    conn = {"conn_type": "vitess", "host": "127.0.0.1", "port": 1, "extra": {"mysql_port": 2}}
+    monkeypatch.setenv("AIRFLOW_CONN_VT", json.dumps(conn))
+    asked: list[tuple[str, list[str]]] = []
+
+    def find_moves(hook: Any, keyspace: str, tables: list[str]) -> list[TableMove]:
+        asked.append((keyspace, list(tables)))
+        return [TableMove("orders", "commerce", "-80", "MariaDB/0-1-9")]
+
+    monkeypatch.setattr(moves, "find_moves", find_moves)
+    task = sensor(sync_id="orders", checkpoint_conn_id="vitess_store", vitess_conn_id="vt", timeout=5)
+    with pytest.raises(AirflowFailException, match=r"'orders' moved out of keyspace 'customer'.*'commerce'"):
+        task.execute_complete(CONTEXT, {"status": "timeout"})
+    assert asked == [("customer", ["orders"])]
+    monkeypatch.setattr(moves, "find_moves", lambda hook, keyspace, tables: [])
+    with pytest.raises(AirflowSensorTimeout):  # not moved: "no change", as before
+        task.execute_complete(CONTEXT, {"status": "timeout"})
