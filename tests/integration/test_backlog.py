@@ -76,7 +76,10 @@ def test_a_backlog_of_several_windows_is_caught_up_by_one_dag_run(
 
     windows = [store.window(SYNC, s) for s in range(snapshot_seq + 1, store.committed(SYNC)[1] + 1)]
     rows = [int(w.stats["rows"]) for w in windows]
-    assert len(windows) >= 3, f"one run staged {len(windows)} window(s) of {rows} rows"
+    # At least a chain of two: how many depends on how vtgate interleaves the two shards' events.
+    # A window that reaches its stop also takes every unit the cross-shard merge order still held
+    # back (it may pass MAX_EVENTS then), so the last window can be a large one (seen: 31 + 60).
+    assert len(windows) >= 2, f"one run staged {len(windows)} window(s) of {rows} rows"
     assert all(w.kind is WindowKind.CATCHUP and w.state is WindowState.COMMITTED for w in windows)
     assert sum(rows) >= 3 * MAX_EVENTS
     # A window that stopped early did so at the first transaction boundary after MAX_EVENTS
