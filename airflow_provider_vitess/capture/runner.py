@@ -19,7 +19,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +26,7 @@ from airflow_provider_vitess.capture import moves, source
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
+from airflow_provider_vitess.capture.spec import SyncSpec
 from airflow_provider_vitess.checkpoints import (
     WINDOW_KEYS,
     CheckpointStore,
@@ -44,13 +44,12 @@ from airflow_provider_vitess.exceptions import (
     VStreamError,
 )
 from airflow_provider_vitess.hooks.protocol import VitessClient
-from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, reconcile_keys, table_shape
+from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import PartInfo, WindowStager
-from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.request import StreamTarget
-from airflow_provider_vitess.vstream.spill import MemoryLimits, spill_directory
+from airflow_provider_vitess.vstream.spill import spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
 
 __all__ = ["CHECKPOINT_EVERY_ROWS", "CaptureRunner", "SnapshotNeed", "SyncSpec", "WindowOutcome"]
@@ -65,29 +64,6 @@ CHECKPOINT_EVERY_ROWS = 250_000
 # ... or this many bytes of rows, whichever comes first: 250,000 rows of 64 KiB would be 16 GB
 # to recopy after a kill (and one part file as large). Small rows never reach it.
 CHECKPOINT_EVERY_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class SyncSpec:
-    """What one sync mirrors and where it stages."""
-
-    sync_id: str
-    keyspace: str
-    tables: tuple[str, ...]
-    staging_location: str
-    # May hold object-store credentials (from an aws connection): kept out of repr and logs.
-    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
-    # Explicit staged key per table (skips the key choice); otherwise the key is chosen by the
-    # VReplication rules from the table's indexes, with ``key_overrides`` applied.
-    key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    key_overrides: Mapping[str, KeyOverrides] = field(default_factory=dict)
-    allow_all_columns_key: bool = False
-    heartbeat_interval: int = 1
-    minimize_skew: bool = False
-    # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
-    zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
-    # What a read holds in memory before it spills to disk, and where it spills.
-    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
 
 def _store_part(p: PartInfo) -> Part:
@@ -173,7 +149,7 @@ class CaptureRunner:
         moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
-        return self.key_choices()
+        return self.spec.key_choices(self.hook)
 
     def _record_sync(self, chosen: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = ()) -> None:
         """Under the lock: the sync's config, with the key each table's Delta table is built
@@ -196,22 +172,6 @@ class CaptureRunner:
                 "vtgate": self.hook.config.grpc_target,
             },
         )
-
-    def key_choices(self) -> dict[str, KeyChoice]:
-        """Each table's key: given in ``key_columns``, else chosen from its indexes (and overrides)."""
-        choices = {}
-        for table in self.spec.tables:
-            given = self.spec.key_columns.get(table)
-            if given:
-                cols = tuple(given)
-                choices[table] = KeyChoice(table, cols, cols, None, "given as key_columns", cols)
-            else:
-                choices[table] = choose_key(
-                    table_shape(self.hook, self.spec.keyspace, table),
-                    self.spec.key_overrides.get(table),
-                    allow_all_columns_key=self.spec.allow_all_columns_key,
-                )
-        return choices
 
     def _staged_key_columns(self) -> dict[str, tuple[str, ...]]:
         """The columns whose before image is staged: the source key, plus the source columns

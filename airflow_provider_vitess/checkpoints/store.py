@@ -25,6 +25,7 @@ from sqlalchemy import Engine, Row, Table, create_engine, func, insert, select, 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from airflow_provider_vitess.checkpoints import committed as committed_rows
 from airflow_provider_vitess.checkpoints import locking, models, progress, schema
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
@@ -48,9 +49,6 @@ log = logging.getLogger(__name__)
 
 _SYNC = cast(Table, models.SyncRow.__table__)
 _WINDOW = cast(Table, models.WindowRow.__table__)
-_CHECKPOINT = cast(Table, models.CheckpointRow.__table__)
-_TARGET = cast(Table, models.TargetRow.__table__)
-_PROGRESS = cast(Table, models.TableProgressRow.__table__)
 # Where a MERGED window's stats keep the merge job's report.
 MERGE_REPORT = "merge_report"
 
@@ -147,10 +145,8 @@ class CheckpointStore:
     def committed(self, sync_id: str) -> tuple[Vgtid | None, int]:
         """The committed VGTID and window seq; ``(None, 0)`` before the first commit."""
         with self.engine.connect() as conn:
-            row = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
-        if row is None:
-            return None, 0
-        return Vgtid.from_json(row.committed_vgtid), row.committed_seq
+            end, seq = committed_rows.position(conn, sync_id)
+        return (None if end is None else Vgtid.from_json(end)), seq
 
     # -- windows ------------------------------------------------------------------------------
 
@@ -216,17 +212,16 @@ class CheckpointStore:
                 # (sync_id, seq) key: no isolation level needed.
                 seq = self._refuse_if_open(conn, sync_id, kind) + 1
                 chain = self._open_rows(conn, sync_id)
-                checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+                committed, committed_seq = committed_rows.position(conn, sync_id)
                 if kind is WindowKind.CATCHUP and chain and chain[-1].end_vgtid != start:
                     raise CheckpointError(
                         f"sync {sync_id!r}: a catch-up window after STAGED window {chain[-1].seq} must "
                         f"start at its end ({chain[-1].end_vgtid}), not {start}"
                     )
-                committed = None if checkpoint is None else checkpoint.committed_vgtid
-                if kind is WindowKind.CATCHUP and not chain and checkpoint and committed != start:
+                if kind is WindowKind.CATCHUP and not chain and committed and committed != start:
                     raise CheckpointError(
                         f"sync {sync_id!r}: a catch-up window must start at the committed VGTID of "
-                        f"window {checkpoint.committed_seq} ({checkpoint.committed_vgtid}), not {start}"
+                        f"window {committed_seq} ({committed}), not {start}"
                     )
                 conn.execute(
                     insert(_WINDOW).values(
@@ -314,21 +309,12 @@ class CheckpointStore:
                 values = {"stats": {**stats, MERGE_REPORT: dict(report)}}
             self._transition(conn, sync_id, seq, WindowState.MERGED, values)
             for table, delta_version in (targets or {}).items():
-                self._record_target(conn, sync_id, table, seq, delta_version)
-
-    def _record_target(
-        self, conn: Connection, sync_id: str, table: str, seq: int, delta_version: int | None
-    ) -> None:
-        values = {"merged_seq": seq, "delta_version": delta_version, "updated_at": self._clock()}
-        where = (_TARGET.c.sync_id == sync_id, _TARGET.c.table_name == table)
-        if conn.execute(update(_TARGET).where(*where).values(**values)).rowcount == 0:
-            conn.execute(insert(_TARGET).values(sync_id=sync_id, table_name=table, **values))
+                committed_rows.record_target(conn, self._clock(), sync_id, table, seq, delta_version)
 
     def target_versions(self, sync_id: str) -> dict[str, TargetVersion]:
         """Per table, the last window merged into its Delta table and that commit's version."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(_TARGET).where(_TARGET.c.sync_id == sync_id))
-            return {r.table_name: TargetVersion(r.table_name, r.merged_seq, r.delta_version) for r in rows}
+            return committed_rows.target_versions(conn, sync_id)
 
     def mark_failed(self, sync_id: str, seq: int, error: str) -> None:
         """Abandon an unmerged window; the next window starts again from the committed VGTID."""
@@ -361,48 +347,23 @@ class CheckpointStore:
             row = self._window_row(conn, sync_id, seq)
             changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
             end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
-            checkpoint = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
-            resnapshot = WindowKind(row.kind) is WindowKind.SNAPSHOT and checkpoint is not None
-            if checkpoint is not None and resnapshot and not self._covers_every_table(conn, sync_id, seq):
+            position, _ = committed_rows.position(conn, sync_id)
+            resnapshot = WindowKind(row.kind) is WindowKind.SNAPSHOT and position is not None
+            if (
+                position is not None
+                and resnapshot
+                and not committed_rows.covers_every_table(conn, sync_id, seq)
+            ):
                 # A re-snapshot of some tables while the sync already streams: the other tables
                 # are only at the committed position, so the stream resumes there. Replaying the
                 # changes between it and the re-snapshot's end onto the re-copied tables is
                 # harmless: the merge keeps each key's last change, which is the copied state or
                 # newer. (A re-snapshot of every table is a new start: the stream resumes at its
                 # end, past any change that could not be staged.)
-                end = cast(str, checkpoint.committed_vgtid)
+                end = position
             if changed:
-                self._advance_checkpoint(conn, sync_id, seq, end)
+                committed_rows.advance(conn, self._clock(), sync_id, seq, end)
         return Vgtid.from_json(end)
-
-    def _covers_every_table(self, conn: Connection, sync_id: str, seq: int) -> bool:
-        tables = conn.execute(select(_SYNC.c.tables).where(_SYNC.c.sync_id == sync_id)).scalar()
-        copied = conn.execute(
-            select(_PROGRESS.c.table_name).where(_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq == seq)
-        ).scalars()
-        return set(tables or ()) <= set(copied)
-
-    def _advance_checkpoint(self, conn: Connection, sync_id: str, seq: int, end: str) -> None:
-        now = self._clock()
-        moved = conn.execute(
-            update(_CHECKPOINT)
-            .where(_CHECKPOINT.c.sync_id == sync_id, _CHECKPOINT.c.committed_seq < seq)
-            .values(committed_vgtid=end, committed_seq=seq, updated_at=now)
-        ).rowcount
-        if moved == 1:
-            return
-        current = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
-        if current is not None:
-            # Raising rolls back the window's state change too: nothing moves backwards.
-            raise CheckpointError(
-                f"sync {sync_id!r}: cannot commit window {seq}, the checkpoint is already at window "
-                f"{current.committed_seq}"
-            )
-        conn.execute(
-            insert(_CHECKPOINT).values(
-                sync_id=sync_id, committed_vgtid=end, committed_seq=seq, updated_at=now
-            )
-        )
 
     def _window_row(self, conn: Connection, sync_id: str, seq: int) -> Row[Any]:
         row = conn.execute(select(_WINDOW).where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq)).first()

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_vitess.capture.runner import SyncSpec
+from airflow_provider_vitess.capture.spec import SyncSpec
 from airflow_provider_vitess.connections import s3_settings, store_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides

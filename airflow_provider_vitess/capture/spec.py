@@ -1,0 +1,56 @@
+"""What one sync mirrors: its keyspace and tables, where it stages, how each table's key is
+chosen, and the read's limits. Built by the operators from their arguments and connections;
+immutable for a run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_vitess.hooks.protocol import VitessClient
+from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
+from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
+from airflow_provider_vitess.vstream.spill import MemoryLimits
+
+__all__ = ["SyncSpec"]
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """What one sync mirrors and where it stages."""
+
+    sync_id: str
+    keyspace: str
+    tables: tuple[str, ...]
+    staging_location: str
+    # May hold object-store credentials (from an aws connection): kept out of repr and logs.
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    # Explicit staged key per table (skips the key choice); otherwise the key is chosen by the
+    # VReplication rules from the table's indexes, with ``key_overrides`` applied.
+    key_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    key_overrides: Mapping[str, KeyOverrides] = field(default_factory=dict)
+    allow_all_columns_key: bool = False
+    heartbeat_interval: int = 1
+    minimize_skew: bool = False
+    # What zero/invalid DATE/DATETIME/TIMESTAMP values are staged as, in both phases.
+    zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
+    # What a read holds in memory before it spills to disk, and where it spills.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
+
+    def key_choices(self, hook: VitessClient) -> dict[str, KeyChoice]:
+        """Each table's key: given in ``key_columns``, else chosen from its indexes as the source
+        shows them now (and ``key_overrides``)."""
+        choices = {}
+        for table in self.tables:
+            given = self.key_columns.get(table)
+            if given:
+                cols = tuple(given)
+                choices[table] = KeyChoice(table, cols, cols, None, "given as key_columns", cols)
+            else:
+                choices[table] = choose_key(
+                    table_shape(hook, self.keyspace, table),
+                    self.key_overrides.get(table),
+                    allow_all_columns_key=self.allow_all_columns_key,
+                )
+        return choices
