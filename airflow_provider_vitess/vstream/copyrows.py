@@ -236,11 +236,11 @@ def _run(layout: _Layout, pos: int, end: int, first_raw: bytes, first: Any) -> R
     n = int(bad[0]) if bad.size else len(ok)
     if n < 2:
         return None
-    # Each event's row changes: between its H and T, copied out in one numpy gather.
-    first_byte, last_byte = body[:n] + len(head), ends[:n] - len(suffix)
-    counts = last_byte - first_byte
-    index = np.repeat(first_byte - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-    return RowBlock(first, b"".join([head, layout.u8[index].tobytes(), trailer]), n)
+    # Each event's row changes: between its H and T, joined as slices of the response (a
+    # per-byte numpy gather built an 8-byte index per byte: ~3x the CPU of the slices).
+    first_byte, last_byte = (body[:n] + len(head)).tolist(), (ends[:n] - len(suffix)).tolist()
+    rows = map(layout.data.__getitem__, map(slice, first_byte, last_byte))
+    return RowBlock(first, b"".join([head, *rows, trailer]), n)
 
 
 def gather(data: bytes, events: Sequence[Any]) -> Sequence[Any]:
