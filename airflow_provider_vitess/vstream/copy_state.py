@@ -1,0 +1,103 @@
+"""When a snapshot's copy is over, counted by the reader per shard and per call, not by vtgate.
+
+vtgate (v0.23, ``vstream_manager.isCopyFullyCompleted``) sends its stream-wide COPY_COMPLETED
+only once *every* shard of the call sent its own COPY_COMPLETED in that same call. A call that
+the reader reopens after a cut (from the last VGTID) copies nothing on a shard whose entry has a
+position and no table last-PKs (vttablet's ``uvstreamer.init``): that shard finished before the
+cut, now only streams, never sends COPY_COMPLETED again, so the stream-wide event never comes,
+while heartbeats keep the call alive and the read waited forever. So:
+
+* Each (re)opened call copies on the shards whose entry has no position yet, or has table
+  last-PKs, or on every shard when the request names ``tables_to_copy`` (vttablet's rule). The
+  copy is over when each of those shards sent its COPY_COMPLETED in the current call.
+* A shard that would not copy although its copy is not known to be over (cut after vtgate
+  dropped a finished table's last-PK from the VGTID and before the shard's next table started)
+  would skip the tables it has not copied yet. The reopened call then names the tables not yet
+  copied on every shard in ``tables_to_copy``, so every shard copies them; a shard that had
+  finished one copies it again, which is harmless (the merge keeps each key's last event).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+
+log = logging.getLogger(__name__)
+
+ShardKey = tuple[str, str]
+
+
+def _key(sg: binlogdata_pb2.ShardGtid) -> ShardKey:
+    return (sg.keyspace, sg.shard)
+
+
+def _copies(sg: binlogdata_pb2.ShardGtid, flags: vtgate_pb2.VStreamFlags) -> bool:
+    """Does vttablet run a copy phase for this shard entry of a request?"""
+    return not sg.gtid or bool(sg.table_p_ks) or bool(flags.tables_to_copy)
+
+
+class CopyState:
+    """A snapshot read's copy, per shard: what each call copies and what was seen to finish.
+
+    ``opening(request)`` before every call (it may add ``tables_to_copy``), ``position(vgtid)``
+    for each VGTID event, ``shard_copied(key)`` for each shard's COPY_COMPLETED; ``complete``
+    says the copy is over.
+    """
+
+    def __init__(self, tables: Sequence[str]) -> None:
+        self._tables = tuple(tables)
+        self._copying: set[ShardKey] | None = None  # None: no call opened yet
+        self._started: dict[ShardKey, set[str]] = {}  # tables seen with a last-PK, per shard
+        self._finished: dict[ShardKey, set[str]] = {}  # ... and later seen without one
+        self._shard_done: set[ShardKey] = set()  # sent COPY_COMPLETED (all its tables copied)
+
+    @property
+    def complete(self) -> bool:
+        return self._copying is not None and not self._copying
+
+    @property
+    def copying(self) -> set[ShardKey]:
+        """Shards whose copy in the current call has not finished yet."""
+        return set(self._copying or ())
+
+    def _copied_all(self, key: ShardKey) -> bool:
+        return key in self._shard_done or set(self._tables) <= self._finished.get(key, set())
+
+    def opening(self, request: vtgate_pb2.VStreamRequest) -> None:
+        """A call is about to be opened with ``request``: makes every shard whose copy is not
+        known to be over copy what it lacks, and notes which shards copy in this call."""
+        flags, entries = request.flags, request.vgtid.shard_gtids
+        lacking = [sg.shard for sg in entries if not _copies(sg, flags) and not self._copied_all(_key(sg))]
+        if lacking:
+            keys = [_key(sg) for sg in entries]
+            flags.tables_to_copy.extend(
+                t for t in self._tables if not all(t in self._finished.get(k, ()) for k in keys)
+            )
+            log.warning(
+                "the snapshot's stream reopens where shard(s) %s would skip tables not copied yet: "
+                "every shard copies %s again from its last key (or from the start)",
+                ", ".join(lacking),
+                list(flags.tables_to_copy),
+            )
+        self._copying = {_key(sg) for sg in entries if _copies(sg, flags)}
+
+    def position(self, vgtid: binlogdata_pb2.VGtid) -> None:
+        """A VGTID event: a table that had a last-PK on a shard and has none now is copied there."""
+        for sg in vgtid.shard_gtids:
+            key = _key(sg)
+            in_progress = {pk.table_name for pk in sg.table_p_ks}
+            started = self._started.setdefault(key, set())
+            self._finished.setdefault(key, set()).update(started - in_progress)
+            started |= in_progress
+
+    def shard_copied(self, key: ShardKey) -> None:
+        self._shard_done.add(key)
+        if self._copying is not None:
+            self._copying.discard(key)
+
+    def retired(self, keys: Iterable[ShardKey]) -> None:
+        """Shards a reshard's journal ended: they send nothing more."""
+        if self._copying is not None:
+            self._copying.difference_update(keys)
