@@ -100,10 +100,11 @@ def _source(hook: VitessHook) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         raw.close()
 
 
-def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[StagedChange], ReadResult]:
-    stager = ListStager()
-    result = WindowReader(
-        hook.open_vstream_raw,
+def _reader(
+    hook: VitessHook, stager: ListStager, start: Vgtid, stop: Vgtid | None, open_stream: Any = None
+) -> WindowReader:
+    return WindowReader(
+        open_stream or hook.open_vstream_raw,
         stager,
         keyspace="customer",
         tables=[TABLE],
@@ -111,7 +112,12 @@ def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[Stag
         stop=stop,
         flags=hook.vstream_flags(heartbeat_interval=1),
         reset_connection=hook.reset_channel,
-    ).run()
+    )
+
+
+def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[StagedChange], ReadResult]:
+    stager = ListStager()
+    result = _reader(hook, stager, start, stop).run()
     return stager.changes, result
 
 
@@ -251,16 +257,7 @@ def test_cut_after_one_shard_finished_its_copy_still_ends_the_snapshot(
         return _CutAfterFirstShardCopied(hook.open_vstream_raw(request), proxy, stop, armed)
 
     stager = ListStager()
-    reader = WindowReader(
-        open_stream,
-        stager,
-        keyspace="customer",
-        tables=[TABLE],
-        start=start,
-        stop=None,
-        flags=hook.vstream_flags(heartbeat_interval=1),
-        reset_connection=hook.reset_channel,
-    )
+    reader = _reader(hook, stager, start, None, open_stream)
     outcome: list[Any] = []
     proxy.slow(500_000)  # ~3 MB: the big shard copies for seconds after the small one is done
     thread = threading.Thread(target=lambda: outcome.append(reader.run()), daemon=True)
