@@ -10,11 +10,12 @@ while heartbeats keep the call alive and the read waited forever. So:
 * Each (re)opened call copies on the shards whose entry has no position yet, or has table
   last-PKs, or on every shard when the request names ``tables_to_copy`` (vttablet's rule). The
   copy is over when each of those shards sent its COPY_COMPLETED in the current call.
-* A shard that would not copy although its copy is not known to be over (cut after vtgate
-  dropped a finished table's last-PK from the VGTID and before the shard's next table started)
-  would skip the tables it has not copied yet. The reopened call then names the tables not yet
-  copied on every shard in ``tables_to_copy``, so every shard copies them; a shard that had
-  finished one copies it again, which is harmless (the merge keeps each key's last event).
+* A shard that would not copy although its copy is not known to be over would skip what it has
+  not copied yet: vttablet names the copy's position in a VGTID before the table's first rows
+  and last key (``sendFieldEvent``), and vtgate drops a finished table's last key before the
+  next table starts. The reopened call asks that shard, and only it, for its copy again from
+  the start (its position emptied); rows it had staged are staged again, which is harmless
+  (the merge keeps each key's last event).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _copies(sg: binlogdata_pb2.ShardGtid, flags: vtgate_pb2.VStreamFlags) -> boo
 class CopyState:
     """A snapshot read's copy, per shard: what each call copies and what was seen to finish.
 
-    ``opening(request)`` before every call (it may add ``tables_to_copy``), ``position(vgtid)``
+    ``opening(request)`` before every call (it may restart a shard's copy), ``position(vgtid)``
     for each VGTID event, ``shard_copied(key)`` for each shard's COPY_COMPLETED; ``complete``
     says the copy is over.
     """
@@ -66,21 +67,19 @@ class CopyState:
         return key in self._shard_done or set(self._tables) <= self._finished.get(key, set())
 
     def opening(self, request: vtgate_pb2.VStreamRequest) -> None:
-        """A call is about to be opened with ``request``: makes every shard whose copy is not
-        known to be over copy what it lacks, and notes which shards copy in this call."""
+        """A call is about to be opened with ``request``: a shard whose copy is not known to be
+        over and that would not copy is asked for its copy again; notes which shards copy."""
         flags, entries = request.flags, request.vgtid.shard_gtids
-        lacking = [sg.shard for sg in entries if not _copies(sg, flags) and not self._copied_all(_key(sg))]
-        if lacking:
-            keys = [_key(sg) for sg in entries]
-            flags.tables_to_copy.extend(
-                t for t in self._tables if not all(t in self._finished.get(k, ()) for k in keys)
-            )
-            log.warning(
-                "the snapshot's stream reopens where shard(s) %s would skip tables not copied yet: "
-                "every shard copies %s again from its last key (or from the start)",
-                ", ".join(lacking),
-                list(flags.tables_to_copy),
-            )
+        for sg in entries:
+            if not _copies(sg, flags) and not self._copied_all(_key(sg)):
+                log.warning(
+                    "the snapshot's stream reopens at %s/%s's position %s, which names no table "
+                    "in copy although its copy is not over: that shard copies again from the start",
+                    sg.keyspace,
+                    sg.shard,
+                    sg.gtid,
+                )
+                sg.gtid = ""
         self._copying = {_key(sg) for sg in entries if _copies(sg, flags)}
 
     def position(self, vgtid: binlogdata_pb2.VGtid) -> None:

@@ -177,7 +177,7 @@ def test_a_cut_after_one_shard_copied_ends_when_the_other_shard_has_copied() -> 
     assert result.stats["reconnects"] == 1
 
 
-def test_a_cut_between_two_tables_copies_the_tables_not_done_on_every_shard() -> None:
+def test_a_cut_between_two_tables_copies_that_shard_again_from_the_start() -> None:
     s = Shards()
     first = [
         s.rows("-80", "t1", g(1), 1),
@@ -186,7 +186,7 @@ def test_a_cut_between_two_tables_copies_the_tables_not_done_on_every_shard() ->
         Unavailable(),
     ]
     second = [
-        s.rows("-80", "t1", g(3), 1, 3, more=False),  # copied again: tables_to_copy names it
+        s.rows("-80", "t1", g(3), 1, 3, more=False),  # -80 copies again from the start
         s.rows("-80", "t2", g(4), 10, more=False),
         [copied("-80")],
         s.rows("80-", "t1", h(2), 2, 4, more=False),
@@ -195,16 +195,18 @@ def test_a_cut_between_two_tables_copies_the_tables_not_done_on_every_shard() ->
     ]
     vtgate = Vtgate([first, second])
     _, rows = snapshot(vtgate, ["t1", "t2"])
-    # Without tables_to_copy, -80 (a position, no last key) would have skipped t2.
-    assert list(vtgate.requests[0].flags.tables_to_copy) == []
-    assert list(vtgate.requests[1].flags.tables_to_copy) == ["t1", "t2"]
+    # With its position (and no last key) -80 would have skipped t2: it starts over instead;
+    # 80- goes on from its last key of t1.
+    resumed = {sg.shard: (sg.gtid, len(sg.table_p_ks)) for sg in vtgate.requests[1].vgtid.shard_gtids}
+    assert resumed == {"-80": ("", 0), "80-": (h(1), 1)}
+    assert list(vtgate.requests[1].flags.tables_to_copy) == []
     assert set(rows.ids) == {1, 2, 3, 4, 10, 20}
 
 
 def test_a_resumed_snapshot_whose_shards_show_no_copy_left_copies_again_rather_than_wait() -> None:
     """A resume from a checkpoint naming a position and no last key on every shard (its tables
     all marked copied, the stream-wide event not seen): no shard would copy, nothing would end
-    the read. Every table is copied again instead."""
+    the read. Every shard copies again instead."""
     start = Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[_entry(s, g(9), []) for s in SHARDS]))
     s = Shards()
     call = [
@@ -216,7 +218,7 @@ def test_a_resumed_snapshot_whose_shards_show_no_copy_left_copies_again_rather_t
     ]
     vtgate = Vtgate([call])
     _, rows = snapshot(vtgate, ["t"], start)
-    assert list(vtgate.requests[0].flags.tables_to_copy) == ["t"]
+    assert [sg.gtid for sg in vtgate.requests[0].vgtid.shard_gtids] == ["", ""]
     assert sorted(rows.ids) == [1, 2]
 
 
