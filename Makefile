@@ -16,7 +16,7 @@ demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
 
 test: lint vitess
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25 -m "not soak" tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

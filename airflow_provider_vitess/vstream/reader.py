@@ -123,6 +123,7 @@ class VStreamReader:
         idle_timeout: float | None = None,
         deadline: float | None = None,
         reset_connection: Callable[[], None] | None = None,
+        on_open: Callable[[vtgate_pb2.VStreamRequest], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
@@ -143,6 +144,8 @@ class VStreamReader:
         self._idle_timeout = idle_timeout  # None: no heartbeats asked for, keepalive alone
         self._deadline = deadline  # time.monotonic() value: the whole read ends by then
         self._reset_connection = reset_connection  # called when the stream is found dead
+        # Sees (and may amend) each request before its call opens: a snapshot's copy state.
+        self._on_open = on_open
         self._sleep, self._clock, self._rand = sleep, clock, rand
         self._decoder = EventDecoder(
             keyspace_in_table_names=not self._template.flags.exclude_keyspace_from_table_name
@@ -176,7 +179,10 @@ class VStreamReader:
             stream: Iterable[vtgate_pb2.VStreamResponse | bytes] | None = None
             watchdog: _Watchdog | None = None
             try:
-                stream = self._open_stream(self.build_request(self.resume_vgtid))
+                request = self.build_request(self.resume_vgtid)
+                if self._on_open is not None:
+                    self._on_open(request)
+                stream = self._open_stream(request)
                 watchdog = _Watchdog(stream, self._idle_timeout, self._deadline)
                 responses = iter(stream)
                 while True:

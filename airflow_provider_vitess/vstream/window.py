@@ -7,9 +7,10 @@ Two kinds of reads share this loop:
   ``max_seconds`` says so). Units are merged across shards in deterministic order
   (:mod:`.ordering`), so re-reading the window from the same start stages the same rows with the
   same sequence numbers. A shard's units past its stop are left for the next window.
-* **snapshot**: the VStream copy phase from an empty position, until vtgate says the whole copy is
-  complete. Rows are staged in arrival order (each shard keeps its own order; copied keys are
-  disjoint across shards), and the stager is checkpointed regularly together with the VGTID and
+* **snapshot**: the VStream copy phase from an empty position, until every shard's copy is
+  complete (counted here across reconnects, not left to vtgate: :mod:`.copy_state`). Rows are
+  staged in arrival order (each shard keeps its own order; copied keys are disjoint across
+  shards), and the stager is checkpointed regularly together with the VGTID and
   its table last-PKs, so a killed snapshot resumes where it was instead of starting over.
 
 Only VGTID events are resume points, and only positions of units already handed to the stager
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
+from airflow_provider_vitess.vstream.copy_state import CopyState
 from airflow_provider_vitess.vstream.events import (
     CopyCompletedEvent,
     DdlEvent,
@@ -44,6 +46,8 @@ from airflow_provider_vitess.vstream.events import (
     JournalEvent,
     RowChange,
     RowEvent,
+    VgtidEvent,
+    VStreamEvent,
 )
 from airflow_provider_vitess.vstream.ordering import (
     ShardKey,
@@ -61,6 +65,10 @@ from airflow_provider_vitess.vstream.spill import MemoryLimits
 __all__ = ["ReadBounds", "ReadResult", "Stager", "WindowReader", "capture_stop_position", "table_filter"]
 
 log = logging.getLogger(__name__)
+
+# A snapshot whose copying shards have sent nothing but (unthrottled) heartbeats for this long is
+# stuck, not slow: the read fails, naming them, and the task's rerun resumes from the checkpoint.
+COPY_STALL_SECONDS = 900.0
 
 
 class Stager(Protocol):
@@ -127,6 +135,7 @@ class WindowReader:
         on_rows: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         reset_connection: Callable[[], None] | None = None,
+        copy_stall_seconds: float = COPY_STALL_SECONDS,
     ) -> None:
         self._snapshot = stop is None
         self._keyspace, self._tables = keyspace, tuple(tables)
@@ -143,6 +152,11 @@ class WindowReader:
         if flags is not None:
             request_flags.CopyFrom(flags)
         request_flags.include_reshard_journal_events = True
+        # A snapshot's copy is over when each copying shard says so, counted across reconnects
+        # (vtgate's stream-wide COPY_COMPLETED never comes after a reconnect: see copy_state).
+        self._copy = CopyState(self._tables) if self._snapshot else None
+        self._copy_stall_seconds = copy_stall_seconds
+        self._copy_moved = clock()
         self._reader = VStreamReader(
             open_stream,
             vgtid=start,
@@ -150,6 +164,7 @@ class WindowReader:
             flags=request_flags,
             tablet_type=tablet_type,
             reset_connection=reset_connection,
+            on_open=self._copy.opening if self._copy is not None else None,
         )
         # The shards the window reads now, each with the position it resumes from when it has
         # staged nothing yet; a staged journal replaces its participants by the new shards.
@@ -196,7 +211,7 @@ class WindowReader:
     def run(self) -> ReadResult:
         """Reads to the stop (or the copy's end, or a bound). A long read wants the caller to
         keep the collector off the objects alive before it: ``utils.heap.frozen_heap``."""
-        started = self._clock()
+        started = self._copy_moved = self._clock()
         if self._stop is not None:
             for sg in self._start.shard_gtids:
                 # A start shard the stop does not name was resharded away: read to its journal.
@@ -222,7 +237,7 @@ class WindowReader:
                         return self._close(None)
                     if self._early_stop is not None:
                         return self._close(self._early_stop)
-                if self._snapshot and isinstance(event, CopyCompletedEvent) and event.is_stream_complete:
+                if self._copy is not None and self._copy_over(event):
                     return self._close(None)
                 reason = self._bound_reached(started)
                 if reason:
@@ -235,6 +250,31 @@ class WindowReader:
         )
 
     # ----- internals -----------------------------------------------------------------------
+
+    def _copy_over(self, event: VStreamEvent) -> bool:
+        """A snapshot: is every shard's copy over (this event staged already)? Fails a copy
+        that stopped moving while heartbeats keep its stream alive: never a silent wait."""
+        assert self._copy is not None
+        now = self._clock()
+        if isinstance(event, HeartbeatEvent):
+            if event.throttled:  # vttablet holds the copy back on purpose: waiting, not stuck
+                self._copy_moved = now
+        elif (event.keyspace, event.shard) in self._copy.copying:
+            self._copy_moved = now
+        if not self._copy.complete and now - self._copy_moved > self._copy_stall_seconds:
+            raise VStreamError(
+                f"keyspace {self._keyspace!r}: the snapshot's copy on shard(s) "
+                f"{', '.join(sorted(s for _, s in self._copy.copying))} sent nothing for "
+                f"{now - self._copy_moved:.0f}s while vtgate's heartbeats kept the stream alive: "
+                "the copy is stuck; the rerun resumes it from its last checkpoint"
+            )
+        if isinstance(event, VgtidEvent):
+            self._copy.position(event.vgtid)
+        elif isinstance(event, CopyCompletedEvent):
+            if event.is_stream_complete:
+                return True
+            self._copy.shard_copied((event.keyspace, event.shard))
+        return self._copy.complete
 
     def _accept(self, unit: ShardTransaction) -> bool:
         """Hands a completed unit to the merge; True when the window has reached its stop."""
@@ -267,6 +307,8 @@ class WindowReader:
         for p in journal.participants:
             if self._shards.pop((p.keyspace, p.shard), None) is not None:
                 self._result.retired_shards.append(f"{p.keyspace}/{p.shard}")
+        if self._copy is not None:
+            self._copy.retired((p.keyspace, p.shard) for p in journal.participants)
         for sg in journal.shard_gtids:
             key = (sg.keyspace, sg.shard)
             if key in self._shards:

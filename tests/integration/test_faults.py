@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from airflow_provider_vitess._proto import topodata_pb2, vtgate_pb2
+from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import VStreamError
@@ -100,10 +100,11 @@ def _source(hook: VitessHook) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         raw.close()
 
 
-def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[StagedChange], ReadResult]:
-    stager = ListStager()
-    result = WindowReader(
-        hook.open_vstream_raw,
+def _reader(
+    hook: VitessHook, stager: ListStager, start: Vgtid, stop: Vgtid | None, open_stream: Any = None
+) -> WindowReader:
+    return WindowReader(
+        open_stream or hook.open_vstream_raw,
         stager,
         keyspace="customer",
         tables=[TABLE],
@@ -111,7 +112,12 @@ def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[Stag
         stop=stop,
         flags=hook.vstream_flags(heartbeat_interval=1),
         reset_connection=hook.reset_channel,
-    ).run()
+    )
+
+
+def _read(hook: VitessHook, start: Vgtid, stop: Vgtid | None) -> tuple[list[StagedChange], ReadResult]:
+    stager = ListStager()
+    result = _reader(hook, stager, start, stop).run()
     return stager.changes, result
 
 
@@ -193,6 +199,84 @@ def test_cut_mid_copy_resumes_the_copy_without_duplicates(
     assert proxy.stats.cuts >= 1 and result.stats["reconnects"] >= 1
     _no_duplicates(changes)
     assert replay(changes, key_index=[0]) == replay(expected, key_index=[0]) == _source(hook)
+
+
+class _CutAfterFirstShardCopied:
+    """One VStream call that arms the proxy's cut once a shard's own COPY_COMPLETED reaches the
+    reader; gives up (a RuntimeError, not retried) when ``stop`` is set, so a read that waits
+    forever ends with the test."""
+
+    def __init__(self, call: Any, proxy: FaultProxy, stop: threading.Event, armed: list[str]) -> None:
+        self._call, self._responses = call, iter(call)
+        self._proxy, self._stop, self._armed = proxy, stop, armed
+
+    def __iter__(self) -> _CutAfterFirstShardCopied:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._stop.is_set():
+            raise RuntimeError("the test gave up on a read that did not end")
+        data: bytes = next(self._responses)
+        if not self._armed:
+            for event in vtgate_pb2.VStreamResponse.FromString(data).events:
+                if event.type == binlogdata_pb2.VEventType.COPY_COMPLETED and event.shard:
+                    self._armed.append(event.shard)
+                    self._proxy.cut_after(1)  # the next bytes from vtgate: mid-copy of the other shard
+        return data
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+
+def test_cut_after_one_shard_finished_its_copy_still_ends_the_snapshot(
+    vitess: LocalVitess, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small soak seed 0 hung so for 10 minutes: the cut fell after one shard's copy ended. The
+    reopened call does not copy on that shard, so vtgate never sends its stream-wide
+    COPY_COMPLETED (it wants one from every shard in the same call), while heartbeats keep the
+    call alive. The read must end when the other shard's copy does."""
+    hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
+    rng = random.Random(6)
+    _setup(hook)
+    _insert(hook, rng, range(1, 41))  # both shards: one of them holds only these few rows
+    for first in range(100_000, 112_000, 3000):  # the other one a copy of seconds on a slow link
+        _insert(hook, rng, range(first, first + 3000), customer=ONE_SHARD_CUSTOMER)
+    shards = capture_stop_position(hook.open_vstream_raw, "customer")
+    start = Vgtid.from_proto(
+        binlogdata_pb2.VGtid(
+            shard_gtids=[
+                binlogdata_pb2.ShardGtid(keyspace="customer", shard=sg.shard) for sg in shards.shard_gtids
+            ]
+        )
+    )
+    requests: list[vtgate_pb2.VStreamRequest] = []
+    stop, armed = threading.Event(), list[str]()
+
+    def open_stream(request: vtgate_pb2.VStreamRequest) -> _CutAfterFirstShardCopied:
+        requests.append(vtgate_pb2.VStreamRequest.FromString(request.SerializeToString()))
+        return _CutAfterFirstShardCopied(hook.open_vstream_raw(request), proxy, stop, armed)
+
+    stager = ListStager()
+    reader = _reader(hook, stager, start, None, open_stream)
+    outcome: list[Any] = []
+    proxy.slow(500_000)  # ~3 MB: the big shard copies for seconds after the small one is done
+    thread = threading.Thread(target=lambda: outcome.append(reader.run()), daemon=True)
+    thread.start()
+    thread.join(timeout=90)
+    stop.set()
+    thread.join(timeout=30)
+    assert armed and proxy.stats.cuts >= 1 and len(requests) >= 2
+    # The reopened call: the finished shard has a position and no last key (it copies nothing
+    # more), the other one still copies (no position yet, or a last key).
+    resumed = {sg.shard: (sg.gtid, len(sg.table_p_ks)) for sg in requests[1].vgtid.shard_gtids}
+    finished = resumed.pop(armed[0])
+    assert finished[0] and not finished[1], finished
+    assert [not gtid or pks > 0 for gtid, pks in resumed.values()] == [True], resumed
+    assert outcome, "the snapshot read did not end after the cut (waited 90 s)"
+    result = outcome[0]
+    assert result.stats["reconnects"] >= 1
+    _no_duplicates(stager.changes)
+    assert replay(stager.changes, key_index=[0]) == _source(hook)
 
 
 def test_stall_longer_than_the_keepalive_timeout_reconnects(
