@@ -40,7 +40,7 @@ from typing import Any
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge import connect, jar_cache, job
+from airflow_provider_vitess.merge import connect, jar_cache
 from airflow_provider_vitess.merge.job import TIMING_PREFIX
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import REPORT_PREFIX, MergeReport
@@ -146,21 +146,8 @@ class Connect:
         self.url, self.parallelism, self.phases = url, parallelism, {}  # type: ignore[var-annotated]
 
     def __call__(self, plan: MergePlan) -> MergeReport:
-        began = time.monotonic()
-        spark = connect.remote_session(self.url)
-        timings: Timings = {"session": time.monotonic() - began}
-        try:
-            report = job.merge(
-                spark,
-                plan,
-                new_session=lambda: connect.remote_session(self.url),
-                parallelism=self.parallelism,
-                timings=timings,
-            )
-        finally:
-            stopping = time.monotonic()
-            spark.stop()
-            timings["session stop"] = time.monotonic() - stopping
+        timings: Timings = {}
+        report = connect.run_merge(self.url, plan, parallelism=self.parallelism, timings=timings)
         self.phases = timings
         return report
 

@@ -1,8 +1,10 @@
 """The merge on a long-running Spark Connect server: no JVM starts per window.
 
 The merge job's code (:func:`airflow_provider_vitess.merge.job.merge`) runs in the calling
-process against a remote session (``SparkSession.builder.remote("sc://...")``): manifests are
+process against remote sessions (``SparkSession.builder.remote("sc://...")``): manifests are
 read and checksums verified here, every DataFrame, MERGE and Delta commit runs on the server.
+The process is left as it was found (:func:`remote_sessions`): an Airflow worker's next task
+may use classic Spark.
 The window state machine and the Delta transaction ids are the spark-submit mode's: the same
 function, the same plan, the same (txnAppId, txnVersion) per (table, window).
 
@@ -21,10 +23,13 @@ Python minor version as this process.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
     from airflow_provider_vitess.merge.steps import TableState
     from airflow_provider_vitess.object_storage import S3Settings
 
+log = logging.getLogger(__name__)
 DEFAULT_PORT = 15002
 Progress = Callable[[int, str, str], None]
 
@@ -68,11 +74,63 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
-def remote_session(url: str) -> SparkSession:
-    """A new session on the Connect server at ``url`` (``sc://host:port/;token=...``)."""
-    from pyspark.sql import SparkSession
+# pyspark marks a process that makes a remote session for Spark Connect and never unmarks it:
+# SPARK_CONNECT_MODE_ENABLED (``pyspark.sql.utils.is_remote``: every function, column and
+# DataFrame call then builds Connect objects, and a classic SparkContext refuses to start), and
+# in its local mode SPARK_REMOTE/SPARK_LOCAL_REMOTE. A worker process runs many tasks (an Airflow
+# worker, a test session): the next one's classic Spark must find the process as it was.
+MODE_VARIABLES = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+_mode_lock = threading.Lock()
+_mode_users = 0  # blocks of remote_sessions running (threads): the last to end restores
+_mode_saved: dict[str, str | None] = {}
 
-    return SparkSession.builder.remote(url).create()
+
+@contextmanager
+def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
+    """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
+    for the block. On every way out of it, each session made is stopped, pyspark's Connect
+    default and active sessions are what they were, and the Connect mark is taken off the
+    process's environment once no other block runs (the mark is process-wide: while a block
+    runs, this process cannot use classic Spark)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    global _mode_users
+    with _mode_lock:
+        if _mode_users == 0:
+            _mode_saved.clear()
+            _mode_saved.update({name: os.environ.get(name) for name in MODE_VARIABLES})
+        _mode_users += 1
+    default = RemoteSession._default_session
+    active = getattr(RemoteSession._active_session, "session", None)
+    made: list[SparkSession] = []
+
+    def new() -> SparkSession:
+        session = SparkSession.builder.remote(url).create()
+        made.append(session)
+        return session
+
+    try:
+        yield new
+    finally:
+        for session in made:
+            try:
+                session.stop()
+            except Exception as exc:  # a session the server already lost: nothing to release
+                log.warning("could not stop a Spark Connect session on %s: %s", url, exc)
+        ours = {id(session) for session in made}
+        with _mode_lock:
+            if id(RemoteSession._default_session) in ours:
+                RemoteSession._default_session = default
+            if id(getattr(RemoteSession._active_session, "session", None)) in ours:
+                RemoteSession._active_session.session = active
+            _mode_users -= 1
+            if _mode_users == 0:
+                for name, value in _mode_saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
 
 
 # -- Delta table state without a JVM ---------------------------------------------------------------
@@ -162,21 +220,28 @@ def run_merge(
     s3: S3Settings | None = None,
     progress: Progress | None = None,
     parallelism: int | None = None,
+    timings: dict[str, float] | None = None,
 ) -> MergeReport:
     """The merge job's :func:`~airflow_provider_vitess.merge.job.merge` of ``plan`` on the server
-    at ``url``: one remote session per concurrently merged table. ``s3`` configures this
-    process's fsspec (manifests); the server reads ``s3a://`` with its own S3A settings."""
+    at ``url``: one remote session per concurrently merged table, all stopped on return and the
+    process left for classic Spark (:func:`remote_sessions`). ``s3`` configures this process's
+    fsspec (manifests); the server reads ``s3a://`` with its own S3A settings. ``timings``: as
+    the job's, plus ``session`` (the first session) and ``session stop``."""
     from airflow_provider_vitess.merge import job
 
     if s3 is not None:
         job.use_s3_settings(s3)
-    spark = remote_session(url)
-    try:
-        return job.merge(
-            spark, plan, progress=progress, new_session=lambda: remote_session(url), parallelism=parallelism
+    timed = timings if timings is not None else {}
+    began = time.monotonic()
+    with remote_sessions(url) as new_session:
+        spark = new_session()
+        timed["session"] = time.monotonic() - began
+        report = job.merge(
+            spark, plan, progress=progress, new_session=new_session, parallelism=parallelism, timings=timed
         )
-    finally:
-        spark.stop()
+        stopping = time.monotonic()
+    timed["session stop"] = time.monotonic() - stopping
+    return report
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

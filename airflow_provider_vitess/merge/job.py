@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, connect, context
+from airflow_provider_vitess.merge import apply, context
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.merge.report import (
@@ -206,15 +206,12 @@ def _run_chains(
         finally:
             free.put(session)
 
-    try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="merge") as pool:
-            futures = {table: pool.submit(on_a_session, chain) for table, chain in chains.items()}
-            wait(futures.values())
-        return {table: future.result() for table, future in futures.items()}
-    finally:
-        for s in sessions[1:]:
-            if connect.is_connect(s):
-                s.stop()  # a remote session of its own; a classic one shares the application
+    # The sessions are their maker's to stop (connect.remote_sessions); classic ones share the
+    # application.
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="merge") as pool:
+        futures = {table: pool.submit(on_a_session, chain) for table, chain in chains.items()}
+        wait(futures.values())
+    return {table: future.result() for table, future in futures.items()}
 
 
 def _run(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.utils import is_remote
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
@@ -111,22 +112,27 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
     assert {t: r.status for t, r in written.items()} == {A: TableStatus.WRITTEN, B: TableStatus.WRITTEN}
     assert all(27 <= r.rows_inserted <= 30 and r.rows_deleted + r.rows_updated >= 3 for r in written.values())
 
-    reader = connect.remote_session(server)
-    try:
-        assert_delta_equals_source(hook, "commerce", (A, B), delta, reader)
-        for table in (A, B):
-            app_id = submitted[0].txn_app_id(table)
-            assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
-            assert connect.txn_version(reader, str(delta / table), app_id) == 2
+    # The Connect merge leaves this process for classic Spark (the Spark tests after this one).
+    assert not is_remote()
+    with connect.remote_sessions(server) as new_session:
+        reader = new_session()
+        try:
+            assert_delta_equals_source(hook, "commerce", (A, B), delta, reader)
+            for table in (A, B):
+                app_id = submitted[0].txn_app_id(table)
+                assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
+                assert connect.txn_version(reader, str(delta / table), app_id) == 2
 
-        # A merge killed after its Delta commits but before MERGED was recorded is run again:
-        # through the Connect path too, the transaction ids make it commit nothing.
-        window = store.window(spec.sync_id, 2)
-        assert window.state is WindowState.COMMITTED
-        again = connect.run_merge(server, build_plan(store, spec.sync_id, window, str(delta)))
-        statuses: dict[str, Any] = {r.table: r.status for r in again.window(2).tables}
-        assert statuses == {A: TableStatus.ALREADY_APPLIED, B: TableStatus.ALREADY_APPLIED}
-        assert [v for _, v, _ in delta_txns(delta / A)] == [1, 2]
-    finally:
-        reader.stop()
-        store.close()
+            # A merge killed after its Delta commits but before MERGED was recorded is run
+            # again: through the Connect path too, the transaction ids make it commit nothing.
+            window = store.window(spec.sync_id, 2)
+            assert window.state is WindowState.COMMITTED
+            again = connect.run_merge(server, build_plan(store, spec.sync_id, window, str(delta)))
+            statuses: dict[str, Any] = {r.table: r.status for r in again.window(2).tables}
+            assert statuses == {A: TableStatus.ALREADY_APPLIED, B: TableStatus.ALREADY_APPLIED}
+            assert [v for _, v, _ in delta_txns(delta / A)] == [1, 2]
+            # A block inside the reader's keeps the mark: the reader still works.
+            assert is_remote() and reader.range(3).count() == 3
+        finally:
+            store.close()
+    assert not is_remote()
