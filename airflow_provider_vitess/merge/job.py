@@ -23,10 +23,12 @@ configure both fsspec and S3A: the job sets them on its session, not on the comm
 
 What a run does, in order, before writing anything: load every window's manifest (a missing one
 is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
-naming the file), read each Delta table's schema and the latest transaction version of
-``plan.txn_app_id(table)``, and plan every (window, table) step, so an incompatible schema change
-fails the run before its first commit. Then each table in a thread of its own (tables are
-independent: each has its own Delta log and transaction id), window by window in seq order:
+naming the file), read the schema and the latest transaction version of
+``plan.txn_app_id(table)`` of each Delta table the windows write (staged rows, or replaced: a
+table they do not touch is not read) and check it is what the sync last wrote, and plan every
+(window, table) step, so an incompatible schema change fails the run before its first commit.
+Then the tables, several at once (they are independent: each has its own Delta log and
+transaction id; :mod:`.sessions`), each window by window in seq order:
 skip what the table's transaction version already covers (``already_applied``), else reduce the
 window to one change per key (``merge.apply``: each shard's last event, the row exists if a shard
 holds it, key changes delete the old key; a merged window also reads a few seconds of earlier
@@ -48,11 +50,9 @@ import dataclasses
 import json
 import logging
 import os
-import queue
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -78,8 +78,9 @@ from airflow_provider_vitess.merge.schema import (
     window_columns,
     write_types,
 )
+from airflow_provider_vitess.merge.sessions import DEFAULT_PARALLELISM, TableSessions
 from airflow_provider_vitess.merge.spark_conf import spark_conf
-from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
+from airflow_provider_vitess.merge.steps import Action, Step, TableState, plan_steps, touched_tables
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
@@ -121,20 +122,28 @@ def merge(
 ) -> MergeReport:
     """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what.
 
-    Tables are independent (each its own Delta log and transaction id), so each table's steps
-    run in window order in a thread of its own, up to ``parallelism`` tables at once (default:
-    all), each thread on its own session from ``new_session`` (default ``spark.newSession``):
-    the transaction id of a MERGE is session configuration, which threads must not share.
-    ``timings`` receives the seconds of each phase (``manifests``, ``states``, ``table <name>``,
-    ``tables``), for the benchmark's breakdown."""
+    Only the tables the windows write (:func:`~.steps.touched_tables`) are read, checked and
+    merged; the others are NO_CHANGES without a look at their Delta table. Tables are
+    independent, so their states are read and their steps run (in window order) up to
+    ``parallelism`` tables at once, each on its own session (:class:`.sessions.TableSessions`;
+    ``new_session`` makes them, default ``spark.newSession``). ``timings`` receives the seconds
+    of each phase (``manifests``, ``states``, ``table <name>``, ``tables``), for the
+    benchmark's breakdown."""
     started = time.monotonic()
     timed = timings if timings is not None else {}
     manifests = load_windows(plan)
     timed["manifests"] = time.monotonic() - started
-    states = {
-        t: apply.table_state(spark, tt.path, plan.txn_app_id(t), restores_after=tt.last_delta_version)
-        for t, tt in plan.targets.items()
-    }
+    pool = TableSessions(spark, new_session, parallelism)
+
+    def read_state(session: SparkSession, table: str) -> TableState:
+        target = plan.targets[table]
+        return apply.table_state(
+            session, target.path, plan.txn_app_id(table), restores_after=target.last_delta_version
+        )
+
+    # What the sync last wrote is checked for each table before this run writes it; a table
+    # the windows do not write is left as it is, and checked when a window writes it.
+    states = pool.map(read_state, {t: t for t in touched_tables(plan, manifests)})
     check_targets(plan, states)
     steps = plan_steps(plan, manifests, states)
     timed["states"] = time.monotonic() - started - timed["manifests"]
@@ -147,14 +156,19 @@ def merge(
 
     def run_chain(session: SparkSession, chain: list[Step]) -> list[TableResult]:
         out, began_chain = [], time.monotonic()
+        state = states.get(chain[0].table)  # None: a table the windows do not write
         for step in chain:
             began = time.monotonic()
-            mapping = states[step.table].column_mapping
+            mapping = state is not None and state.column_mapping
             report = progress or (lambda *_: None)
             result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known)
-            if result.status is TableStatus.ALREADY_APPLIED and result.delta_version is None:
+            if (
+                result.status is TableStatus.ALREADY_APPLIED
+                and result.delta_version is None
+                and state is not None
+            ):
                 # Held by a commit of an earlier run: the table's version now stands for it.
-                result = dataclasses.replace(result, delta_version=states[step.table].version)
+                result = dataclasses.replace(result, delta_version=state.version)
             log.info(
                 "window %d table %s in %.2fs: %s",
                 step.seq,
@@ -163,55 +177,28 @@ def merge(
                 json.dumps(result.to_dict()),
             )
             out.append(result)
-        timed[f"table {chain[0].table}"] = time.monotonic() - began_chain
+        if state is not None:
+            timed[f"table {chain[0].table}"] = time.monotonic() - began_chain
         return out
 
     began_chains = time.monotonic()
-    done = _run_chains(spark, chains, run_chain, new_session, parallelism)
+    done = pool.map(run_chain, {t: c for t, c in chains.items() if t in states})
+    # The others are NO_CHANGES steps: no Spark, no session.
+    done.update({t: run_chain(spark, c) for t, c in chains.items() if t not in states})
     timed["tables"] = time.monotonic() - began_chains
     results: dict[int, list[TableResult]] = {w.seq: [] for w in plan.windows}
     for step in steps:  # the report lists them in plan order, whichever thread finished first
         results[step.seq].append(done[step.table].pop(0))
     log.info(
-        "sync %s: %d window(s) in %.1fs (%s)",
+        "sync %s: %d window(s), %d of %d tables written, in %.1fs (%s)",
         plan.sync_id,
         len(plan.windows),
+        len(states),
+        len(plan.targets),
         time.monotonic() - started,
         ", ".join(f"{k} {v:.2f}s" for k, v in timed.items()),
     )
     return MergeReport(plan.sync_id, tuple(WindowResult(s, tuple(r)) for s, r in results.items()))
-
-
-def _run_chains(
-    spark: SparkSession,
-    chains: Mapping[str, list[Step]],
-    run_chain: Callable[[SparkSession, list[Step]], list[TableResult]],
-    new_session: Callable[[], SparkSession] | None,
-    parallelism: int | None,
-) -> dict[str, list[TableResult]]:
-    """Each table's chain of steps, one thread per table (one table: this thread, this session).
-    The first failure is raised once every started chain has ended (no commit is abandoned)."""
-    workers = min(len(chains), parallelism or len(chains))
-    if workers <= 1:
-        return {table: run_chain(spark, chain) for table, chain in chains.items()}
-    sessions = [spark, *[(new_session or spark.newSession)() for _ in range(workers - 1)]]
-    free: queue.SimpleQueue[SparkSession] = queue.SimpleQueue()
-    for s in sessions:
-        free.put(s)
-
-    def on_a_session(chain: list[Step]) -> list[TableResult]:
-        session = free.get()
-        try:
-            return run_chain(session, chain)
-        finally:
-            free.put(session)
-
-    # The sessions are their maker's to stop (connect.remote_sessions); classic ones share the
-    # application.
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="merge") as pool:
-        futures = {table: pool.submit(on_a_session, chain) for table, chain in chains.items()}
-        wait(futures.values())
-    return {table: future.result() for table, future in futures.items()}
 
 
 def _run(
@@ -407,7 +394,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
     )
-    p.add_argument("--parallelism", type=int, help="tables merged at once (default: all of the plan's)")
+    p.add_argument("--parallelism", type=int, help=f"tables merged at once (default {DEFAULT_PARALLELISM})")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 

@@ -126,7 +126,7 @@ def test_blocks_at_once_keep_the_mark_until_the_last_ends_and_restore_what_was_t
 ) -> None:
     monkeypatch.setenv("SPARK_REMOTE", "sc://elsewhere:15002")  # the user's own, kept
     first, second = remote_sessions(NOWHERE), remote_sessions(NOWHERE)
-    mine = first.__enter__()()
+    mine: Any = first.__enter__()()
     assert RemoteSession.getActiveSession() is mine and is_remote()
     second.__enter__()()
     first.__exit__(None, None, None)
