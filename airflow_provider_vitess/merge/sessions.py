@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
+from airflow_provider_vitess.merge.connect import is_connect
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -59,6 +61,7 @@ class TableSessions:
         def on_a_session(item: T) -> R:
             session = self._free.get()
             try:
+                _activate(session)
                 return work(session, item)
             finally:
                 self._free.put(session)
@@ -67,3 +70,15 @@ class TableSessions:
             futures = {table: pool.submit(on_a_session, item) for table, item in items.items()}
             wait(futures.values())
         return {table: future.result() for table, future in futures.items()}
+
+
+def _activate(session: SparkSession) -> None:
+    """Make a classic ``session`` this thread's active one in the JVM. Delta's own threads take
+    the caller's active session (reading a table's checkpoint fails with
+    DELTA_SPARK_SESSION_NOT_SET without one), and a pool thread has none until told; sessions
+    also move between threads. A Connect session's JVM is the server's."""
+    if is_connect(session):
+        return
+    jvm = session._jvm
+    assert jvm is not None
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
