@@ -71,18 +71,28 @@ def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
         hook.close()
 
 
-def workload(hook: VitessHook, rng: random.Random, n: int = 30) -> None:
-    """Inserts, updates and deletes in both tables (fresh ids, so reruns never collide)."""
-    statements = []
+def workload(
+    hook: VitessHook, rng: random.Random, old: dict[str, list[int]] | None = None
+) -> dict[str, list[int]]:
+    """30 inserts of fresh ids in both tables (reruns on a used cluster never collide); with
+    ``old`` (an earlier round's ids), 5 updates and 3 deletes of those rows. Returns the ids.
+    Which rows change is chosen, not left to ``ORDER BY id`` over the tables' random ids (that
+    sometimes picked this round's own inserts, and the counts below then varied)."""
+    statements, fresh = [], {}
     for table in (A, B):
-        for _ in range(n):
-            i = rng.randrange(1, 2**40)
+        fresh[table] = [rng.randrange(1, 2**40) for _ in range(30)]
+        for i in fresh[table]:
             statements.append(
                 f"INSERT INTO commerce.{table} (id, note, amount) VALUES ({i}, 'n{i}', {i % 1000}.25)"
             )
-        statements.append(f"UPDATE commerce.{table} SET note = 'u{rng.random():.6f}' ORDER BY id LIMIT 5")
-        statements.append(f"DELETE FROM commerce.{table} ORDER BY id DESC LIMIT 3")
+        if old:
+            updated, deleted = ", ".join(map(str, old[table][:5])), ", ".join(map(str, old[table][5:8]))
+            statements.append(
+                f"UPDATE commerce.{table} SET note = 'u{rng.random():.6f}' WHERE id IN ({updated})"
+            )
+            statements.append(f"DELETE FROM commerce.{table} WHERE id IN ({deleted})")
     execute(hook, *statements)
+    return fresh
 
 
 def test_windows_merged_on_spark_connect_equal_the_source_each_once(
@@ -101,16 +111,19 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
         return connect.run_merge(server, plan)
 
     rng = random.Random(spec.sync_id)
-    workload(hook, rng)
+    first = workload(hook, rng)
     capture.snapshot()
     assert runner.run(submit).seq == 1
-    workload(hook, rng)
+    workload(hook, rng, first)
     capture.catch_up()
     outcome = runner.run(submit)
     assert outcome.seq == 2 and outcome.report is not None
     written = {r.table: r for r in outcome.report.window(2).tables}
     assert {t: r.status for t, r in written.items()} == {A: TableStatus.WRITTEN, B: TableStatus.WRITTEN}
-    assert all(27 <= r.rows_inserted <= 30 and r.rows_deleted + r.rows_updated >= 3 for r in written.values())
+    assert {t: (r.rows_inserted, r.rows_updated, r.rows_deleted) for t, r in written.items()} == {
+        A: (30, 5, 3),
+        B: (30, 5, 3),
+    }
 
     # The Connect merge leaves this process for classic Spark (the Spark tests after this one).
     assert not is_remote()
