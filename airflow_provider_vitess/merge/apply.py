@@ -1,6 +1,7 @@
 """The Spark side of the merge: staged parts -> the last event of each key -> one Delta commit.
 
-Needs a classic (JVM) SparkSession with Delta Lake (see :mod:`.spark_conf`); executors need only
+Needs a SparkSession with Delta Lake (see :mod:`.spark_conf`), classic or Spark Connect (the
+table state then comes from :mod:`.connect`, which needs no JVM); executors need only
 PySpark (the one Python function shipped to them, for DECIMAL(p > 38) text, has no imports of
 this provider).
 
@@ -27,8 +28,11 @@ for the key: a row inserted on shard ``0`` and deleted on ``-80`` after the swit
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import re
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -40,6 +44,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from airflow_provider_vitess.merge import connect
 from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
 from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
@@ -213,7 +218,7 @@ def last_per_key(
 
 
 def _latest_snapshot(spark: SparkSession, path: str) -> Any:
-    jvm = spark._jvm  # classic sessions only: Spark Connect has no JVM to ask
+    jvm = spark._jvm  # classic sessions only: Spark Connect has no JVM to ask (see .connect)
     assert jvm is not None, "the merge job needs a classic SparkSession (not Spark Connect)"
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     defaults = []
@@ -227,17 +232,23 @@ def _latest_snapshot(spark: SparkSession, path: str) -> Any:
 
 def table_version(spark: SparkSession, path: str) -> int:
     """The table's latest version (-1: no table), without reconstructing its state."""
+    if connect.is_connect(spark):
+        return connect.table_version(spark, path)
     return int(_latest_snapshot(spark, path).version())
 
 
 def table_files(spark: SparkSession, path: str) -> int:
     """How many data files the table's latest version has."""
+    if connect.is_connect(spark):
+        return connect.table_files(spark, path)
     return int(_latest_snapshot(spark, path).numOfFiles())
 
 
 def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None = None) -> TableState:
     """Whether the table exists, its schema, version and the latest txn version of ``app_id``
     in it; with ``restores_after``, the versions of the RESTORE commits after that version."""
+    if connect.is_connect(spark):  # no JVM to ask: what Delta's Connect plugin serves
+        return connect.table_state(spark, path, app_id, restores_after)
     snap = _latest_snapshot(spark, path)
     if snap.version() < 0:
         return TableState(exists=False)
@@ -251,18 +262,22 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         txn_version=int(txn.get()) if txn.isDefined() else None,
         column_mapping=bool(mode.isDefined() and mode.get() != "none"),
         version=version,
-        restores=_restores(spark, path, restores_after, version),
+        restores=restores(spark, path, restores_after, version),
     )
 
 
-def _restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
+def restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
     """RESTORE commits in (after, latest]: reads only those commits' info from the log."""
     if after is None or latest <= after:
         return ()
-    from delta.tables import DeltaTable
-
-    rows = DeltaTable.forPath(spark, path).history(latest - after).select("version", "operation").collect()
+    rows = _history(spark, path, latest - after).select("version", "operation").collect()
     return tuple(sorted(int(r[0]) for r in rows if r[0] > after and str(r[1]) == "RESTORE"))
+
+
+def _history(spark: SparkSession, path: str, limit: int) -> DataFrame:
+    # SQL rather than DeltaTable's Python API: the same on a classic session and over Spark
+    # Connect, where that API needs Delta's Connect plugin on the server.
+    return spark.sql(f"DESCRIBE HISTORY delta.{q(path)} LIMIT {int(limit)}")
 
 
 @dataclass(frozen=True)
@@ -273,9 +288,7 @@ class Commit:
 
 
 def last_commit(spark: SparkSession, path: str) -> Commit:
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, path).history(1).collect()[0]
+    row = _history(spark, path, 1).collect()[0]
     return Commit(int(row["version"]), str(row["operation"]), dict(row["operationMetrics"] or {}))
 
 
@@ -356,11 +369,11 @@ _RANGE_TYPES = (
 )
 
 
-def prune_condition(
-    spark: SparkSession, final: DataFrame, key: str, key_type: T.DataType, alias: str = "t"
-) -> Column | None:
-    """Ranges of the window's values of the first key column, as a target-only predicate
-    (:mod:`.pruning`); None for types without useful file statistics (binary, timestamps)."""
+def prune_condition(spark: SparkSession, final: DataFrame, key: str, key_type: T.DataType) -> str | None:
+    """Ranges of the window's values of the first key column, as a target-only SQL predicate
+    over ``t`` (:mod:`.pruning`); None for types without useful file statistics (binary,
+    timestamps). Delta analyses MERGE before SQL parameters are bound, so the values are
+    literals, each rendered by :func:`sql_literal` (strings as hex: data never becomes SQL)."""
     if not isinstance(key_type, _RANGE_TYPES):
         return None
     keys = final.select(col(key).alias("k")).distinct()
@@ -377,18 +390,37 @@ def prune_condition(
     else:
         numeric = not isinstance(key_type, T.StringType)
         ranges = key_ranges(values, distance=numeric_distance if numeric else None)
-    target = col(key, alias)
+    if any(isinstance(v, float) and not math.isfinite(v) for r in ranges for v in r):
+        return None  # NaN or infinite keys: no useful range
+    target, typed = f"t.{q(key)}", key_type.simpleString()
+
+    def param(value: Any) -> str:
+        return f"CAST({sql_literal(value)} AS {typed})"
+
     terms = [
-        (target == F.lit(lo).cast(key_type))
-        if lo == hi
-        else target.between(F.lit(lo).cast(key_type), F.lit(hi).cast(key_type))
+        f"{target} = {param(lo)}" if lo == hi else f"{target} BETWEEN {param(lo)} AND {param(hi)}"
         for lo, hi in ranges
     ]
     if has_null:
-        terms.append(target.isNull())
-    if not terms:
-        return F.lit(False)
-    return reduce(lambda a, b: a | b, terms)
+        terms.append(f"{target} IS NULL")
+    return " OR ".join(terms) or "false"
+
+
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+
+
+def sql_literal(value: Any) -> str:
+    """A key value as SQL literal text: numbers and dates by their checked digits, strings as
+    UTF-8 hex (``X'..'`` cast to STRING), so no value can end the literal."""
+    if isinstance(value, str):
+        return f"CAST(X'{value.encode().hex()}' AS STRING)"
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        text = format(value, "f") if isinstance(value, Decimal) else repr(value)
+        if _NUMBER.match(text):
+            return f"'{text}'"
+    raise TypeError(f"no SQL literal for key value of type {type(value).__name__}")
 
 
 def merge_into(
@@ -399,33 +431,35 @@ def merge_into(
     schema: T.StructType,
     app_id: str,
     seq: int,
-    prune: Column | None,
+    prune: str | None,
 ) -> None:
     """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq).
     ``schema`` is the table's after the window's evolution: every column is one of the window's
-    (the others were dropped, ``merge.schema``)."""
-    from delta.tables import DeltaTable
-
-    condition = reduce(lambda a, b: a & b, [col(k, "t").eqNullSafe(col(k, "s")) for k in keys])
+    (the others were dropped, ``merge.schema``). SQL ``MERGE INTO`` over a temporary view: the
+    same statement on a classic session and over Spark Connect."""
+    view = f"vitess_merge_{uuid.uuid4().hex}"
+    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
     if prune is not None:
-        condition = condition & prune
-    values: dict[str, str | Column] = {q(f.name): col(f.name, "s").cast(f.dataType) for f in schema.fields}
-    is_delete = col(OP, "s") == DELETE
+        on = f"({on}) AND ({prune})"
+    values = {q(f.name): f"CAST(s.{q(f.name)} AS {f.dataType.simpleString()})" for f in schema.fields}
+    is_delete = f"s.{q(OP)} = '{DELETE}'"
+    statement = (
+        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
+        f"WHEN MATCHED AND {is_delete} THEN DELETE "
+        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET "
+        + ", ".join(f"t.{name} = {value}" for name, value in values.items())
+        + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(values)}) "
+        f"VALUES ({', '.join(values.values())})"
+    )
+    final.createOrReplaceTempView(view)
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(seq))
     try:
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(final.alias("s"), condition)
-            .whenMatchedDelete(condition=is_delete)
-            .whenMatchedUpdate(condition=~is_delete, set=values)
-            .whenNotMatchedInsert(condition=~is_delete, values=values)
-            .execute()
-        )
+        spark.sql(statement).collect()
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
+        spark.catalog.dropTempView(view)
 
 
 def files_for(rows: int, rows_per_file: int) -> int:

@@ -29,9 +29,11 @@ from airflow_provider_vitess.merge.steps import TableState
 
 
 def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
-    """Raise :class:`TargetIntegrityError` for the first table that is not what the sync wrote."""
+    """Raise :class:`TargetIntegrityError` for the first table of ``states`` that is not what
+    the sync wrote. ``states``: the tables the plan writes (the job reads no others: a table a
+    run does not write cannot be made wrong by it, and is checked by the run that writes it)."""
     last_seq = max(w.seq for w in plan.windows)
-    for table in sorted(plan.targets):
+    for table in sorted(states):
         if table in plan.windows[0].replace_tables:
             continue  # rebuilt whole by the plan's first window (a snapshot): nothing earlier counts
         problem = _problem(plan.targets[table], states[table], last_seq)

@@ -7,7 +7,10 @@ Usage (the operator builds this command; ``airflow_provider_vitess.merge.spark_c
         --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
         --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
         spark_jobs/merge_cdc.py (--plan-json JSON | --plan-file PATH) \\
-        [--report-file PATH] [--rows-per-file N]
+        [--report-file PATH] [--rows-per-file N] [--parallelism N]
+
+The same :func:`merge` also runs in a process of its own against a Spark Connect server, with no
+spark-submit (:mod:`airflow_provider_vitess.merge.connect`).
 
 The plan is a :class:`~airflow_provider_vitess.merge.plan.MergePlan` (JSON). The driver's Python
 must have this provider and ``delta-spark`` installed (it reads the manifests, verifies the
@@ -20,9 +23,12 @@ configure both fsspec and S3A: the job sets them on its session, not on the comm
 
 What a run does, in order, before writing anything: load every window's manifest (a missing one
 is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
-naming the file), read each Delta table's schema and the latest transaction version of
-``plan.txn_app_id(table)``, and plan every (window, table) step, so an incompatible schema change
-fails the run before its first commit. Then, window by window in seq order, table by table:
+naming the file), read the schema and the latest transaction version of
+``plan.txn_app_id(table)`` of each Delta table the windows write (staged rows, or replaced: a
+table they do not touch is not read) and check it is what the sync last wrote, and plan every
+(window, table) step, so an incompatible schema change fails the run before its first commit.
+Then the tables, several at once (they are independent: each has its own Delta log and
+transaction id; :mod:`.sessions`), each window by window in seq order:
 skip what the table's transaction version already covers (``already_applied``), else reduce the
 window to one change per key (``merge.apply``: each shard's last event, the row exists if a shard
 holds it, key changes delete the old key; a merged window also reads a few seconds of earlier
@@ -72,8 +78,9 @@ from airflow_provider_vitess.merge.schema import (
     window_columns,
     write_types,
 )
+from airflow_provider_vitess.merge.sessions import DEFAULT_PARALLELISM, TableSessions
 from airflow_provider_vitess.merge.spark_conf import spark_conf
-from airflow_provider_vitess.merge.steps import Action, Step, plan_steps
+from airflow_provider_vitess.merge.steps import Action, Step, TableState, plan_steps, touched_tables
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
@@ -81,6 +88,7 @@ from airflow_provider_vitess.staging.files import MANIFEST_NAME
 
 log = logging.getLogger("vitess_merge")
 ERROR_PREFIX = "VITESS_MERGE_ERROR "
+TIMING_PREFIX = "VITESS_MERGE_TIMING "  # seconds per phase, for bench/bench_merge_latency.py
 DEFAULT_ROWS_PER_FILE = 1_000_000
 Progress = Callable[[int, str, str], None]
 
@@ -108,31 +116,88 @@ def merge(
     *,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     progress: Progress | None = None,
+    new_session: Callable[[], SparkSession] | None = None,
+    parallelism: int | None = None,
+    timings: dict[str, float] | None = None,
 ) -> MergeReport:
-    """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what."""
+    """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what.
+
+    Only the tables the windows write (:func:`~.steps.touched_tables`) are read, checked and
+    merged; the others are NO_CHANGES without a look at their Delta table. Tables are
+    independent, so their states are read and their steps run (in window order) up to
+    ``parallelism`` tables at once, each on its own session (:class:`.sessions.TableSessions`;
+    ``new_session`` makes them, default ``spark.newSession``). ``timings`` receives the seconds
+    of each phase (``manifests``, ``states``, ``table <name>``, ``tables``), for the
+    benchmark's breakdown."""
     started = time.monotonic()
+    timed = timings if timings is not None else {}
     manifests = load_windows(plan)
-    states = {
-        t: apply.table_state(spark, tt.path, plan.txn_app_id(t), restores_after=tt.last_delta_version)
-        for t, tt in plan.targets.items()
-    }
+    timed["manifests"] = time.monotonic() - started
+    pool = TableSessions(spark, new_session, parallelism)
+
+    def read_state(session: SparkSession, table: str) -> TableState:
+        target = plan.targets[table]
+        return apply.table_state(
+            session, target.path, plan.txn_app_id(table), restores_after=target.last_delta_version
+        )
+
+    # What the sync last wrote is checked for each table before this run writes it; a table
+    # the windows do not write is left as it is, and checked when a window writes it.
+    states = pool.map(read_state, {t: t for t in touched_tables(plan, manifests)})
     check_targets(plan, states)
     steps = plan_steps(plan, manifests, states)
+    timed["states"] = time.monotonic() - started - timed["manifests"]
     by_seq = {m.window_seq: m for m in manifests}
     # Manifests by seq, the plan's and earlier windows' read for context: each read once per run.
     known: dict[int, Manifest | None] = dict(by_seq)
+    chains: dict[str, list[Step]] = {}
+    for step in steps:  # plan_steps orders them by window: each table's chain keeps that order
+        chains.setdefault(step.table, []).append(step)
+
+    def run_chain(session: SparkSession, chain: list[Step]) -> list[TableResult]:
+        out, began_chain = [], time.monotonic()
+        state = states.get(chain[0].table)  # None: a table the windows do not write
+        for step in chain:
+            began = time.monotonic()
+            mapping = state is not None and state.column_mapping
+            report = progress or (lambda *_: None)
+            result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known)
+            if (
+                result.status is TableStatus.ALREADY_APPLIED
+                and result.delta_version is None
+                and state is not None
+            ):
+                # Held by a commit of an earlier run: the table's version now stands for it.
+                result = dataclasses.replace(result, delta_version=state.version)
+            log.info(
+                "window %d table %s in %.2fs: %s",
+                step.seq,
+                step.table,
+                time.monotonic() - began,
+                json.dumps(result.to_dict()),
+            )
+            out.append(result)
+        if state is not None:
+            timed[f"table {chain[0].table}"] = time.monotonic() - began_chain
+        return out
+
+    began_chains = time.monotonic()
+    done = pool.map(run_chain, {t: c for t, c in chains.items() if t in states})
+    # The others are NO_CHANGES steps: no Spark, no session.
+    done.update({t: run_chain(spark, c) for t, c in chains.items() if t not in states})
+    timed["tables"] = time.monotonic() - began_chains
     results: dict[int, list[TableResult]] = {w.seq: [] for w in plan.windows}
-    for step in steps:
-        mapping = states[step.table].column_mapping
-        result = _run(
-            spark, plan, by_seq[step.seq], step, rows_per_file, progress or (lambda *_: None), mapping, known
-        )
-        if result.status is TableStatus.ALREADY_APPLIED and result.delta_version is None:
-            # Held by a commit of an earlier run: the table's version now stands for it.
-            result = dataclasses.replace(result, delta_version=states[step.table].version)
-        log.info("window %d table %s: %s", step.seq, step.table, json.dumps(result.to_dict()))
-        results[step.seq].append(result)
-    log.info("sync %s: %d window(s) in %.1fs", plan.sync_id, len(plan.windows), time.monotonic() - started)
+    for step in steps:  # the report lists them in plan order, whichever thread finished first
+        results[step.seq].append(done[step.table].pop(0))
+    log.info(
+        "sync %s: %d window(s), %d of %d tables written, in %.1fs (%s)",
+        plan.sync_id,
+        len(plan.windows),
+        len(states),
+        len(plan.targets),
+        time.monotonic() - started,
+        ", ".join(f"{k} {v:.2f}s" for k, v in timed.items()),
+    )
     return MergeReport(plan.sync_id, tuple(WindowResult(s, tuple(r)) for s, r in results.items()))
 
 
@@ -329,6 +394,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
     )
+    p.add_argument("--parallelism", type=int, help=f"tables merged at once (default {DEFAULT_PARALLELISM})")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -352,6 +418,11 @@ def session(app_name: str) -> SparkSession:
     (so ``python merge_cdc.py`` works too)."""
     from pyspark import SparkConf
 
+    # A process that opened a Spark Connect session marks its environment for Connect
+    # (pyspark.sql.utils.is_remote), and a spark-submit it starts inherits the mark: this
+    # session is a classic one, whoever started the job.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        os.environ.pop(name, None)
     given = SparkConf()
     builder = SparkSession.builder.appName(app_name)
     s3 = S3Settings.from_environment(os.environ)
@@ -381,6 +452,7 @@ def use_s3_settings(s3: S3Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
+    entered = time.time()  # wall clock: the benchmark subtracts its spawn time (JVM + Python start)
     args = _args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     s3 = S3Settings.from_environment(os.environ)
@@ -391,14 +463,23 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
             plan = MergePlan.from_json(args.plan_json)
         else:
             plan = MergePlan.from_json(_read_text(args.plan_file), source=f"plan file {args.plan_file}")
+        began = time.monotonic()
         spark = spark or session(f"vitess-merge {plan.sync_id}")
+        timings = {"session": time.monotonic() - began}
         if args.jars_file:
             _write_text(args.jars_file, spark.sparkContext.getConf().get("spark.jars", ""))
 
         def emit(seq: int, table: str, phase: str) -> None:
             print(PROGRESS_PREFIX + json.dumps({"seq": seq, "table": table, "phase": phase}), flush=True)
 
-        report = merge(spark, plan, rows_per_file=args.rows_per_file, progress=emit)
+        report = merge(
+            spark,
+            plan,
+            rows_per_file=args.rows_per_file,
+            progress=emit,
+            timings=timings,
+            parallelism=args.parallelism,
+        )
     except VitessProviderError as exc:
         print(f"merge failed: {exc}", file=sys.stderr, flush=True)
         _report_error(args.report_file, exc)
@@ -413,6 +494,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     if args.report_file:
         _write_text(args.report_file, text)
     print(REPORT_PREFIX + text, flush=True)
+    print(TIMING_PREFIX + json.dumps({"entered": entered, "ended": time.time(), **timings}), flush=True)
     return 0
 
 

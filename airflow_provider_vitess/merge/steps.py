@@ -58,16 +58,34 @@ class Step:
     schema: T.StructType | None = None  # the Delta schema once the step is done
 
 
+def touched_tables(plan: MergePlan, manifests: Sequence[Manifest]) -> list[str]:
+    """The plan's tables its windows write: staged rows in a window, or replaced by one (a
+    snapshot). Every other table's steps are NO_CHANGES whatever its Delta table holds, so a run
+    needs no state of it (a window of 2 tables in a sync of 200 reads 2)."""
+    out: set[str] = set()
+    for window, manifest in zip(plan.windows, manifests, strict=True):
+        out.update(window.replace_tables)
+        out.update(t for t, tm in manifest.tables.items() if tm.schemas and tm.parts)
+    return sorted(out & set(plan.targets))
+
+
 def plan_steps(
     plan: MergePlan, manifests: Sequence[Manifest], states: Mapping[str, TableState]
 ) -> list[Step]:
-    """Steps in execution order (window seq, then table name); raises before any write."""
+    """Steps in execution order (window seq, then table name); raises before any write.
+    ``states``: those of the :func:`touched_tables` (others are not needed)."""
     if [m.window_seq for m in manifests] != [w.seq for w in plan.windows]:
         raise MergePlanError("manifests must be given in the plan's window order")
+    touched = touched_tables(plan, manifests)
+    if missing := [t for t in touched if t not in states]:
+        raise ValueError(f"no Delta table state for the written table(s) {', '.join(missing)}")
     steps: list[Step] = []
     per_table: dict[str, list[Step]] = {}
     for table in sorted(plan.targets):
-        per_table[table] = _table_steps(plan, manifests, table, states[table])
+        if table in touched:
+            per_table[table] = _table_steps(plan, manifests, table, states[table])
+        else:
+            per_table[table] = [Step(w.seq, table, Action.NO_CHANGES) for w in plan.windows]
     for i in range(len(plan.windows)):
         steps += [per_table[t][i] for t in sorted(plan.targets)]
     return steps

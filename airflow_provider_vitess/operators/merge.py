@@ -1,4 +1,5 @@
-"""``VitessMergeOperator``: apply the sync's staged window to Delta with spark-submit.
+"""``VitessMergeOperator``: apply the sync's staged window to Delta with spark-submit, or on
+a long-running Spark Connect server (``spark_connect_conn_id``).
 
 Thin: :class:`~airflow_provider_vitess.merge.runner.MergeRunner` drives the window state
 machine on the apply side (under the sync's lock: STAGED -> merged by the Spark job -> MERGED
@@ -68,6 +69,12 @@ class VitessMergeOperator(SparkSubmitOperator):
         the first submit resolves them and later ones pass ``--jars`` (default
         ``~/.cache/airflow-provider-vitess/spark-jars`` on the worker).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
+    :param spark_connect_conn_id: a ``spark_connect`` connection (the Spark provider's
+        ``SparkConnectHook``): the merge then runs in the task's process against that server
+        (``sc://``), with no spark-submit and no JVM per window (see
+        :mod:`airflow_provider_vitess.merge.connect`; ``dev/spark_connect.sh`` starts one). The
+        server reads ``s3a://`` with S3A settings of its own; ``aws_conn_id`` then serves the
+        task's reads of the manifests.
     :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
         UI" link then opens the merge's application there.
     :param tables: the sync's tables, when known where the DAG is defined: each Delta table is
@@ -112,6 +119,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         env_vars: dict[str, Any] | None = None,
         spark_history_url: str | None = None,
         tables: Sequence[str] | None = None,
+        spark_connect_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -134,6 +142,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.table_uris = lineage_assets.declare(self, target_location, tables, targets)
         self._lineage: MergeLineage | None = None
         self.aws_conn_id = aws_conn_id
+        self.spark_connect_conn_id = spark_connect_conn_id
         self._packages_given = packages is not None
         self.jars_cache_dir = Path(jars_cache_dir) if jars_cache_dir else default_cache_dir()
 
@@ -234,6 +243,8 @@ class VitessMergeOperator(SparkSubmitOperator):
 
     def _submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
         """spark-submit the job with ``plan``; its report, or its error as the task's."""
+        if self.spark_connect_conn_id:
+            return self._merge_on_connect(plan, self.spark_connect_conn_id)
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
             # a small window's merge time; the user's own conf still wins.
@@ -272,6 +283,21 @@ class VitessMergeOperator(SparkSubmitOperator):
                 self.spark_application_id = dict(json.loads(text).get("spark") or {}).get("application_id")
                 return MergeReport.from_json(text)
         return None
+
+    def _merge_on_connect(self, plan: MergePlan, conn_id: str) -> MergeReport:
+        """The job's merge in this process, on the Spark Connect server of the connection."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        from airflow_provider_vitess.merge.connect import run_merge
+
+        url = SparkConnectHook(conn_id).get_connection_url()
+        with log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} on Spark Connect"):
+            return run_merge(
+                url,
+                plan,
+                s3=s3_settings(self.aws_conn_id),
+                progress=lambda seq, table, phase: self.log.info("window %d table %s: %s", seq, table, phase),
+            )
 
 
 def _job_error(report_file: Path) -> dict[str, Any] | None:

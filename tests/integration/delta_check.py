@@ -46,8 +46,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def delta_rows(path: str | Path) -> set[tuple[Any, ...]]:
-    spark = spark_session()
+def delta_rows(path: str | Path, spark: Any = None) -> set[tuple[Any, ...]]:
+    spark = spark or spark_session()
     df = spark.read.format("delta").load(str(path))
     return {tuple(_plain(v) for v in row) for row in df.collect()}
 
@@ -85,12 +85,13 @@ def delta_txns(path: str | Path) -> list[tuple[str, int, int]]:
 
 
 def assert_delta_equals_source(
-    hook: VitessHook, keyspace: str, tables: Sequence[str], delta_root: str | Path
+    hook: VitessHook, keyspace: str, tables: Sequence[str], delta_root: str | Path, spark: Any = None
 ) -> None:
-    """Each ``delta_root/<table>`` holds exactly the rows of ``keyspace.table`` through vtgate."""
+    """Each ``delta_root/<table>`` holds exactly the rows of ``keyspace.table`` through vtgate
+    (read with ``spark``, default this process's classic session)."""
     for table in tables:
         source = source_rows(hook, keyspace, table)
-        target = delta_rows(Path(delta_root) / table)
+        target = delta_rows(Path(delta_root) / table, spark)
         assert target == source, (
             f"{table}: {len(target - source)} rows only in Delta (e.g. {sorted(target - source)[:3]}), "
             f"{len(source - target)} only in the source (e.g. {sorted(source - target)[:3]})"

@@ -1,0 +1,277 @@
+"""The merge on a long-running Spark Connect server: no JVM starts per window.
+
+The merge job's code (:func:`airflow_provider_vitess.merge.job.merge`) runs in the calling
+process against remote sessions (``SparkSession.builder.remote("sc://...")``): manifests are
+read and checksums verified here, every DataFrame, MERGE and Delta commit runs on the server.
+The process is left as it was found (:func:`remote_sessions`): an Airflow worker's next task
+may use classic Spark.
+The window state machine and the Delta transaction ids are the spark-submit mode's: the same
+function, the same plan, the same (txnAppId, txnVersion) per (table, window).
+
+What Spark Connect lacks is the JVM: the classic job asks Delta's ``DeltaLog`` for a table's
+snapshot through py4j; here :func:`table_state` asks the same through SQL (``DESCRIBE
+HISTORY``/``DETAIL``, the table's schema) and reads this sync's latest transaction version from
+the table's log with Spark itself (:func:`txn_version`). Every write is SQL or a DataFrame
+writer (:mod:`.apply`), so Delta's own Connect plugin is not needed on the server.
+
+The server needs the job's Delta jar and session settings: :func:`server_args` gives its
+spark-submit arguments (``python -m airflow_provider_vitess.merge.connect server-args``, used by
+``dev/spark_connect.sh``). Its Python workers run the job's one UDF, so they need the same
+Python minor version as this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_vitess.merge.plan import MergePlan
+    from airflow_provider_vitess.merge.report import MergeReport
+    from airflow_provider_vitess.merge.steps import TableState
+    from airflow_provider_vitess.object_storage import S3Settings
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 15002
+Progress = Callable[[int, str, str], None]
+
+
+def server_args(
+    *, port: int = DEFAULT_PORT, local_dir: str | None = None, local: bool = True, s3: bool = False
+) -> list[str]:
+    """spark-submit arguments (before ``--class``) of a Connect server the merge can use: Delta
+    (and S3A with ``s3``) and the job's session settings. Delta's own Connect plugin is not
+    needed: the job speaks SQL to Delta (:mod:`.apply`)."""
+    locations = ["s3a://"] if s3 else []
+    conf = {
+        **BASE_CONF,
+        **(LOCAL_CONF if local else {}),
+        "spark.connect.grpc.binding.address": "127.0.0.1" if local else "0.0.0.0",
+        "spark.connect.grpc.binding.port": str(port),
+    }
+    if local_dir:
+        conf["spark.local.dir"] = local_dir
+    args = ["--packages", packages_for(locations)]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect (remote) session rather than a classic one (by its
+    class's module: importing Connect's client costs a classic job a second)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
+
+
+# pyspark marks a process that makes a remote session for Spark Connect and never unmarks it:
+# SPARK_CONNECT_MODE_ENABLED (``pyspark.sql.utils.is_remote``: every function, column and
+# DataFrame call then builds Connect objects, and a classic SparkContext refuses to start), and
+# in its local mode SPARK_REMOTE/SPARK_LOCAL_REMOTE. A worker process runs many tasks (an Airflow
+# worker, a test session): the next one's classic Spark must find the process as it was.
+MODE_VARIABLES = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+_mode_lock = threading.Lock()
+_mode_users = 0  # blocks of remote_sessions running (threads): the last to end restores
+_mode_saved: dict[str, str | None] = {}
+
+
+@contextmanager
+def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
+    """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
+    for the block. On every way out of it, each session made is stopped, pyspark's Connect
+    default and active sessions are what they were, and the Connect mark is taken off the
+    process's environment once no other block runs (the mark is process-wide: while a block
+    runs, this process cannot use classic Spark)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    global _mode_users
+    with _mode_lock:
+        if _mode_users == 0:
+            _mode_saved.clear()
+            _mode_saved.update({name: os.environ.get(name) for name in MODE_VARIABLES})
+        _mode_users += 1
+    default = RemoteSession._default_session
+    active = getattr(RemoteSession._active_session, "session", None)
+    made: list[SparkSession] = []
+
+    def new() -> SparkSession:
+        session = SparkSession.builder.remote(url).create()
+        made.append(session)
+        return session
+
+    try:
+        yield new
+    finally:
+        for session in made:
+            try:
+                session.stop()
+            except Exception as exc:  # a session the server already lost: nothing to release
+                log.warning("could not stop a Spark Connect session on %s: %s", url, exc)
+        ours = {id(session) for session in made}
+        with _mode_lock:
+            if id(RemoteSession._default_session) in ours:
+                RemoteSession._default_session = default
+            if id(getattr(RemoteSession._active_session, "session", None)) in ours:
+                RemoteSession._active_session.session = active
+            _mode_users -= 1
+            if _mode_users == 0:
+                for name, value in _mode_saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+
+
+# -- Delta table state without a JVM ---------------------------------------------------------------
+
+
+def _table(path: str) -> str:
+    from airflow_provider_vitess.merge.apply import q
+
+    return f"delta.{q(path)}"
+
+
+# Delta's error conditions for a path that holds no Delta table (yet), as the classic job's
+# DeltaLog sees it (version -1): the merge creates it.
+NO_TABLE = frozenset(
+    {"DELTA_TABLE_ONLY_OPERATION", "DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_NOT_FOUND", "PATH_NOT_FOUND"}
+)
+
+
+def table_version(spark: SparkSession, path: str) -> int:
+    """The table's latest version (-1: no table)."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        row = spark.sql(f"DESCRIBE HISTORY {_table(path)} LIMIT 1").select("version").first()
+    except AnalysisException as exc:
+        if exc.getCondition() in NO_TABLE:
+            return -1
+        raise
+    assert row is not None, f"Delta table {path} has no history"
+    return int(row[0])
+
+
+def table_files(spark: SparkSession, path: str) -> int:
+    row = spark.sql(f"DESCRIBE DETAIL {_table(path)}").select("numFiles").first()
+    return 0 if row is None else int(row[0])
+
+
+def txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
+    """The latest transaction version of ``app_id`` in the table's log (None: never written).
+
+    Delta's snapshot keeps, per app id, the last ``txn`` action in log order; the merge writes
+    an app id's versions in increasing window order only (Delta skips a lower one), so the
+    highest version in the log's commits and checkpoints is that one. Commits cleaned from the
+    log are covered by the checkpoints that replaced them."""
+    from pyspark.sql import functions as F
+
+    log_dir = f"{path.rstrip('/')}/_delta_log"
+    schema = "txn struct<appId: string, version: bigint>"
+    commits = spark.read.schema(schema).option("pathGlobFilter", "*.json").json(log_dir)
+    checkpoints = spark.read.schema(schema).option("pathGlobFilter", "*.checkpoint*.parquet").parquet(log_dir)
+    found = (
+        commits.unionByName(checkpoints)
+        .where(F.col("txn.appId") == F.lit(app_id))
+        .agg(F.max("txn.version"))
+        .first()
+    )
+    return None if found is None or found[0] is None else int(found[0])
+
+
+def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None) -> TableState:
+    """:func:`airflow_provider_vitess.merge.apply.table_state` over Spark Connect."""
+    from airflow_provider_vitess.merge.apply import restores
+    from airflow_provider_vitess.merge.steps import TableState
+
+    version = table_version(spark, path)
+    if version < 0:
+        return TableState(exists=False)
+    detail = spark.sql(f"DESCRIBE DETAIL {_table(path)}").select("properties").first()
+    props = dict(detail[0] or {}) if detail is not None else {}
+    return TableState(
+        exists=True,
+        schema=spark.read.format("delta").load(path).schema,
+        txn_version=txn_version(spark, path, app_id),
+        column_mapping=props.get("delta.columnMapping.mode", "none") != "none",
+        version=version,
+        restores=restores(spark, path, restores_after, version),
+    )
+
+
+# -- running the merge -----------------------------------------------------------------------------
+
+
+def run_merge(
+    url: str,
+    plan: MergePlan,
+    *,
+    s3: S3Settings | None = None,
+    progress: Progress | None = None,
+    parallelism: int | None = None,
+    timings: dict[str, float] | None = None,
+) -> MergeReport:
+    """The merge job's :func:`~airflow_provider_vitess.merge.job.merge` of ``plan`` on the server
+    at ``url``: one remote session per concurrently merged table, all stopped on return and the
+    process left for classic Spark (:func:`remote_sessions`). ``s3`` configures this process's
+    fsspec (manifests); the server reads ``s3a://`` with its own S3A settings. ``timings``: as
+    the job's, plus ``session`` (the first session) and ``session stop``."""
+    from airflow_provider_vitess.merge import job
+
+    if s3 is not None:
+        job.use_s3_settings(s3)
+    timed = timings if timings is not None else {}
+    began = time.monotonic()
+    with remote_sessions(url) as new_session:
+        spark = new_session()
+        timed["session"] = time.monotonic() - began
+        report = job.merge(
+            spark, plan, progress=progress, new_session=new_session, parallelism=parallelism, timings=timed
+        )
+        stopping = time.monotonic()
+    timed["session stop"] = time.monotonic() - stopping
+    return report
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m airflow_provider_vitess.merge.connect")
+    sub = p.add_subparsers(dest="command", required=True)
+    args_cmd = sub.add_parser("server-args", help="spark-submit arguments of a Connect server, one a line")
+    args_cmd.add_argument("--port", type=int, default=DEFAULT_PORT)
+    args_cmd.add_argument("--local-dir")
+    args_cmd.add_argument("--cluster", action="store_true", help="no small-machine settings")
+    args_cmd.add_argument("--s3", action="store_true", help="with Hadoop's S3A (s3a:// tables)")
+    merge_cmd = sub.add_parser("merge", help="merge a MergePlan (JSON file) on the server at URL")
+    merge_cmd.add_argument("url")
+    merge_cmd.add_argument("plan_file")
+    args = p.parse_args(argv)
+    if args.command == "server-args":
+        found = server_args(port=args.port, local_dir=args.local_dir, local=not args.cluster, s3=args.s3)
+        print("\n".join(found))
+        return 0
+    from pathlib import Path
+
+    from airflow_provider_vitess.merge.plan import MergePlan
+    from airflow_provider_vitess.object_storage import S3Settings
+
+    started = time.monotonic()
+    plan = MergePlan.from_json(Path(args.plan_file).read_text())
+    report = run_merge(args.url, plan, s3=S3Settings.from_environment(os.environ))
+    print(report.to_json())
+    print(f"merged in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,151 @@
+"""The merge on a long-running Spark Connect server (``dev/spark_connect.sh``), through
+:class:`MergeRunner` (the operator's code path) with :func:`merge.connect.run_merge` as its
+submit: a snapshot and a catch-up window of two tables, target == ``SELECT *`` through vtgate,
+each window committed once per table (its transaction id once in the Delta log), and a rerun
+of an already merged window through the Connect path commits nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.utils import is_remote
+
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.report import MergeReport, TableStatus
+from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration.databases import free_port
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns
+from tests.integration.merge_workload import execute
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+A, B = "connect_a", "connect_b"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server of this module's own (its URL), stopped at the end."""
+    env = {
+        **os.environ,
+        "SPARK_CONNECT_PORT": str(free_port()),
+        "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
+    }
+    script = str(REPO / "dev" / "spark_connect.sh")
+    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)
+    assert started.returncode == 0, f"spark_connect.sh start failed:\n{started.stderr[-3000:]}"
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    name, value = connection_uri_env("vitess_connect", vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        hook = VitessHook("vitess_connect")
+        execute(
+            hook,
+            *[
+                f"CREATE TABLE IF NOT EXISTS commerce.{t} (id BIGINT NOT NULL PRIMARY KEY, "
+                "note VARCHAR(64), amount DECIMAL(12,2))"
+                for t in (A, B)
+            ],
+        )
+        yield hook
+        hook.close()
+
+
+def workload(
+    hook: VitessHook, rng: random.Random, old: dict[str, list[int]] | None = None
+) -> dict[str, list[int]]:
+    """30 inserts of fresh ids in both tables (reruns on a used cluster never collide); with
+    ``old`` (an earlier round's ids), 5 updates and 3 deletes of those rows. Returns the ids.
+    Which rows change is chosen, not left to ``ORDER BY id`` over the tables' random ids (that
+    sometimes picked this round's own inserts, and the counts below then varied)."""
+    statements, fresh = [], {}
+    for table in (A, B):
+        fresh[table] = [rng.randrange(1, 2**40) for _ in range(30)]
+        for i in fresh[table]:
+            statements.append(
+                f"INSERT INTO commerce.{table} (id, note, amount) VALUES ({i}, 'n{i}', {i % 1000}.25)"
+            )
+        if old:
+            updated, deleted = ", ".join(map(str, old[table][:5])), ", ".join(map(str, old[table][5:8]))
+            statements.append(
+                f"UPDATE commerce.{table} SET note = 'u{rng.random():.6f}' WHERE id IN ({updated})"
+            )
+            statements.append(f"DELETE FROM commerce.{table} WHERE id IN ({deleted})")
+    execute(hook, *statements)
+    return fresh
+
+
+def test_windows_merged_on_spark_connect_equal_the_source_each_once(
+    server: str, hook: VitessHook, tmp_path: Path
+) -> None:
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"connect-{uuid.uuid4().hex[:8]}", "commerce", (A, B), str(tmp_path / "stage"))
+    capture = CaptureRunner(hook, store, spec, holder="test-connect")
+    delta = tmp_path / "delta"
+    runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-connect-merge")
+    submitted: list[MergePlan] = []
+
+    def submit(plan: MergePlan) -> MergeReport:
+        submitted.append(plan)
+        return connect.run_merge(server, plan)
+
+    rng = random.Random(spec.sync_id)
+    first = workload(hook, rng)
+    capture.snapshot()
+    assert runner.run(submit).seq == 1
+    workload(hook, rng, first)
+    capture.catch_up()
+    outcome = runner.run(submit)
+    assert outcome.seq == 2 and outcome.report is not None
+    written = {r.table: r for r in outcome.report.window(2).tables}
+    assert {t: r.status for t, r in written.items()} == {A: TableStatus.WRITTEN, B: TableStatus.WRITTEN}
+    assert {t: (r.rows_inserted, r.rows_updated, r.rows_deleted) for t, r in written.items()} == {
+        A: (30, 5, 3),
+        B: (30, 5, 3),
+    }
+
+    # The Connect merge leaves this process for classic Spark (the Spark tests after this one).
+    assert not is_remote()
+    with connect.remote_sessions(server) as new_session:
+        reader = new_session()
+        try:
+            assert_delta_equals_source(hook, "commerce", (A, B), delta, reader)
+            for table in (A, B):
+                app_id = submitted[0].txn_app_id(table)
+                assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
+                assert connect.txn_version(reader, str(delta / table), app_id) == 2
+
+            # A merge killed after its Delta commits but before MERGED was recorded is run
+            # again: through the Connect path too, the transaction ids make it commit nothing.
+            window = store.window(spec.sync_id, 2)
+            assert window.state is WindowState.COMMITTED
+            again = connect.run_merge(server, build_plan(store, spec.sync_id, window, str(delta)))
+            statuses: dict[str, Any] = {r.table: r.status for r in again.window(2).tables}
+            assert statuses == {A: TableStatus.ALREADY_APPLIED, B: TableStatus.ALREADY_APPLIED}
+            assert [v for _, v, _ in delta_txns(delta / A)] == [1, 2]
+            # A block inside the reader's keeps the mark: the reader still works.
+            assert is_remote() and reader.range(3).count() == 3
+        finally:
+            store.close()
+    assert not is_remote()

@@ -1,0 +1,141 @@
+"""The Spark Connect mode's parts that need no server: its arguments, the SQL literals of MERGE,
+and the process a Connect merge leaves behind (creating a remote session sends nothing)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pyspark.sql.connect.client.core import SparkConnectClient
+from pyspark.sql.connect.session import SparkSession as RemoteSession
+from pyspark.sql.utils import is_remote
+
+from airflow_provider_vitess.merge import job
+from airflow_provider_vitess.merge.apply import sql_literal
+from airflow_provider_vitess.merge.connect import (
+    MODE_VARIABLES,
+    is_connect,
+    remote_sessions,
+    run_merge,
+    server_args,
+)
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.report import MergeReport
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, HADOOP_AWS_PACKAGE
+
+
+def conf_of(args: list[str]) -> dict[str, str]:
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() -> None:
+    args = server_args(port=16123, local_dir="/tmp/x")
+    assert args[:2] == ["--packages", DELTA_PACKAGE]
+    conf = conf_of(args)
+    assert {k: conf[k] for k in BASE_CONF} == dict(BASE_CONF)
+    assert conf["spark.connect.grpc.binding.port"] == "16123"
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert conf["spark.local.dir"] == "/tmp/x"
+    assert conf["spark.sql.shuffle.partitions"] == "2"
+    cluster = server_args(local=False, s3=True)
+    assert cluster[1] == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}"
+    assert "spark.sql.shuffle.partitions" not in conf_of(cluster)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (42, "'42'"),
+        (-7, "'-7'"),
+        (Decimal("-12.50"), "'-12.50'"),
+        (1.5, "'1.5'"),
+        (2.5e-300, "'2.5e-300'"),
+        (datetime.date(1000, 1, 1), "DATE '1000-01-01'"),
+        ("x", "CAST(X'78' AS STRING)"),
+        # A quote, a backslash or a comment in a key value is only hex digits in the SQL.
+        ("a';--\\", "CAST(X'61273b2d2d5c' AS STRING)"),
+        ("é", "CAST(X'c3a9' AS STRING)"),
+    ],
+)
+def test_key_values_become_sql_literals_that_no_value_can_end(value: object, text: str) -> None:
+    assert sql_literal(value) == text
+
+
+@pytest.mark.parametrize("value", [True, b"\x00", float("nan"), datetime.datetime(2026, 1, 1)])
+def test_values_without_a_safe_literal_are_refused(value: object) -> None:
+    with pytest.raises(TypeError, match="no SQL literal for key value"):
+        sql_literal(value)
+
+
+NOWHERE = "sc://127.0.0.1:1"  # no server: sessions are made, never used
+PLAN = MergePlan(
+    "s",
+    (WindowToMerge(2, "/stage/s/window=0000000002/_manifest.json"),),
+    {"t": TableTarget("t", "/d/t", ("id",), ("id",))},
+)
+
+
+@pytest.fixture
+def released(monkeypatch: pytest.MonkeyPatch) -> list[SparkConnectClient]:
+    """The sessions released on stop (the release would wait ten minutes for the absent server),
+    in a process with no Connect mark."""
+    for name in MODE_VARIABLES:
+        monkeypatch.setenv(name, "")  # recorded: the test's end restores the variable, whatever it left
+        monkeypatch.delenv(name)
+    out: list[SparkConnectClient] = []
+    monkeypatch.setattr(SparkConnectClient, "release_session", lambda self: out.append(self))
+    return out
+
+
+def mode() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in MODE_VARIABLES}
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_connect_merge_leaves_the_process_for_classic_spark(
+    monkeypatch: pytest.MonkeyPatch, released: list[SparkConnectClient], fails: bool
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def merge(spark: Any, plan: MergePlan, **kwargs: Any) -> MergeReport:
+        other = kwargs["new_session"]()  # a second table's session
+        seen.update(remote=is_remote(), sessions=[is_connect(spark), is_connect(other)], plan=plan)
+        if fails:
+            raise RuntimeError("the job failed")
+        return MergeReport("s", ())
+
+    monkeypatch.setattr(job, "merge", merge)
+    if fails:
+        with pytest.raises(RuntimeError, match="the job failed"):
+            run_merge(NOWHERE, PLAN)
+    else:
+        assert run_merge(NOWHERE, PLAN) == MergeReport("s", ())
+    assert seen == {"remote": True, "sessions": [True, True], "plan": PLAN}
+    # Unmarked: the next classic session of this process (an Airflow worker's next task) works.
+    assert mode() == dict.fromkeys(MODE_VARIABLES) and not is_remote()
+    assert RemoteSession._default_session is None and RemoteSession.getActiveSession() is None
+    assert len(released) == 2  # both sessions stopped
+
+
+def test_blocks_at_once_keep_the_mark_until_the_last_ends_and_restore_what_was_there(
+    monkeypatch: pytest.MonkeyPatch, released: list[SparkConnectClient]
+) -> None:
+    monkeypatch.setenv("SPARK_REMOTE", "sc://elsewhere:15002")  # the user's own, kept
+    first, second = remote_sessions(NOWHERE), remote_sessions(NOWHERE)
+    mine: Any = first.__enter__()()
+    assert RemoteSession.getActiveSession() is mine and is_remote()
+    second.__enter__()()
+    first.__exit__(None, None, None)
+    assert is_remote(), "the other block's merge still runs"
+    assert RemoteSession.getActiveSession() is None and RemoteSession._default_session is None
+    second.__exit__(None, None, None)
+    assert mode() == {
+        "SPARK_CONNECT_MODE_ENABLED": None,
+        "SPARK_REMOTE": "sc://elsewhere:15002",
+        "SPARK_LOCAL_REMOTE": None,
+    }
+    assert len(released) == 2
