@@ -216,6 +216,18 @@ def straddling_moves(
     return act, [oid for oid, _ in chosen]
 
 
+def two_shard_keys(manifests: Sequence[Manifest]) -> set[int]:
+    """Order ids with events from two shards in one catch-up window (moves inside a window)."""
+    out = set()
+    for m in manifests[1:]:
+        seen: dict[int, set[str]] = {}
+        for r in read_table(m, TABLE).to_pylist() if TABLE in m.tables else ():
+            key = r["order_id"] if r["order_id"] is not None else r[A.BEFORE_PREFIX + "order_id"]
+            seen.setdefault(key, set()).add(r[A.SHARD])
+        out |= {k for k, shards in seen.items() if len(shards) > 1}
+    return out
+
+
 @dataclass
 class Captured:
     sync: wl.Sync
@@ -462,10 +474,12 @@ def main() -> None:
                 f"  {label:<28}{sum(took):9.1f}{statistics.median(took):17.2f}"
                 f"{missing:9d}{extra:7d}{wrong - missing - extra:8d}{wrong:7d}"
             )
-        split = set(cap.straddled) & set(auto["missing"])
+        lost = set(auto["missing"])
+        split, inside = lost & set(cap.straddled), lost & two_shard_keys(manifests)
         print(
-            f"  Auto CDC: {len(split)} of its {len(auto['missing'])} missing rows are moves split by a "
-            f"window stop; {auto['duplicates']} duplicate keys"
+            f"  Auto CDC: of its {len(lost)} missing rows, {len(split)} are moves split by a window stop, "
+            f"{len(inside - split)} others have events from two shards in one window, "
+            f"{len(lost - split - inside)} neither; {auto['duplicates']} duplicate keys"
         )
         print(f"  per window, ours:     {' '.join(f'{t:.1f}' for t in ours)}")
         print(f"  per window, Auto CDC: {' '.join(f'{t:.1f}' for t in auto['took'])}")
