@@ -17,22 +17,24 @@ import calendar
 import datetime
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
-from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.window import capture_stop_position
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.test_type_matrix import COLUMNS as TYPE_COLUMNS
 from tests.integration.test_type_matrix import ROWS as TYPE_ROWS
@@ -155,6 +157,12 @@ class Workload:
                 if self.rng.random() < 0.5:
                     self._line_op(conn)
 
+    def move(self, conn: sqlalchemy.Connection, oid: int, cid: int) -> None:
+        """vtgate refuses to update a vindex column: a move is DELETE + INSERT (new values)."""
+        conn.execute(sqlalchemy.text(f"DELETE FROM customer.{ORDERS} WHERE order_id = :o"), {"o": oid})
+        self._insert_order(conn, oid, cid)
+        self.moves += 1
+
     def _order_op(self, conn: sqlalchemy.Connection) -> None:
         r = self.rng
         p = r.random()
@@ -167,9 +175,7 @@ class Workload:
             conn.execute(sqlalchemy.text(f"DELETE FROM customer.{ORDERS} WHERE order_id = :o"), {"o": oid})
             del self.orders[oid]
         elif p < 0.55:  # move to another shard (most of the time): same key, other customer_id
-            conn.execute(sqlalchemy.text(f"DELETE FROM customer.{ORDERS} WHERE order_id = :o"), {"o": oid})
-            self._insert_order(conn, oid, r.randint(10_001, 20_000))
-            self.moves += 1
+            self.move(conn, oid, r.randint(10_001, 20_000))
         elif p < 0.65:  # primary key change
             new = self.next_order
             self.next_order += 1
@@ -312,6 +318,24 @@ class Sync:
         self.manifests.append(outcome.manifest)
         return outcome.manifest
 
+    def capture_split(self, act: Callable[[], None], early_shard: str) -> Manifest:
+        """Runs ``act`` (moves between shards), then stages a catch-up window whose stop is
+        ``early_shard``'s position before ``act`` and the other shards' position after it: each
+        move's half on ``early_shard`` falls in the next window."""
+        before = capture_stop_position(self.runner._open, self.keyspace)
+        act()
+        after = capture_stop_position(self.runner._open, self.keyspace)
+        stop = Vgtid(
+            tuple(
+                (before if sg.shard == early_shard else after).shard(sg.keyspace, sg.shard) or sg
+                for sg in after.shard_gtids
+            )
+        )
+        committed, _ = self.store.committed(self.sync_id)
+        assert committed is not None
+        self.store.plan_window(self.sync_id, WindowKind.CATCHUP, committed, stop)
+        return self.capture()  # resumes the planned window: reads up to that stop
+
     def targets(self, root: Path) -> dict[str, TableTarget]:
         keys = self.manifests[0].tables
         return {
@@ -370,8 +394,8 @@ def canon(value: Any, dtype: T.DataType) -> Any:
     return value
 
 
-def delta_rows(spark: SparkSession, path: str, keys: Sequence[str]) -> tuple[T.StructType, Rows]:
-    df = spark.read.format("delta").load(path)
+def frame_rows(df: DataFrame, keys: Sequence[str]) -> tuple[Rows, int]:
+    """A table's rows by key in the oracle's form, and how many rows share a key with another."""
     cols = [
         F.unix_micros(F.col(q(f.name))).alias(f.name)
         if isinstance(f.dataType, T.TimestampType)
@@ -379,11 +403,43 @@ def delta_rows(spark: SparkSession, path: str, keys: Sequence[str]) -> tuple[T.S
         for f in df.schema.fields
     ]
     out: Rows = {}
-    for row in df.select(*cols).collect():
+    collected = df.select(*cols).collect()
+    for row in collected:
         values = tuple(canon(row[f.name], f.dataType) for f in df.schema.fields)
         out[tuple(row[k] for k in keys)] = values
-    assert len(out) == df.count(), f"{path}: duplicate keys in Delta"
+    return out, len(collected) - len(out)
+
+
+def delta_rows(spark: SparkSession, path: str, keys: Sequence[str]) -> tuple[T.StructType, Rows]:
+    df = spark.read.format("delta").load(path)
+    out, duplicates = frame_rows(df, keys)
+    assert not duplicates, f"{path}: duplicate keys in Delta"
     return df.schema, out
+
+
+def source_rows(
+    hook: VitessHook, keyspace: str, table: str, schema: T.StructType, keys: Sequence[str]
+) -> Rows:
+    """``SELECT *`` through vtgate by key, each value in the form of ``schema``'s column type."""
+    names, rows = select_all(hook, keyspace, table)
+    assert schema.fieldNames() == names, f"{table}: target columns {schema.fieldNames()} != source {names}"
+    types = [f.dataType for f in schema.fields]
+    want = {}
+    for r in rows:
+        values = tuple(canon(v, t) for v, t in zip(r, types, strict=True))
+        want[tuple(values[names.index(k)] for k in keys)] = values
+    return want
+
+
+def differing_rows(got: Rows, want: Rows) -> int:
+    """Keys missing from or extra in the target, plus keys with a differing value (or type)."""
+
+    def same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+        return all(x == y and type(x) is type(y) for x, y in zip(a, b, strict=True))
+
+    return len(got.keys() ^ want.keys()) + sum(
+        1 for k in got.keys() & want.keys() if not same(got[k], want[k])
+    )
 
 
 def assert_equal_to_source(
@@ -391,13 +447,8 @@ def assert_equal_to_source(
 ) -> int:
     """Delta table == SELECT * through vtgate: same columns, same keys, equal values of equal types."""
     schema, got = delta_rows(spark, path, keys)
-    names, rows = select_all(hook, keyspace, table)
-    assert schema.fieldNames() == names, f"{table}: Delta columns {schema.fieldNames()} != source {names}"
-    types = [f.dataType for f in schema.fields]
-    want = {}
-    for r in rows:
-        values = tuple(canon(v, t) for v, t in zip(r, types, strict=True))
-        want[tuple(values[names.index(k)] for k in keys)] = values
+    want = source_rows(hook, keyspace, table, schema, keys)
+    names = schema.fieldNames()
     missing, extra = want.keys() - got.keys(), got.keys() - want.keys()
     assert not missing and not extra, (
         f"{table}: {len(missing)} key(s) missing in Delta {sorted(missing)[:5]}, "

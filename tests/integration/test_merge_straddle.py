@@ -16,12 +16,10 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
+from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.job import merge
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
-from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.window import capture_stop_position
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import spark_session
@@ -86,26 +84,14 @@ def test_moves_split_by_a_window_stop_keep_the_row(vitess: LocalVitess, tmp_path
     old, new = shard_of[CUSTOMER_A], shard_of[CUSTOMER_B]
     assert old != new
 
-    def position() -> Vgtid:
-        return capture_stop_position(sync.runner._open, "customer")
-
     def split_window(moves: list[tuple[int, int, str]], early_shard: str) -> Manifest:
-        """Runs ``moves``, then stages a window whose stop is ``early_shard``'s position before
-        them and the other shard's position after them."""
-        before = position()
-        for order_id, to_customer, note in moves:
-            _move(hook, order_id, to_customer, note)
-        after = position()
-        stop = Vgtid(
-            tuple(
-                (before if sg.shard == early_shard else after).shard(sg.keyspace, sg.shard) or sg
-                for sg in after.shard_gtids
-            )
-        )
-        committed, _ = store.committed(sync.sync_id)
-        assert committed is not None
-        store.plan_window(sync.sync_id, WindowKind.CATCHUP, committed, stop)
-        return sync.capture()  # resumes the planned window: reads up to that stop
+        """Runs ``moves``; their halves on ``early_shard`` fall in the next window."""
+
+        def act() -> None:
+            for order_id, to_customer, note in moves:
+                _move(hook, order_id, to_customer, note)
+
+        return sync.capture_split(act, early_shard)
 
     # 1. Moves from the old shard to the new; the stop falls after the INSERTs, before the DELETEs.
     first = split_window([(3, CUSTOMER_B, "moved 3"), (4, CUSTOMER_B, "moved 4")], early_shard=old)
