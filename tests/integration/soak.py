@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -355,9 +355,21 @@ class Soak:
                 break
         self._rerun(in_process)
 
+    def _await_stale_lock(self) -> None:
+        """Before a child run: a holder killed a moment ago keeps the sync's lock until it goes
+        stale, and a child started sooner is refused (``SyncLockedError``) and exits before any
+        fault can land. Airflow's retry delay spaces reruns the same way."""
+        deadline = time.monotonic() + 60
+        while (holder := self.store.lock_holder(self.sync_id)) is not None:
+            if datetime.now(UTC) - holder.heartbeat_at > STALE * 1.5:
+                return
+            assert time.monotonic() < deadline, f"the sync's lock never went stale: {holder.describe()}"
+            time.sleep(0.2)
+
     def _kill_capture(self, kind: str) -> bool:
         """A capture_child SIGKILLed a random delay after its window is PLANNED; True if the
         kill landed while it was reading."""
+        self._await_stale_lock()
         spec = {
             "sync_id": self.sync_id,
             "keyspace": KEYSPACE,
@@ -422,6 +434,7 @@ class Soak:
 
     def _kill_merge(self) -> tuple[bool, str]:
         """A merge_child's process group SIGKILLed at a drawn point; (landed, which point)."""
+        self._await_stale_lock()
         where = self.rng.choice(["start", "writing", "committed"])
         delay = self.rng.uniform(0.5, 15.0) if where == "start" else self.rng.uniform(0.0, 2.0)
         spec = {
