@@ -58,10 +58,6 @@ ensure_built() {
     (cd "$here/s3" && GOFLAGS=-mod=mod GOBIN="$(dirname "$bin")" go install tool)
 }
 
-running() {
-    [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null
-}
-
 ready() {
     running && port_open "$port" && [ -f "$state_dir/ready" ]
 }
@@ -131,14 +127,7 @@ start() {
 }
 
 stop() {
-    if running; then
-        local pid
-        pid="$(cat "$pid_file")"
-        log "stopping versitygw (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    stop_server versitygw 30
     rm -f "$pid_file" "$state_dir/ready"
 }
 

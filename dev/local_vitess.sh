@@ -121,10 +121,6 @@ as_cluster_user() {
     echo setpriv --reuid="$run_as_user" --regid="$run_as_user" --init-groups
 }
 
-running() {
-    [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null
-}
-
 ready() {
     running && port_open "$grpc_port" && port_open "$mysql_port" \
         && [ -f "$state_dir/ready" ]

@@ -38,10 +38,6 @@ log() { printf '[spark_connect] %s\n' "$*" >&2; }
 # shellcheck source=vitess/common.sh
 . "$here/vitess/common.sh"
 
-running() {
-    [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null
-}
-
 url() { printf 'sc://127.0.0.1:%s\n' "$port"; }
 
 wait_ready() {
@@ -88,14 +84,7 @@ start() {
 }
 
 stop() {
-    if running; then
-        local pid
-        pid="$(cat "$pid_file")"
-        log "stopping the Spark Connect server (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    stop_server "the Spark Connect server" 60
     rm -f "$pid_file"
 }
 

@@ -32,6 +32,25 @@ port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Whether the server whose pid the caller's $pid_file holds is alive (a script whose server has
+# no single pid file defines its own `running` after sourcing this file).
+running() {
+    [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null
+}
+
+# Stops the server of the caller's $pid_file: TERM, then up to ROUNDS half-seconds for it to
+# exit, then KILL. The caller removes its files. Usage: stop_server WHAT ROUNDS
+stop_server() {
+    if running; then
+        local pid
+        pid="$(cat "$pid_file")"
+        log "stopping $1 (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq "$2"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+}
+
 # Waits until the command given after the first four arguments succeeds, while the caller's
 # `running` says the server is alive; if it dies or the time runs out, shows its log's tail.
 # Usage: wait_until_ready WHAT TIMEOUT_SECONDS INTERVAL LOG_FILE COMMAND...
