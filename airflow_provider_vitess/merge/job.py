@@ -61,6 +61,7 @@ from pyspark.sql import functions as F
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
 from airflow_provider_vitess.merge import apply, context
+from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.merge.report import (
@@ -154,13 +155,14 @@ def merge(
     for step in steps:  # plan_steps orders them by window: each table's chain keeps that order
         chains.setdefault(step.table, []).append(step)
 
+    report = progress or (lambda *_: None)
+
     def run_chain(session: SparkSession, chain: list[Step]) -> list[TableResult]:
         out, began_chain = [], time.monotonic()
         state = states.get(chain[0].table)  # None: a table the windows do not write
+        mapping = state is not None and state.column_mapping
         for step in chain:
             began = time.monotonic()
-            mapping = state is not None and state.column_mapping
-            report = progress or (lambda *_: None)
             result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known)
             if (
                 result.status is TableStatus.ALREADY_APPLIED
@@ -421,7 +423,7 @@ def session(app_name: str) -> SparkSession:
     # A process that opened a Spark Connect session marks its environment for Connect
     # (pyspark.sql.utils.is_remote), and a spark-submit it starts inherits the mark: this
     # session is a classic one, whoever started the job.
-    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+    for name in MODE_VARIABLES:
         os.environ.pop(name, None)
     given = SparkConf()
     builder = SparkSession.builder.appName(app_name)

@@ -24,10 +24,9 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+from airflow_provider_vitess.vstream.ordering import ShardKey
 
 log = logging.getLogger(__name__)
-
-ShardKey = tuple[str, str]
 
 
 def _key(sg: binlogdata_pb2.ShardGtid) -> ShardKey:
