@@ -48,6 +48,7 @@ from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream.copy_state import CopiedTables
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.spill import spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
@@ -322,22 +323,21 @@ class CaptureRunner:
         if resumed:
             # See the module docstring: without this, Vitess recopies finished tables.
             flags.tables_to_copy.extend(remaining)
-        copied_seen: dict[str, bool] = {}
+        # A table is COPIED only once the checkpointed position shows it copied on every shard:
+        # a rerun leaves it out of tables_to_copy, on all shards at once.
+        copied_tables = CopiedTables(remaining, copied=set(tables) - set(remaining))
 
         def on_checkpoint(resume_at: Vgtid) -> None:
             parts = stager.checkpoint()
             self.store.record_parts(spec.sync_id, seq, [_store_part(p) for p in parts], resume_at)
-            in_progress = {pk.table_name for sg in resume_at.shard_gtids for pk in sg.table_last_pks}
+            copied = copied_tables.at(resume_at)
             for table, progress in tracker.tables.items():
-                if table in in_progress:
-                    copied_seen[table] = True
-                done = copied_seen.get(table) and table not in in_progress
                 self.store.update_progress(
                     spec.sync_id,
                     seq,
                     table,
                     rows_copied=progress.rows_copied,
-                    phase=Phase.COPIED if done else Phase.COPYING,
+                    phase=Phase.COPIED if table in copied else Phase.COPYING,
                 )
 
         def copied() -> None:

@@ -16,6 +16,14 @@ while heartbeats keep the call alive and the read waited forever. So:
   next table starts. The reopened call asks that shard, and only it, for its copy again from
   the start (its position emptied); rows it had staged are staged again, which is harmless
   (the merge keeps each key's last event).
+
+Which tables a *killed* snapshot's rerun may leave out of ``tables_to_copy`` is another question,
+answered from the checkpointed positions alone (``CopiedTables``): the rerun starts from one of
+them, so what it may skip must be copied up to that position, on every shard. vttablet copies
+its tables one at a time, in sorted order (``uvstreamer.buildTablePlan``, ``copy``), each shard
+on its own: a shard whose entry names table X in copy is past every table sorted before X, and a
+table it named and names no more is over there. A shard that has sent no position yet, or one
+that names no table, has copied nothing this tells of, however far the other shards are.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.ordering import ShardKey
 
 log = logging.getLogger(__name__)
@@ -99,3 +108,31 @@ class CopyState:
         """Shards a reshard's journal ended: they send nothing more."""
         if self._copying is not None:
             self._copying.difference_update(keys)
+
+
+class CopiedTables:
+    """The tables a snapshot's checkpointed positions show copied on every shard: a rerun from
+    the newest of them passes the others as ``tables_to_copy``.
+
+    :param copying: the tables this run copies (its ``tables_to_copy``, else all of them).
+    :param copied: tables an earlier run of the snapshot found copied everywhere already.
+    """
+
+    def __init__(self, copying: Iterable[str], copied: Iterable[str] = ()) -> None:
+        self._copying = frozenset(copying)
+        self._copied = frozenset(copied)
+        self._named: dict[ShardKey, set[str]] = {}  # tables each shard's entries named in copy
+
+    def at(self, position: Vgtid) -> frozenset[str]:
+        """A checkpoint at ``position``: the tables copied on each of its shards up to it."""
+        over: frozenset[str] | None = None
+        for sg in position.shard_gtids:
+            in_copy = {pk.table_name for pk in sg.table_last_pks}
+            named = self._named.setdefault((sg.keyspace, sg.shard), set())
+            named |= in_copy
+            # Sorted like vttablet sorts them (Go compares UTF-8 bytes: the same order as str's).
+            furthest = max(named, default=None)
+            here = {t for t in self._copying if furthest is not None and t < furthest}
+            here |= named - in_copy
+            over = frozenset(here) if over is None else over & here
+        return self._copied | (over or frozenset())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -214,3 +215,98 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
         assert staged == source, table
         # A finished table copied again after a resume would show up as extra staged rows.
         assert n == len(source), f"{table}: {n} staged rows for {len(source)} source rows"
+
+
+SHARDED_TABLES = ("snapkill_a", "snapkill_b")  # copied in this (sorted) order on each shard
+
+
+def _sharded_tables(hook: VitessHook) -> None:
+    """customer.snapkill_a (400 rows) and snapkill_b (4,000 rows), both on both shards."""
+    with hook.connect_sql() as conn, conn.begin():
+        for table, rows in zip(SHARDED_TABLES, (400, 4000), strict=True):
+            body = "(id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(64))"
+            conn.execute(sqlalchemy.text(f"CREATE TABLE IF NOT EXISTS customer.{table} {body}"))
+            with contextlib.suppress(sqlalchemy.exc.DBAPIError):  # the vschema outlives a DROP
+                conn.execute(
+                    sqlalchemy.text(f"ALTER VSCHEMA ON customer.{table} ADD VINDEX hash(id) USING hash")
+                )
+            conn.execute(sqlalchemy.text(f"DELETE FROM customer.{table}"))
+            conn.execute(
+                sqlalchemy.text(f"INSERT INTO customer.{table} (id, note) VALUES (:id, :note)"),
+                [{"id": i, "note": f"{table} row {i}"} for i in range(1, rows + 1)],
+            )
+
+
+def test_a_table_one_shard_finished_before_the_other_began_is_copied_on_both_after_a_kill(
+    vitess: LocalVitess, tmp_path: Path
+) -> None:
+    """Shard -80 copies snapkill_a and moves on to snapkill_b while 80- has not begun snapkill_a
+    (held up: an open transaction on 80- that wrote to it blocks vttablet's ``LOCK TABLES ..
+    READ``). A kill there, then a rerun: snapkill_a's rows on 80- must be copied too. Before the
+    fix the first run recorded snapkill_a COPIED (seen in copy, then in copy nowhere), and the
+    rerun's ``tables_to_copy`` (which applies to every shard) left it out on 80- as well."""
+    name, value = connection_uri_env("vitess_shardkill", vitess)
+    os.environ[name] = value
+    hook = VitessHook("vitess_shardkill")
+    _sharded_tables(hook)
+    spec = {
+        "sync_id": "snap-shardkill",
+        "keyspace": "customer",
+        "tables": list(SHARDED_TABLES),
+        "staging": str(tmp_path / "stage"),
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "conn_id": "vitess_shardkill",
+        "env": {name: value},
+        "checkpoint_every_rows": 100,
+        "lock_stale_seconds": 1,
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "tests.integration.capture_child", "snapshot", json.dumps(spec)]
+    observer = CheckpointStore(str(spec["store_url"]))
+    blocker = hook.engine.raw_connection()
+    try:
+        cur = blocker.cursor()
+        cur.execute("USE `customer:80-`")
+        cur.execute("BEGIN")
+        cur.execute("UPDATE snapkill_a SET note = note WHERE id = -1")  # holds the table's lock
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+        )
+        deadline = time.monotonic() + 60
+        while True:  # until -80 has checkpointed a few hundred rows of snapkill_b
+            assert child.poll() is None, child.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "shard -80 did not reach snapkill_b"
+            try:
+                progress = {p.table: p for p in observer.progress("snap-shardkill", 1)}
+            except Exception:  # the child has not created the store's tables yet
+                progress = {}
+            if "snapkill_b" in progress and (progress["snapkill_b"].rows_copied or 0) >= 300:
+                break
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        resume_at = observer.resume_vgtid("snap-shardkill", 1)
+        assert resume_at is not None
+        entries = {sg.shard: sg for sg in resume_at.shard_gtids}
+        # The case this test is about: -80 past snapkill_a, 80- not begun at all.
+        assert [pk.table_name for pk in entries["-80"].table_last_pks] == ["snapkill_b"]
+        assert entries["80-"].gtid == "" and not entries["80-"].table_last_pks
+    finally:
+        cur.execute("ROLLBACK")
+        cur.execute("USE customer")  # pooled: leave no shard target behind
+        blocker.close()
+    time.sleep(1.5)  # the killed run's lock goes stale
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["resumed"] is True
+
+    from airflow_provider_vitess.staging import load_manifest
+
+    manifest = load_manifest(str(spec["staging"]), "snap-shardkill", 1)
+    assert manifest is not None
+    for table in SHARDED_TABLES:
+        staged, _ = _staged(manifest, table)
+        source = _select(hook, "customer", table)
+        assert len(source) == (400 if table == "snapkill_a" else 4000)
+        assert staged == source, f"{table}: {len(source) - len(staged.keys() & source.keys())} rows missing"
+    assert progress["snapkill_a"].phase is Phase.COPYING  # at the kill: not copied on 80- yet
