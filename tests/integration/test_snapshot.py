@@ -113,6 +113,11 @@ def test_snapshot_of_three_tables_in_two_keyspaces_with_progress(
 ) -> None:
     caplog.set_level(logging.INFO)
     hook = VitessHook(vitess_conn_id)
+    with hook.connect_sql() as conn, conn.begin():  # rows of its own: other tests empty the table
+        conn.execute(
+            sqlalchemy.text("INSERT IGNORE INTO customer.customer (customer_id, email) VALUES (:c, :e)"),
+            [{"c": c, "e": f"snap-{c}@example.com"} for c in range(70_001, 70_021)],
+        )
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     lines: list[str] = []
 
