@@ -55,6 +55,14 @@ def validate(hook: VitessClient, keyspace: str, tables: list[str]) -> None:
 
 
 def count_rows(hook: VitessClient, keyspace: str, table: str) -> int:
-    sql = f"SELECT COUNT(*) FROM {quote(hook, keyspace)}.{quote(hook, table)}"
+    """``count(*)`` on the connection's tablet type: a full scan, which a user who streams from
+    replicas wants kept off the primary. vtgate honours a tablet type named in ``USE`` (outside
+    a transaction) but silently reads the primary for one named in a ``FROM`` qualifier."""
+    target = quote(hook, f"{keyspace}@{hook.config.tablet_type.lower()}")
     with hook.connect_sql() as conn:
-        return int(conn.execute(sqlalchemy.text(sql)).scalar_one())
+        try:
+            session = conn.execution_options(isolation_level="AUTOCOMMIT")
+            session.exec_driver_sql(f"USE {target}")
+            return int(session.exec_driver_sql(f"SELECT COUNT(*) FROM {quote(hook, table)}").scalar_one())
+        finally:
+            conn.invalidate()  # the session is aimed at a tablet type now: never back into the pool

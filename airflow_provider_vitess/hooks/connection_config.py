@@ -30,7 +30,7 @@ EXTRA_FIELDS: dict[str, tuple[str, str, Any, str]] = {
         "Tablet type",
         "string",
         "PRIMARY",
-        "tablet type VStream reads from: PRIMARY, REPLICA or RDONLY",
+        "tablet type VStream and count(*) read from: PRIMARY, REPLICA or RDONLY",
     ),
     "cells": ("Cells", "string", None, "comma-separated cells to stream from (empty: vtgate's own cell)"),
     "tls": ("Use TLS", "boolean", False, "use TLS for gRPC and MySQL"),

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
+from airflow_provider_vitess.capture import source
 from airflow_provider_vitess.capture.progress import TableProgress
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
@@ -315,3 +316,23 @@ def test_a_table_one_shard_finished_before_the_other_began_is_copied_on_both_aft
         assert len(source) == (400 if table == "snapkill_a" else 4000)
         assert staged == source, f"{table}: {len(source) - len(staged.keys() & source.keys())} rows missing"
     assert progress["snapkill_a"].phase is Phase.COPYING  # at the kill: not copied on 80- yet
+
+
+def test_count_rows_reads_from_the_connections_tablet_type(vitess: LocalVitess) -> None:
+    """The snapshot's ``count(*)`` is a full scan: it goes where the connection says reads go.
+    vttestserver has RDONLY tablets and no REPLICA one, so a count that honours REPLICA fails
+    naming it (before the fix it read the primary and returned the count)."""
+    hooks = {}
+    for tablet_type in ("RDONLY", "REPLICA"):
+        name, value = connection_uri_env(
+            f"vitess_count_{tablet_type.lower()}", vitess, tablet_type=tablet_type
+        )
+        os.environ[name] = value
+        hooks[tablet_type] = VitessHook(f"vitess_count_{tablet_type.lower()}")
+    _sharded_tables(hooks["RDONLY"])
+    assert source.count_rows(hooks["RDONLY"], "customer", "snapkill_b") == 4000
+    with pytest.raises(sqlalchemy.exc.DBAPIError, match=r"no healthy tablet.*REPLICA"):
+        source.count_rows(hooks["REPLICA"], "customer", "snapkill_b")
+    # The pooled connections stay aimed at no tablet type: a plain query reads the keyspace.
+    with hooks["RDONLY"].connect_sql() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM customer.snapkill_a").scalar_one() == 400
