@@ -11,8 +11,9 @@ function, the same plan, the same (txnAppId, txnVersion) per (table, window).
 What Spark Connect lacks is the JVM: the classic job asks Delta's ``DeltaLog`` for a table's
 snapshot through py4j; here :func:`table_state` asks the same through SQL (``DESCRIBE
 HISTORY``/``DETAIL``, the table's schema) and reads this sync's latest transaction version from
-the table's log with Spark itself (:func:`txn_version`). Every write is SQL or a DataFrame
-writer (:mod:`.apply`), so Delta's own Connect plugin is not needed on the server.
+the log files of the table's snapshot with Spark itself (:func:`txn_version`). Every write is
+SQL or a DataFrame writer (:mod:`.apply`), so Delta's own Connect plugin is not needed on the
+server.
 
 The server needs the job's Delta jar and session settings: :func:`server_args` gives its
 spark-submit arguments (``python -m airflow_provider_vitess.merge.connect server-args``, used by
@@ -23,8 +24,10 @@ Python minor version as this process.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -168,25 +171,96 @@ def table_files(spark: SparkSession, path: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
-    """The latest transaction version of ``app_id`` in the table's log (None: never written).
+def txn_version(spark: SparkSession, path: str, app_id: str, version: int) -> int | None:
+    """The latest transaction version of ``app_id`` in the table at ``version`` (None: never
+    written).
 
     Delta's snapshot keeps, per app id, the last ``txn`` action in log order; the merge writes
     an app id's versions in increasing window order only (Delta skips a lower one), so the
-    highest version in the log's commits and checkpoints is that one. Commits cleaned from the
-    log are covered by the checkpoints that replaced them."""
-    from pyspark.sql import functions as F
+    highest version in the snapshot's log files is that one. Those files are the ones Delta
+    itself reads: the newest checkpoint at or before ``version`` and the commits after it,
+    never more than the checkpoint interval of them. The whole log keeps a commit per window
+    for the log retention (30 days by default): thousands of files, which a read of all of them
+    would parse on every window. Should one be gone (a cleanup in between), or the checkpoint
+    be of a layout not named here, the whole log is read instead."""
+    from pyspark.errors import AnalysisException
 
     log_dir = f"{path.rstrip('/')}/_delta_log"
-    schema = "txn struct<appId: string, version: bigint>"
-    commits = spark.read.schema(schema).option("pathGlobFilter", "*.json").json(log_dir)
-    checkpoints = spark.read.schema(schema).option("pathGlobFilter", "*.checkpoint*.parquet").parquet(log_dir)
-    found = (
-        commits.unionByName(checkpoints)
-        .where(F.col("txn.appId") == F.lit(app_id))
-        .agg(F.max("txn.version"))
-        .first()
+    try:
+        files = _snapshot_files(spark, log_dir, version)
+        if files is not None:
+            return _max_txn(spark, files, app_id)
+    except AnalysisException as exc:
+        if exc.getCondition() != "PATH_NOT_FOUND":
+            raise
+        log.info("Delta log of %s: a file of its snapshot is gone; reading the whole log", path)
+    return _max_txn(spark, [], app_id, whole_log=log_dir)
+
+
+# A classic checkpoint: one file, or part i of n. (A V2 checkpoint names a UUID: not matched.)
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+
+
+def _snapshot_files(spark: SparkSession, log_dir: str, version: int) -> list[tuple[str, str]] | None:
+    """(path, format) of the newest complete checkpoint at or before ``version`` and of the
+    commits after it up to ``version``; None when a V2 checkpoint is newer than any of those.
+    Spark lists the checkpoint files (names only: ``binaryFile`` without its content column
+    reads none of them); ``_last_checkpoint`` would say the same, but Spark's file sources skip
+    a file whose name starts with an underscore."""
+    listed = (
+        spark.read.format("binaryFile")
+        .option("pathGlobFilter", "*.checkpoint*.parquet")
+        .load(log_dir)
+        .select("path")
+        .collect()
     )
+    parts: dict[int, dict[int, str]] = {}  # version -> part -> path
+    counts: dict[int, int] = {}
+    newest_other = -1
+    for (file,) in listed:
+        found = _CHECKPOINT.search(str(file))
+        if found is None:
+            newest_other = max(newest_other, _version_prefix(str(file)))
+            continue
+        at = int(found[1])
+        parts.setdefault(at, {})[int(found[2] or 1)] = str(file)
+        counts[at] = int(found[3] or 1)
+    complete = [v for v in parts if v <= version and len(parts[v]) == counts[v]]
+    since = max(complete, default=-1)
+    if newest_other > since and newest_other <= version:
+        return None
+    files = [(parts[since][i], "parquet") for i in sorted(parts[since])] if since >= 0 else []
+    files += [(f"{log_dir}/{v:020d}.json", "json") for v in range(since + 1, version + 1)]
+    return files
+
+
+def _version_prefix(file: str) -> int:
+    name = file.rsplit("/", 1)[-1]
+    return int(name[:20]) if name[:20].isdigit() else -1
+
+
+def _max_txn(
+    spark: SparkSession, files: Sequence[tuple[str, str]], app_id: str, whole_log: str | None = None
+) -> int | None:
+    """The highest txn version of ``app_id`` in ``files`` ((path, format) pairs), or in every
+    commit and checkpoint file of the log directory ``whole_log``."""
+    from pyspark.sql import functions as F
+
+    schema = "txn struct<appId: string, version: bigint>"
+    frames = []
+    if whole_log is not None:  # a filter, not a glob path: no error when no checkpoint exists yet
+        for fmt, glob in (("json", "*.json"), ("parquet", "*.checkpoint*.parquet")):
+            frames.append(
+                spark.read.schema(schema).option("pathGlobFilter", glob).format(fmt).load(whole_log)
+            )
+    for fmt in ("json", "parquet"):
+        paths = [p for p, f in files if f == fmt]
+        if paths:
+            frames.append(spark.read.schema(schema).format(fmt).load(paths))
+    if not frames:
+        return None
+    union = functools.reduce(lambda a, b: a.unionByName(b), frames)
+    found = union.where(F.col("txn.appId") == F.lit(app_id)).agg(F.max("txn.version")).first()
     return None if found is None or found[0] is None else int(found[0])
 
 
@@ -203,7 +277,7 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
     return TableState(
         exists=True,
         schema=spark.read.format("delta").load(path).schema,
-        txn_version=txn_version(spark, path, app_id),
+        txn_version=txn_version(spark, path, app_id, version),
         column_mapping=props.get("delta.columnMapping.mode", "none") != "none",
         version=version,
         restores=restores(spark, path, restores_after, version),

@@ -7,6 +7,7 @@ of an already merged window through the Connect path commits nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -149,3 +150,35 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
         finally:
             store.close()
     assert not is_remote()
+
+
+def test_the_txn_version_is_read_from_the_snapshots_own_log_files(server: str, tmp_path: Path) -> None:
+    """``connect.txn_version`` reads the newest checkpoint and the commits after it, as Delta
+    does, not every file of the log (a commit per window for 30 days): a stray older checkpoint
+    file that Delta never reads is not read either (reading the whole log failed on it), and a
+    checkpoint of a layout it does not name (V2's) makes it read the whole log."""
+    table = str(tmp_path / "txns")
+    with connect.remote_sessions(server) as new_session:
+        spark = new_session()
+        frame = spark.range(1)
+        for v in range(1, 26):  # table versions 0-24: a checkpoint at 10 and at 20
+            app = "app-x" if v <= 12 else "app-y"
+            writer = frame.write.format("delta").mode("append")
+            writer.option("txnAppId", app).option("txnVersion", v if v <= 12 else v - 12).save(table)
+        log_dir = Path(table) / "_delta_log"
+        assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 20
+        version = connect.table_version(spark, table)
+        assert version == 24
+
+        def txns() -> tuple[int | None, ...]:
+            return tuple(
+                connect.txn_version(spark, table, app, version) for app in ("app-x", "app-y", "app-z")
+            )
+
+        stray = log_dir / f"{5:020d}.checkpoint.parquet"
+        stray.write_bytes(b"not a parquet file")
+        assert txns() == (12, 13, None)  # app-x only in the checkpoint at 20, app-y after it too
+        stray.unlink()
+        v2 = log_dir / f"{22:020d}.checkpoint.0a1b2c3d-0000-4000-8000-000000000000.parquet"
+        v2.write_bytes((log_dir / f"{20:020d}.checkpoint.parquet").read_bytes())
+        assert txns() == (12, 13, None)
