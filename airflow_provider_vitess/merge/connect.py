@@ -171,42 +171,60 @@ def table_files(spark: SparkSession, path: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def txn_version(spark: SparkSession, path: str, app_id: str, version: int) -> int | None:
+def txn_version(
+    spark: SparkSession, path: str, app_id: str, version: int, checkpoint_interval: int = 10
+) -> int | None:
     """The latest transaction version of ``app_id`` in the table at ``version`` (None: never
     written).
 
     Delta's snapshot keeps, per app id, the last ``txn`` action in log order; the merge writes
     an app id's versions in increasing window order only (Delta skips a lower one), so the
-    highest version in the snapshot's log files is that one. Those files are the ones Delta
-    itself reads: the newest checkpoint at or before ``version`` and the commits after it,
-    never more than the checkpoint interval of them. The whole log keeps a commit per window
-    for the log retention (30 days by default): thousands of files, which a read of all of them
-    would parse on every window. Should one be gone (a cleanup in between), or the checkpoint
-    be of a layout not named here, the whole log is read instead."""
+    highest version in a checkpoint at or before ``version`` and the commits after it is that
+    one. The whole log keeps a commit per window for the log retention (30 days by default):
+    thousands of files, which a read of all of them would parse on every window. So, in turn
+    while a named file is missing: the checkpoint Delta writes every ``checkpoint_interval``
+    commits (one read, no listing), the newest complete checkpoint Spark lists, the whole log.
+    """
     from pyspark.errors import AnalysisException
 
     log_dir = f"{path.rstrip('/')}/_delta_log"
-    try:
-        files = _snapshot_files(spark, log_dir, version)
-        if files is not None:
-            return _max_txn(spark, files, app_id)
-    except AnalysisException as exc:
-        if exc.getCondition() != "PATH_NOT_FOUND":
-            raise
-        log.info("Delta log of %s: a file of its snapshot is gone; reading the whole log", path)
+    interval = max(1, checkpoint_interval)
+    for files in (
+        lambda: _files_since(log_dir, version // interval * interval, version),
+        lambda: _listed_checkpoint_files(spark, log_dir, version),
+    ):
+        try:
+            named = files()
+            if named is None:
+                break
+            return _max_txn(spark, named, app_id)
+        except AnalysisException as exc:
+            if exc.getCondition() != "PATH_NOT_FOUND":
+                raise
+    log.info("Delta log of %s: no checkpoint named here is whole; reading the whole log", path)
     return _max_txn(spark, [], app_id, whole_log=log_dir)
+
+
+def _files_since(
+    log_dir: str, checkpoint: int, version: int, parts: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """(path, format) of the classic checkpoint at ``checkpoint`` (its ``parts``, or its one
+    file; none for 0, which Delta does not write) and the commits after it up to ``version``."""
+    files = [(p, "parquet") for p in parts]
+    if checkpoint > 0 and not parts:
+        files.append((f"{log_dir}/{checkpoint:020d}.checkpoint.parquet", "parquet"))
+    first = checkpoint + 1 if checkpoint > 0 else 0
+    return files + [(f"{log_dir}/{v:020d}.json", "json") for v in range(first, version + 1)]
 
 
 # A classic checkpoint: one file, or part i of n. (A V2 checkpoint names a UUID: not matched.)
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 
 
-def _snapshot_files(spark: SparkSession, log_dir: str, version: int) -> list[tuple[str, str]] | None:
-    """(path, format) of the newest complete checkpoint at or before ``version`` and of the
-    commits after it up to ``version``; None when a V2 checkpoint is newer than any of those.
-    Spark lists the checkpoint files (names only: ``binaryFile`` without its content column
-    reads none of them); ``_last_checkpoint`` would say the same, but Spark's file sources skip
-    a file whose name starts with an underscore."""
+def _listed_checkpoint_files(spark: SparkSession, log_dir: str, version: int) -> list[tuple[str, str]] | None:
+    """:func:`_files_since` the newest complete classic checkpoint at or before ``version`` that
+    Spark lists (names only: ``binaryFile`` without its content column reads no file); None when
+    a V2 checkpoint, whose files are not named here, is newer."""
     listed = (
         spark.read.format("binaryFile")
         .option("pathGlobFilter", "*.checkpoint*.parquet")
@@ -226,12 +244,10 @@ def _snapshot_files(spark: SparkSession, log_dir: str, version: int) -> list[tup
         parts.setdefault(at, {})[int(found[2] or 1)] = str(file)
         counts[at] = int(found[3] or 1)
     complete = [v for v in parts if v <= version and len(parts[v]) == counts[v]]
-    since = max(complete, default=-1)
-    if newest_other > since and newest_other <= version:
+    since = max(complete, default=0)
+    if since < newest_other <= version:
         return None
-    files = [(parts[since][i], "parquet") for i in sorted(parts[since])] if since >= 0 else []
-    files += [(f"{log_dir}/{v:020d}.json", "json") for v in range(since + 1, version + 1)]
-    return files
+    return _files_since(log_dir, since, version, [parts[since][i] for i in sorted(parts.get(since, {}))])
 
 
 def _version_prefix(file: str) -> int:
@@ -277,7 +293,9 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
     return TableState(
         exists=True,
         schema=spark.read.format("delta").load(path).schema,
-        txn_version=txn_version(spark, path, app_id, version),
+        txn_version=txn_version(
+            spark, path, app_id, version, int(props.get("delta.checkpointInterval") or 10)
+        ),
         column_mapping=props.get("delta.columnMapping.mode", "none") != "none",
         version=version,
         restores=restores(spark, path, restores_after, version),

@@ -8,6 +8,7 @@ of an already merged window through the Connect path commits nothing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -135,7 +136,8 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
             for table in (A, B):
                 app_id = submitted[0].txn_app_id(table)
                 assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
-                assert connect.txn_version(reader, str(delta / table), app_id) == 2
+                path = str(delta / table)
+                assert connect.txn_version(reader, path, app_id, connect.table_version(reader, path)) == 2
 
             # A merge killed after its Delta commits but before MERGED was recorded is run
             # again: through the Connect path too, the transaction ids make it commit nothing.
@@ -152,12 +154,16 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
     assert not is_remote()
 
 
-def test_the_txn_version_is_read_from_the_snapshots_own_log_files(server: str, tmp_path: Path) -> None:
-    """``connect.txn_version`` reads the newest checkpoint and the commits after it, as Delta
-    does, not every file of the log (a commit per window for 30 days): a stray older checkpoint
-    file that Delta never reads is not read either (reading the whole log failed on it), and a
-    checkpoint of a layout it does not name (V2's) makes it read the whole log."""
+def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
+    server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``connect.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
+    every file of the log (a commit per window for 30 days): a stray older checkpoint file that
+    Delta never reads is not read either (reading the whole log failed on it). Without the
+    checkpoint at the interval it takes the newest one listed; with a V2 checkpoint (files not
+    named here) newer than that, the whole log."""
     table = str(tmp_path / "txns")
+    caplog.set_level(logging.INFO, logger=connect.__name__)
     with connect.remote_sessions(server) as new_session:
         spark = new_session()
         frame = spark.range(1)
@@ -179,6 +185,10 @@ def test_the_txn_version_is_read_from_the_snapshots_own_log_files(server: str, t
         stray.write_bytes(b"not a parquet file")
         assert txns() == (12, 13, None)  # app-x only in the checkpoint at 20, app-y after it too
         stray.unlink()
-        v2 = log_dir / f"{22:020d}.checkpoint.0a1b2c3d-0000-4000-8000-000000000000.parquet"
-        v2.write_bytes((log_dir / f"{20:020d}.checkpoint.parquet").read_bytes())
+        (log_dir / f"{20:020d}.checkpoint.parquet").unlink()  # the listed one at 10, then
         assert txns() == (12, 13, None)
+        assert "reading the whole log" not in caplog.text
+        v2 = log_dir / f"{22:020d}.checkpoint.0a1b2c3d-0000-4000-8000-000000000000.parquet"
+        v2.write_bytes((log_dir / f"{10:020d}.checkpoint.parquet").read_bytes())
+        assert txns() == (12, 13, None)
+        assert "reading the whole log" in caplog.text
