@@ -45,7 +45,8 @@ def _kill_after_journal() -> None:
 def main() -> None:
     kind, raw = sys.argv[1], json.loads(sys.argv[2])
     os.environ.update(raw["env"])
-    logging.basicConfig(level=logging.INFO)
+    # To stderr: stdout carries the outcome line (and Airflow's logging config would print there).
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     if raw.get("kill_after_journal"):
         _kill_after_journal()
     spec = SyncSpec(
