@@ -8,6 +8,7 @@ connection (an ``AIRFLOW_CONN_*`` environment variable), the way a user's DAG wo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,6 +94,28 @@ def s3() -> Iterator[LocalS3]:
     )
     if not was_running:
         subprocess.run([script, "stop"], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests: its URL."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "SPARK_CONNECT_PORT": str(port),
+        "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
+    }
+    script = str(REPO / "dev" / "spark_connect.sh")
+    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)
+    assert started.returncode == 0, f"spark_connect.sh start failed:\n{started.stderr[-3000:]}"
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
 
 
 def connection_uri_env(conn_id: str, cluster: LocalVitess, **extra: object) -> tuple[str, str]:

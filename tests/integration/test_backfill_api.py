@@ -25,7 +25,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import make_airflow_env
+from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
@@ -58,6 +58,7 @@ dag = vitess_sync_dag(
     default_args={{"retries": 0}},
     # Small-machine settings (a few partitions, no UI): the merge's fixed costs dominate here.
     spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
+    merge_kwargs={merge_kwargs},
 )
 """
 
@@ -80,9 +81,11 @@ def today() -> datetime:
 
 
 @pytest.fixture
-def services(vitess: LocalVitess, tmp_path: Path, today: datetime) -> Iterator[tuple[AirflowServices, Path]]:
+def services(
+    vitess: LocalVitess, spark_connect: str, tmp_path: Path, today: datetime
+) -> Iterator[tuple[AirflowServices, Path]]:
     lake = tmp_path / "lake"
-    env = make_airflow_env(tmp_path, vitess)
+    env = make_airflow_env(tmp_path, vitess, spark_connect=spark_connect)
     env.write_dag(
         DAG_ID,
         DAG_FILE.format(
@@ -90,6 +93,7 @@ def services(vitess: LocalVitess, tmp_path: Path, today: datetime) -> Iterator[t
             lake=lake,
             start=(today - timedelta(days=10)).isoformat(),
             end=(today - timedelta(days=1)).isoformat(),
+            merge_kwargs=CONNECT_MERGE,
         ),
     )
     with airflow_services(env) as running:

@@ -14,7 +14,7 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import make_airflow_env
+from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
@@ -41,6 +41,7 @@ dag_backlog_sync = vitess_sync_dag(
     sensor_timeout=10,
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
+    merge_kwargs={merge_kwargs},
 )
 """
 
@@ -59,11 +60,12 @@ def _transactions(hook: VitessHook, first_seed: int, count: int) -> None:
 
 
 def test_a_backlog_of_several_windows_is_caught_up_by_one_dag_run(
-    vitess: LocalVitess, hook: VitessHook, tmp_path: Path
+    vitess: LocalVitess, spark_connect: str, hook: VitessHook, tmp_path: Path
 ) -> None:
     lake = tmp_path / "lake"
-    airflow = make_airflow_env(tmp_path / "af", vitess)
-    airflow.write_dag("backlog_dag", DAG_FILE.format(lake=lake, max_events=MAX_EVENTS))
+    airflow = make_airflow_env(tmp_path / "af", vitess, spark_connect=spark_connect)
+    dag_source = DAG_FILE.format(lake=lake, max_events=MAX_EVENTS, merge_kwargs=CONNECT_MERGE)
+    airflow.write_dag("backlog_dag", dag_source)
     _transactions(hook, 1, 3)
     first = airflow.run_dag(SYNC)
     assert first["tasks"]["merge_snapshot"] == "success", first["tasks"]

@@ -21,7 +21,7 @@ import sqlalchemy
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,7 @@ dag = vitess_sync_dag(
     sensor_timeout=8,
     default_args={{"retries": 0}},
     spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
+    merge_kwargs={merge_kwargs},
 )
 """
 
@@ -81,8 +82,10 @@ def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
 
 
 @pytest.fixture(scope="module")
-def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
-    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
+def airflow(
+    vitess: LocalVitess, spark_connect: str, lake: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AirflowEnv:
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
     events = env.home / "openlineage.jsonl"
     env.env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps(
         {"type": "file", "log_file_path": str(events), "append": True}
@@ -91,7 +94,10 @@ def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFa
     # Airflow queues asset-triggered runs of unpaused DAGs only (the consumers below).
     env.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
     env.write_dag(
-        "lineage_sync", SYNC_DAG.format(dag_id=DAG_ID, keyspace=KEYSPACE, tables=list(TABLES), lake=lake)
+        "lineage_sync",
+        SYNC_DAG.format(
+            dag_id=DAG_ID, keyspace=KEYSPACE, tables=list(TABLES), lake=lake, merge_kwargs=CONNECT_MERGE
+        ),
     )
     return env
 

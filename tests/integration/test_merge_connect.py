@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,6 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.databases import free_port
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 from tests.integration.merge_workload import execute
 
@@ -36,23 +33,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = "connect_a", "connect_b"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server of this module's own (its URL), stopped at the end."""
-    env = {
-        **os.environ,
-        "SPARK_CONNECT_PORT": str(free_port()),
-        "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
-    }
-    script = str(REPO / "dev" / "spark_connect.sh")
-    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)
-    assert started.returncode == 0, f"spark_connect.sh start failed:\n{started.stderr[-3000:]}"
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +78,7 @@ def workload(
 
 
 def test_windows_merged_on_spark_connect_equal_the_source_each_once(
-    server: str, hook: VitessHook, tmp_path: Path
+    spark_connect: str, hook: VitessHook, tmp_path: Path
 ) -> None:
     store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
     store.migrate()
@@ -110,7 +90,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
 
     def submit(plan: MergePlan) -> MergeReport:
         submitted.append(plan)
-        return connect.run_merge(server, plan)
+        return connect.run_merge(spark_connect, plan)
 
     rng = random.Random(spec.sync_id)
     first = workload(hook, rng)
@@ -129,7 +109,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
 
     # The Connect merge leaves this process for classic Spark (the Spark tests after this one).
     assert not is_remote()
-    with connect.remote_sessions(server) as new_session:
+    with connect.remote_sessions(spark_connect) as new_session:
         reader = new_session()
         try:
             assert_delta_equals_source(hook, "commerce", (A, B), delta, reader)
@@ -143,7 +123,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
             # again: through the Connect path too, the transaction ids make it commit nothing.
             window = store.window(spec.sync_id, 2)
             assert window.state is WindowState.COMMITTED
-            again = connect.run_merge(server, build_plan(store, spec.sync_id, window, str(delta)))
+            again = connect.run_merge(spark_connect, build_plan(store, spec.sync_id, window, str(delta)))
             statuses: dict[str, Any] = {r.table: r.status for r in again.window(2).tables}
             assert statuses == {A: TableStatus.ALREADY_APPLIED, B: TableStatus.ALREADY_APPLIED}
             assert [v for _, v, _ in delta_txns(delta / A)] == [1, 2]
@@ -155,7 +135,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
 
 
 def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
-    server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark_connect: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``connect.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
     every file of the log (a commit per window for 30 days): a stray older checkpoint file that
@@ -164,7 +144,7 @@ def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
     named here) newer than that, the whole log."""
     table = str(tmp_path / "txns")
     caplog.set_level(logging.INFO, logger=connect.__name__)
-    with connect.remote_sessions(server) as new_session:
+    with connect.remote_sessions(spark_connect) as new_session:
         spark = new_session()
         frame = spark.range(1)
         for v in range(1, 26):  # table versions 0-24: a checkpoint at 10 and at 20

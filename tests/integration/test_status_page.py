@@ -22,7 +22,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
 from tests.integration.browser import ARTIFACTS, chromium
 from tests.integration.customer_workload import run_workload
@@ -48,6 +48,7 @@ dag = vitess_sync_dag(
     wait_for_changes=False,  # every run catches up: window 1 snapshot, then one window a run
     default_args={{"retries": 0}},
     spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
+    merge_kwargs={merge_kwargs},
 )
 """
 
@@ -58,11 +59,11 @@ def _ok(result: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def synced(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+def synced(vitess: LocalVitess, spark_connect: str, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
     """An Airflow installation whose sync has committed a snapshot and two catch-up windows."""
     root = tmp_path_factory.mktemp("status")
-    env = make_airflow_env(root, vitess)
-    env.write_dag(SYNC, DAG_FILE.format(sync=SYNC, lake=root / "lake"))
+    env = make_airflow_env(root, vitess, spark_connect=spark_connect)
+    env.write_dag(SYNC, DAG_FILE.format(sync=SYNC, lake=root / "lake", merge_kwargs=CONNECT_MERGE))
     name, value = connection_uri_env("vitess_status_test", vitess)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(name, value)
