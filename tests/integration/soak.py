@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import signal
@@ -111,9 +112,25 @@ class SeedResult:
     rows: int = 0  # rows in the target at the end
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    reconnects: Counter[str] = field(default_factory=Counter)  # "STATUS details" -> reconnects
 
     def to_json(self) -> str:
-        return json.dumps({**vars(self), "faults": dict(self.faults), "missed": dict(self.missed)})
+        counters = {name: dict(getattr(self, name)) for name in ("faults", "missed", "reconnects")}
+        return json.dumps({**vars(self), **counters})
+
+
+class _Reconnects(logging.Handler):
+    """Counts the gRPC errors an in-process read reconnected after (the reader's warning), by
+    status and text: which errors vtgate really sent through the proxy's cuts, and were retried."""
+
+    def __init__(self, into: Counter[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("VStream (%s) cut with gRPC status") and len(args) >= 3:
+            self.into[f"{args[1]} {str(args[2])[:80]}"] += 1
 
 
 @dataclass
@@ -128,12 +145,16 @@ class Tally:
         for r in self.results:
             faults.update(r.faults)
             missed.update(r.missed)
+        reconnects: Counter[str] = Counter()
+        for r in self.results:
+            reconnects.update(r.reconnects)
         per_phase = {p: sum(n for k, n in faults.items() if k.startswith(p + " ")) for p in PHASES}
         bad = [r.seed for r in self.results if r.mismatches]
         return (
             f"soak tally: {len(self.results)} seeds, faults injected {dict(sorted(faults.items()))} "
             f"(per phase {per_phase}; {sum(missed.values())} drawn too late to land), "
             f"reruns {sum(r.reruns for r in self.results)}, "
+            f"reconnects after {dict(sorted(reconnects.items()))}, "
             f"windows {sum(r.windows for r in self.results)}, "
             f"changes {sum(r.changes for r in self.results)}, "
             f"target rows {sum(r.rows for r in self.results)}, "
@@ -324,8 +345,15 @@ class Soak:
 
         def in_process() -> int:
             runner = self._runner()
-            outcome = runner.snapshot(checkpoint_every_rows=500) if kind == "snapshot" else runner.catch_up()
-            return outcome.seq
+            reader_log = logging.getLogger("airflow_provider_vitess.vstream.reader")
+            counting = _Reconnects(self.result.reconnects)
+            reader_log.addHandler(counting)
+            try:
+                if kind == "snapshot":
+                    return runner.snapshot(checkpoint_every_rows=500).seq
+                return runner.catch_up().seq
+            finally:
+                reader_log.removeHandler(counting)
 
         # Full seeds: up to 3 faults in a row. Small seeds: draw again until one lands.
         faults, most = 0, 3 if self.plan.every_occurrence else 5
