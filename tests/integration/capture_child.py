@@ -4,7 +4,8 @@ Usage: python -m tests.integration.capture_child snapshot|catchup <spec json>
 The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
 Prints one JSON line with the outcome when it finishes. With ``"kill_after_journal": true`` it
 SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
-``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet.
+``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet. With
+``"pause_after_rows": n`` it SIGSTOPs itself once it has copied n rows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_vitess.capture.progress import ProgressTracker
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -42,6 +44,22 @@ def _kill_after_journal() -> None:
     WindowReader._pass_journal = passing  # type: ignore[method-assign,assignment]
 
 
+def _pause_after_rows(rows: int) -> None:
+    """SIGSTOP this process once this run has copied ``rows`` rows (printing
+    ``PAUSED-AFTER-ROWS`` first): a test holds it there mid-copy, holding the sync's lock."""
+    add_copied = ProgressTracker.add_copied
+    copied = [0]
+
+    def adding(tracker: ProgressTracker, table: str, n: int) -> None:
+        add_copied(tracker, table, n)
+        copied[0] += n
+        if copied[0] - n < rows <= copied[0]:
+            print(f"PAUSED-AFTER-ROWS {copied[0]}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    ProgressTracker.add_copied = adding  # type: ignore[method-assign,assignment]
+
+
 def main() -> None:
     kind, raw = sys.argv[1], json.loads(sys.argv[2])
     os.environ.update(raw["env"])
@@ -49,6 +67,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     if raw.get("kill_after_journal"):
         _kill_after_journal()
+    if raw.get("pause_after_rows"):
+        _pause_after_rows(int(raw["pause_after_rows"]))
     spec = SyncSpec(
         sync_id=raw["sync_id"],
         keyspace=raw["keyspace"],

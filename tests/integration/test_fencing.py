@@ -39,6 +39,13 @@ def _start(spec: dict[str, object]) -> subprocess.Popen[str]:
     )
 
 
+def _stopped(proc: subprocess.Popen[str]) -> bool:
+    """Whether ``proc`` is stopped (SIGSTOP); fails if it ended instead."""
+    assert proc.poll() is None, f"the process ended ({proc.returncode}): {proc.communicate()[1][-3000:]}"
+    state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state == "T"
+
+
 def _wait(what: str, done: object, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not done():  # type: ignore[operator]
@@ -70,17 +77,19 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
         stalled.send_signal(signal.SIGSTOP)  # a frozen worker: no heartbeat, no progress
         first = observer.lock_holder(SYNC)
         assert first is not None and first.holder == f"pid {stalled.pid}"
+        copied_before = _copied(observer, SYNC)
         time.sleep(4)  # past the lock's expiry
 
-        taker = _start(spec)
-        _wait(
-            "the second run to take the sync over",
-            lambda: (h := observer.lock_holder(SYNC)) is not None and h.holder == f"pid {taker.pid}",
-        )
-        copied_at_takeover = _copied(observer, SYNC)
-        _wait("the second run to copy on", lambda: _copied(observer, SYNC) > copied_at_takeover)
+        # The new holder stops itself after copying 12,000 rows (two checkpoints): it is held
+        # mid-copy while the old one wakes up, which must meet the sync taken, not finished.
+        taker = _start({**spec, "pause_after_rows": 12_000})
+        _wait("the second run to take the sync over and stop mid-copy", lambda: _stopped(taker), timeout=180)
+        holder = observer.lock_holder(SYNC)
+        assert holder is not None and holder.holder == f"pid {taker.pid}"
+        assert _copied(observer, SYNC) > copied_before  # it copied on from the checkpoint
         stalled.send_signal(signal.SIGCONT)  # wakes up mid-copy of the new holder, still "holding"
         out, err = stalled.communicate(timeout=300)
+        taker.send_signal(signal.SIGCONT)
         taken_out, taken_err = taker.communicate(timeout=600)
     finally:
         for proc in (stalled, locals().get("taker")):
