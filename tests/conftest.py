@@ -99,14 +99,11 @@ def s3() -> Iterator[LocalS3]:
 @pytest.fixture(scope="session")
 def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests: its URL."""
-    import socket
+    from tests.integration.databases import free_port
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = {
         **os.environ,
-        "SPARK_CONNECT_PORT": str(port),
+        "SPARK_CONNECT_PORT": str(free_port()),
         "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
     }
     script = str(REPO / "dev" / "spark_connect.sh")

@@ -132,7 +132,8 @@ class CopiedTables:
             named |= in_copy
             # Sorted like vttablet sorts them (Go compares UTF-8 bytes: the same order as str's).
             furthest = max(named, default=None)
-            here = {t for t in self._copying if furthest is not None and t < furthest}
-            here |= named - in_copy
+            here = named - in_copy
+            if furthest is not None:
+                here |= {t for t in self._copying if t < furthest}
             over = frozenset(here) if over is None else over & here
         return self._copied | (over or frozenset())

@@ -142,11 +142,10 @@ class Tally:
     def line(self) -> str:
         faults: Counter[str] = Counter()
         missed: Counter[str] = Counter()
+        reconnects: Counter[str] = Counter()
         for r in self.results:
             faults.update(r.faults)
             missed.update(r.missed)
-        reconnects: Counter[str] = Counter()
-        for r in self.results:
             reconnects.update(r.reconnects)
         per_phase = {p: sum(n for k, n in faults.items() if k.startswith(p + " ")) for p in PHASES}
         bad = [r.seed for r in self.results if r.mismatches]
