@@ -3,6 +3,12 @@ while another run takes the sync over cannot write anything after it wakes (SIGC
 store write under the lock names the lock's token and is refused once the lock changed hands,
 and its staged files never take the names of the new holder's. The window the new holder
 stages equals the source, row for row, with no row staged twice.
+
+The store here is a SQLite file, whose locks are the file's: a process frozen inside a store
+transaction would block every other process's reads and writes ("database is locked"), which
+is SQLite's nature and not what is tested. So each freeze lands where the frozen process holds
+no store lock (checked by taking the file's exclusive lock; if it is held, the process runs on
+a moment and is frozen again).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -46,6 +53,25 @@ def _stopped(proc: subprocess.Popen[str]) -> bool:
     return state == "T"
 
 
+def _freeze_outside_a_store_transaction(proc: subprocess.Popen[str], db: Path) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no lock on the SQLite store ``db``."""
+    for _ in range(200):
+        proc.send_signal(signal.SIGSTOP)
+        _wait("the process to stop", lambda: _stopped(proc), timeout=10)
+        probe = sqlite3.connect(db, timeout=0.2, isolation_level=None)
+        try:
+            probe.execute("BEGIN EXCLUSIVE")  # fails while any other process holds a lock on db
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError as err:
+            assert "locked" in str(err), err
+        finally:
+            probe.close()
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"pid {proc.pid} held the store's lock at every one of 200 freezes")
+
+
 def _wait(what: str, done: object, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not done():  # type: ignore[operator]
@@ -70,11 +96,12 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
         "checkpoint_every_rows": 5000,
         "lock_stale_seconds": 3,
     }
+    db = tmp_path / "store.db"
     observer = CheckpointStore(str(spec["store_url"]))
     stalled = _start(spec)
     try:
         _wait("the first run to record some copied rows", lambda: _copied(observer, SYNC) >= 20_000)
-        stalled.send_signal(signal.SIGSTOP)  # a frozen worker: no heartbeat, no progress
+        _freeze_outside_a_store_transaction(stalled, db)  # a frozen worker: no heartbeat, no progress
         first = observer.lock_holder(SYNC)
         assert first is not None and first.holder == f"pid {stalled.pid}"
         copied_before = _copied(observer, SYNC)
@@ -84,6 +111,7 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
         # mid-copy while the old one wakes up, which must meet the sync taken, not finished.
         taker = _start({**spec, "pause_after_rows": 12_000})
         _wait("the second run to take the sync over and stop mid-copy", lambda: _stopped(taker), timeout=180)
+        _freeze_outside_a_store_transaction(taker, db)  # its heartbeat thread may have been mid-write
         holder = observer.lock_holder(SYNC)
         assert holder is not None and holder.holder == f"pid {taker.pid}"
         assert _copied(observer, SYNC) > copied_before  # it copied on from the checkpoint
