@@ -27,11 +27,11 @@ changes and checkpoints fall between blocks exactly where they fell between even
 Fields in number order are assumed, as every protobuf runtime (vtgate's Go one included) writes
 them; ``rowwire`` assumes the same, and proves the rows' layout again when it stages a block.
 
-Cost: one more C-level parse of the response (each event as bytes, for their lengths), then
-numpy passes over the response's own bytes at every event's offset (the shape checks, and one
-gather of the rows), plus per run a walk of one event's fields; no Python code per row (~0.4 µs
-a row in all, against ~20 µs of per-event work it saves; per-event ``map`` passes over the
-events' bytes objects cost ~0.6 µs).
+Cost: the response is parsed once as its events' bytes (one C-level parse) instead of as view
+events, and only the events outside the runs (BEGIN, VGTID, ...) and each run's first are
+parsed as views; then numpy passes over the response's own bytes at every event's offset (the
+shape checks) and one join of the rows' slices; no Python code per row (~0.4 µs a row in all,
+against ~20 µs of per-event work it saves).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.vstream import wire
 from airflow_provider_vitess.vstream.rowwire import varint_at
 
 _ROW = binlogdata_pb2.VEventType.ROW
@@ -207,22 +208,18 @@ class _Layout:
         return flags
 
 
-def _run(layout: _Layout, pos: int, end: int, first_raw: bytes, first: Any) -> RowBlock | None:
-    """The longest run at the start of events ``pos:end`` (copy-phase ROW events, ``first``
-    the view of event ``pos``, ``first_raw`` its bytes) that is one table and shard, as a
-    block; None when it is one event.
+_FIRST_CHUNK = 64  # events proven at once at first; then 4x as many each time
+# Events in a row that were each a run of one, after which the rest of a stretch of copy-phase
+# ROW events is passed through as events: each attempt costs ~50 µs of numpy calls, and a
+# response of one-event runs (rows that each differ in their tail) would pay it per event.
+_MAX_MISSES = 16
 
-    Every event of the run is proven to be ``prefix + varint(len) + H + rows + T + VT`` with the
-    first event's ``H``, ``T`` and ``VT``: its length and the varint agree, and the bytes at both
-    ends are the first event's. All checks are numpy passes over the response's bytes at the
-    events' offsets, none is Python code per event.
-    """
-    frame = _frame(first_raw)
-    if frame is None:
-        return None
-    head, trailer, tail = frame
+
+def _proven(layout: _Layout, starts: Any, size: Any, head: bytes, trailer: bytes, tail: bytes) -> Any:
+    """Per event (``starts``, ``size``): whether it is ``prefix + varint(len) + H + rows + T +
+    VT`` with the given ``H``, ``T`` and ``VT``: its length and the varint agree, and the bytes
+    at both ends are the given ones. Numpy passes over the response's bytes, no Python per event."""
     suffix = trailer + tail
-    starts, size = layout.starts[pos:end], layout.lens[pos:end]
     rest = size - len(_COPY_ROW_PREFIX) - len(tail)  # varint + row event
     two = rest > 128  # a row event of 128 bytes or more has a two-byte length
     length = rest - 1 - two
@@ -230,47 +227,76 @@ def _run(layout: _Layout, pos: int, end: int, first_raw: bytes, first: Any) -> R
     ok = np.where(two, (byte3 == (length & 0x7F) | 0x80) & (byte4 == length >> 7), byte3 == length)
     ok &= (size >= len(_COPY_ROW_PREFIX) + 2) & (rest <= 16385) & (length >= len(head) + len(trailer))
     body = starts + len(_COPY_ROW_PREFIX) + 1 + two  # where each row event begins
-    ends = starts + size
-    ok &= layout.equal(ends - len(suffix), suffix) & layout.equal(body, head)
-    bad = np.flatnonzero(~ok)
-    n = int(bad[0]) if bad.size else len(ok)
+    ok &= layout.equal(starts + size - len(suffix), suffix) & layout.equal(body, head)
+    return ok
+
+
+def _run(layout: _Layout, pos: int, end: int, first: Any) -> RowBlock | None:
+    """The longest run at the start of events ``pos:end`` (copy-phase ROW events, ``first``
+    the view of event ``pos``) that is one table and shard, as a block; None when it is one
+    event.
+
+    Every event of the run is proven to be the first event's shape with its ``H``, ``T`` and
+    ``VT`` (:func:`_proven`). The proof runs on a few events first, then on 4x as many each
+    time: a run that ends early costs what it covers, not the rest of the response (a response
+    whose events all differ would otherwise cost the square of its length).
+    """
+    frame = _frame(layout.data[layout.starts[pos] : layout.starts[pos] + layout.lens[pos]])
+    if frame is None:
+        return None
+    head, trailer, tail = frame
+    n, chunk = 0, _FIRST_CHUNK
+    while pos + n < end:
+        stop = min(end, pos + n + chunk)
+        ok = _proven(layout, layout.starts[pos + n : stop], layout.lens[pos + n : stop], head, trailer, tail)
+        bad = np.flatnonzero(~ok)
+        n += int(bad[0]) if bad.size else len(ok)
+        if bad.size:
+            break
+        chunk *= 4
     if n < 2:
         return None
     # Each event's row changes: between its H and T, joined as slices of the response (a
     # per-byte numpy gather built an 8-byte index per byte: ~3x the CPU of the slices).
-    first_byte, last_byte = (body[:n] + len(head)).tolist(), (ends[:n] - len(suffix)).tolist()
+    starts, size = layout.starts[pos : pos + n], layout.lens[pos : pos + n]
+    two = size - len(_COPY_ROW_PREFIX) - len(tail) > 128
+    first_byte = (starts + len(_COPY_ROW_PREFIX) + 1 + two + len(head)).tolist()
+    last_byte = (starts + size - len(trailer) - len(tail)).tolist()
     rows = map(layout.data.__getitem__, map(slice, first_byte, last_byte))
     return RowBlock(first, b"".join([head, *rows, trailer]), n)
 
 
-def gather(data: bytes, events: Sequence[Any]) -> Sequence[Any]:
-    """The view events of the serialized response ``data`` (``events``: its :mod:`.wire`
-    view's events), each run of two or more copy-phase ROW events of one table and shard
-    replaced by one :class:`RowBlock`. Returns ``events`` itself when there is nothing to gather
-    or the response is not of the shape this module can prove."""
-    n = len(events)
-    if n < 2:
-        return events
+def gather(data: bytes) -> Sequence[Any]:
+    """The :mod:`.wire` view events of the serialized ``VStreamResponse`` ``data``, each run of
+    two or more copy-phase ROW events of one table and shard replaced by one :class:`RowBlock`.
+
+    A response with such runs is parsed as a list of event bytes (one C-level parse), and only
+    the events outside the runs, and each run's first, are parsed as view events: a copy
+    response's ~4,000 one-row events are never parsed one by one. Any other response (nothing
+    to gather, or not of the shape this module can prove) is parsed whole, as
+    :func:`.wire.parse_response` does. Raises ``google.protobuf.message.DecodeError`` on bytes
+    that are not a ``VStreamResponse``."""
     raw = _EventBytes.FromString(data).events
-    layout = _Layout.of(data, raw) if len(raw) == n else None
-    if layout is None:
-        return events
-    copy_rows = layout.copy_rows()
+    n = len(raw)
+    layout = _Layout.of(data, raw) if n >= 2 else None
+    copy_rows = layout.copy_rows() if layout is not None else b""
     start = copy_rows.find(b"\x01\x01")
-    if start < 0:
-        return events
+    if layout is None or start < 0:
+        return wire.parse_response(data).events  # type: ignore[no-any-return]
     out: list[Any] = []
-    done = 0  # events[:done] are handled
+    done = 0  # raw[:done] are handled
     while start >= 0:
         end = copy_rows.find(b"\x00", start)
         end = n if end < 0 else end
-        out.extend(events[k] for k in range(done, start))
-        pos = start
+        out.extend(wire.parse_event(raw[k]) for k in range(done, start))
+        pos, misses = start, 0
         while pos < end:
-            block = _run(layout, pos, end, raw[pos], events[pos]) if end - pos > 1 else None
-            out.append(events[pos] if block is None else block)
+            event = wire.parse_event(raw[pos])
+            block = _run(layout, pos, end, event) if end - pos > 1 and misses < _MAX_MISSES else None
+            misses = misses + 1 if block is None else 0
+            out.append(event if block is None else block)
             pos += 1 if block is None else block.events
         done = end
         start = copy_rows.find(b"\x01\x01", end)
-    out.extend(events[k] for k in range(done, n))
+    out.extend(wire.parse_event(raw[k]) for k in range(done, n))
     return out

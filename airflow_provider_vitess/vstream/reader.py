@@ -35,7 +35,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -44,7 +44,7 @@ from google.protobuf.message import DecodeError
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import copyrows, wire
+from airflow_provider_vitess.vstream import copyrows
 from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
 from airflow_provider_vitess.vstream.request import vstream_request
 from airflow_provider_vitess.vstream.retry import (
@@ -191,11 +191,7 @@ class VStreamReader:
                     watchdog.waiting_since = None
                     if response is None:
                         return
-                    vevents = (
-                        copyrows.gather(response, self._parse(response).events)
-                        if isinstance(response, bytes)
-                        else response.events
-                    )
+                    vevents = self._parse(response) if isinstance(response, bytes) else response.events
                     for vevent in vevents:
                         event = self._decoder.decode(vevent)
                         if isinstance(event, VgtidEvent):
@@ -253,9 +249,10 @@ class VStreamReader:
                 if callable(cancel):
                     cancel()
 
-    def _parse(self, data: bytes) -> Any:
+    def _parse(self, data: bytes) -> Sequence[Any]:
+        """The response's view events, copy-phase rows gathered in blocks (:mod:`.copyrows`)."""
         try:
-            return wire.parse_response(data)
+            return copyrows.gather(data)
         except DecodeError as err:
             raise VStreamError(
                 f"VStream for {self._describe()}: vtgate sent a response ({len(data)} bytes) that is "

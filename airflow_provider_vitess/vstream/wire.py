@@ -77,12 +77,18 @@ def _view_classes() -> tuple[Any, Any]:
 
 
 ResponseView, RowEventHeader = _view_classes()
+EventView = message_factory.GetMessageClass(ResponseView.DESCRIPTOR.fields_by_name["events"].message_type)
 
 
 def parse_response(data: bytes) -> Any:
     """A ``VStreamResponse`` whose events read like ``binlogdata.VEvent`` but for ``row_event``
     (bytes). Raises ``google.protobuf.message.DecodeError`` on bytes that are not one."""
     return ResponseView.FromString(data)
+
+
+def parse_event(data: bytes) -> Any:
+    """One serialized ``binlogdata.VEvent`` as the view events of :func:`parse_response` read."""
+    return EventView.FromString(data)
 
 
 def parse_row_event_header(data: bytes) -> Any:
