@@ -193,7 +193,7 @@ def test_events_that_all_differ_are_proven_at_a_bounded_cost(
     items = gathered(*events)
     assert shape(items) == ["ROW"] * 2_000
     assert [e.row_event for e in items] == [e.row_event.SerializeToString() for e in events]
-    assert compared[0] <= 2 * 64 * 16  # was 4,001,998: every event left, for each event
+    assert compared[0] <= 2 * 256 * 16  # was 4,001,998: every event left, for each event
 
 
 def test_a_shared_current_time_after_the_row_event_keeps_the_block() -> None:
