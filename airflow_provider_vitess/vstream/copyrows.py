@@ -189,14 +189,17 @@ class _Layout:
         size = len(expected)
         if not size:
             return np.ones(len(offsets), bool)
-        if size < 8 or not len(self.u64):
+        if size < 8 or len(self.data) < size:
             want = np.frombuffer(expected, np.uint8)
             return (self.at(offsets[:, None] + np.arange(size)) == want).all(axis=1)
-        # 8 bytes at a time, the last chunk overlapping the one before it.
-        chunks = [*range(0, size - 8, 8), size - 8]
-        want64 = np.frombuffer(b"".join(expected[c : c + 8] for c in chunks), "<u8")
-        where = np.minimum(offsets[:, None] + np.array(chunks), len(self.u64) - 1)
-        return (self.u64[where] == want64).all(axis=1)
+        # 8 bytes at a time, the last chunk overlapping the one before it; one flat gather per
+        # chunk (a 2-D gather and ``all`` over its short axis cost ~2x as much).
+        base = np.clip(offsets, 0, max(len(self.u64) - 1 - (size - 8), 0))
+        ok: Any = None
+        for c in [*range(0, size - 8, 8), size - 8]:
+            hit = self.u64[base + c] == np.uint64(int.from_bytes(expected[c : c + 8], "little"))
+            ok = hit if ok is None else np.logical_and(ok, hit, out=ok)
+        return ok
 
     def copy_rows(self) -> bytes:
         """One byte per event: 1 where it starts as a copy-phase ROW event."""
