@@ -224,9 +224,9 @@ def _run(
     progress(step.seq, step.table, "writing")
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
-    version = apply.table_version(spark, target.path)
     if step.action is Action.TRUNCATE:
         assert step.schema is not None
+        version = apply.table_version(spark, target.path)  # the version before this write
         empty = spark.createDataFrame([], step.schema)
         apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
     else:
@@ -243,10 +243,11 @@ def _run(
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
             mapping = column_mapping or needs_column_mapping(rows.columns)
             files = apply.files_for(tm.rows, rows_per_file)
+            version = apply.table_version(spark, target.path)
             apply.write_replace(
                 rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
             )
-        else:
+        else:  # _merge reads the version itself, after any schema change it commits
             changes, version = _merge(spark, final, target.path, keys, step, app_id)
     commit = apply.last_commit(spark, target.path)
     if commit.version <= version:  # Delta skipped the write: another run committed the window first
