@@ -36,7 +36,7 @@ from airflow_provider_vitess.merge.jar_cache import cached_jars, default_cache_d
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_CONF, packages_for
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_SUBMIT_CONF, packages_for
 from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
@@ -247,8 +247,9 @@ class VitessMergeOperator(SparkSubmitOperator):
             return self._merge_on_connect(plan, self.spark_connect_conn_id)
         if self._local_master():
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
-            # a small window's merge time; the user's own conf still wins.
-            self.conf = {**LOCAL_CONF, **(self.conf or {})}
+            # a small window's merge time, the quick JIT tier much of the rest; the user's own
+            # conf still wins.
+            self.conf = {**LOCAL_SUBMIT_CONF, **(self.conf or {})}
         if not self._packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
             self.packages = packages_for(paths)

@@ -38,7 +38,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport, TableStatus, parse_report_line
 from airflow_provider_vitess.merge.schema import MergeSchemaError
-from airflow_provider_vitess.merge.spark_conf import spark_conf, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation
@@ -415,15 +415,10 @@ def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
 # -- spark-submit: killed at random points, and on a standalone cluster ------------------------------
 
 
-# A job run is short and spends its time in cold code: the quick JIT tier alone starts ~20% faster.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
-
-
 def _submit_command(plan_file: Path, report_file: Path, master: str, extra: dict[str, str]) -> list[str]:
     conf = {
         "spark.pyspark.python": sys.executable,
-        "spark.driver.extraJavaOptions": QUICK_JIT,
-        "spark.executor.extraJavaOptions": QUICK_JIT,
+        "spark.executor.extraJavaOptions": QUICK_JIT,  # the driver's is spark_submit_args's
         **extra,
     }
     return [

@@ -41,6 +41,7 @@ def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() 
     assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
     assert conf["spark.local.dir"] == "/tmp/x"
     assert conf["spark.sql.shuffle.partitions"] == "2"
+    assert "spark.driver.extraJavaOptions" not in conf  # a long-lived JVM: C2's code pays back
     cluster = server_args(local=False, s3=True)
     assert cluster[1] == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}"
     assert "spark.sql.shuffle.partitions" not in conf_of(cluster)

@@ -73,3 +73,10 @@ def test_spark_settings_name_the_delta_package_and_extensions() -> None:
     args = spark_submit_args()
     assert args[:2] == ["--packages", DELTA_PACKAGE]
     assert "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog" in args
+
+
+def test_a_local_submit_compiles_with_the_quick_jit_tier_and_the_users_setting_wins() -> None:
+    assert spark_conf(local=True)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert "spark.driver.extraJavaOptions" not in spark_conf()  # a cluster's driver: its own
+    theirs = spark_conf(local=True, extra={"spark.driver.extraJavaOptions": "-Xss4m"})
+    assert theirs["spark.driver.extraJavaOptions"] == "-Xss4m"
