@@ -6,16 +6,22 @@ Prints one JSON line with the outcome when it finishes. With ``"kill_after_journ
 SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
 ``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet. With
 ``"pause_after_rows": n`` it SIGSTOPs itself once it has copied n rows.
+
+Tests build the spec as a :class:`ChildSpec` and start the child with :func:`start` or run it to
+its end with :func:`run`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.capture.progress import ProgressTracker
@@ -23,6 +29,76 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildSpec:
+    """One capture child's run: the sync, its checkpoint store, and the Airflow connection it
+    reads through (``env``: the connection's environment variable)."""
+
+    sync_id: str
+    keyspace: str
+    tables: tuple[str, ...]
+    staging: str
+    store_url: str
+    conn_id: str
+    env: dict[str, str]
+    checkpoint_every_rows: int = 5000
+    lock_stale_seconds: float = 120
+    max_events: int | None = None
+    kill_after_journal: bool = False
+    pause_after_rows: int | None = None
+
+    def command(self, kind: str) -> list[str]:
+        """The child's command line: ``kind`` is ``snapshot`` or ``catchup``."""
+        spec = json.dumps(dataclasses.asdict(self))
+        return [sys.executable, "-m", "tests.integration.capture_child", kind, spec]
+
+    @classmethod
+    def in_dir(
+        cls,
+        root: Path,
+        sync_id: str,
+        keyspace: str,
+        tables: tuple[str, ...],
+        connection: tuple[str, str],
+        **options: Any,
+    ) -> ChildSpec:
+        """A spec staging under ``root/stage`` with a SQLite store in ``root``. ``connection`` is
+        the Airflow connection's (environment variable, URI); its id is the variable's tail."""
+        variable, uri = connection
+        return cls(
+            sync_id=sync_id,
+            keyspace=keyspace,
+            tables=tables,
+            staging=str(root / "stage"),
+            store_url=f"sqlite:///{root}/store.db",
+            conn_id=variable.removeprefix("AIRFLOW_CONN_").lower(),
+            env={variable: uri},
+            **options,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildSpec:
+        raw = json.loads(text)
+        return cls(**{**raw, "tables": tuple(raw["tables"])})
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def start(kind: str, spec: ChildSpec, **popen: Any) -> subprocess.Popen[str]:
+    """The child, started (``popen``: where its output goes; text mode)."""
+    return subprocess.Popen(spec.command(kind), cwd=REPO, env=_child_env(), text=True, **popen)
+
+
+def run(kind: str, spec: ChildSpec, timeout: float) -> subprocess.CompletedProcess[str]:
+    """The child, run to its end, its output captured."""
+    command, env = spec.command(kind), _child_env()
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
 def _kill_after_journal() -> None:
@@ -61,32 +137,28 @@ def _pause_after_rows(rows: int) -> None:
 
 
 def main() -> None:
-    kind, raw = sys.argv[1], json.loads(sys.argv[2])
-    os.environ.update(raw["env"])
+    kind, spec = sys.argv[1], ChildSpec.from_json(sys.argv[2])
+    os.environ.update(spec.env)
     # To stderr: stdout carries the outcome line (and Airflow's logging config would print there).
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
-    if raw.get("kill_after_journal"):
+    if spec.kill_after_journal:
         _kill_after_journal()
-    if raw.get("pause_after_rows"):
-        _pause_after_rows(int(raw["pause_after_rows"]))
-    spec = SyncSpec(
-        sync_id=raw["sync_id"],
-        keyspace=raw["keyspace"],
-        tables=tuple(raw["tables"]),
-        staging_location=raw["staging"],
+    if spec.pause_after_rows:
+        _pause_after_rows(spec.pause_after_rows)
+    sync = SyncSpec(
+        sync_id=spec.sync_id, keyspace=spec.keyspace, tables=spec.tables, staging_location=spec.staging
     )
-    store = CheckpointStore(raw["store_url"])
     runner = CaptureRunner(
-        VitessHook(raw["conn_id"]),
-        store,
-        spec,
+        VitessHook(spec.conn_id),
+        CheckpointStore(spec.store_url),
+        sync,
         holder=f"pid {os.getpid()}",
-        lock_stale_after=timedelta(seconds=raw.get("lock_stale_seconds", 120)),
+        lock_stale_after=timedelta(seconds=spec.lock_stale_seconds),
     )
     if kind == "snapshot":
-        outcome = runner.snapshot(checkpoint_every_rows=raw.get("checkpoint_every_rows", 5000))
+        outcome = runner.snapshot(checkpoint_every_rows=spec.checkpoint_every_rows)
     else:
-        outcome = runner.catch_up(ReadBounds(max_events=raw.get("max_events")))
+        outcome = runner.catch_up(ReadBounds(max_events=spec.max_events))
     print(json.dumps({"seq": outcome.seq, "resumed": outcome.resumed}), flush=True)
 
 

@@ -54,7 +54,9 @@ from airflow_provider_vitess.merge.job import merge
 from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
 from tests.conftest import REPO, LocalVitess, connection_uri_env
+from tests.integration import capture_child
 from tests.integration import merge_workload as wl
+from tests.integration.capture_child import ChildSpec
 from tests.integration.delta_check import delta_txns, spark_session
 from tests.integration.faultproxy import FaultProxy
 
@@ -397,28 +399,22 @@ class Soak:
         """A capture_child SIGKILLed a random delay after its window is PLANNED; True if the
         kill landed while it was reading."""
         self._await_stale_lock()
-        spec = {
-            "sync_id": self.sync_id,
-            "keyspace": KEYSPACE,
-            "tables": [self.table],
-            "staging": self.spec.staging_location,
-            "store_url": self.store_url,
-            "conn_id": self.conn_id,
-            "env": self.conn_env,
-            "lock_stale_seconds": STALE.total_seconds(),
-            "checkpoint_every_rows": 500,
-        }
+        spec = ChildSpec(
+            sync_id=self.sync_id,
+            keyspace=KEYSPACE,
+            tables=(self.table,),
+            staging=self.spec.staging_location,
+            store_url=self.store_url,
+            conn_id=self.conn_id,
+            env=self.conn_env,
+            lock_stale_seconds=STALE.total_seconds(),
+            checkpoint_every_rows=500,
+        )
         delay = self.rng.uniform(0.0, 2.5)
         committed = self.store.committed(self.sync_id)[1]
         log = self.root / "capture-child.log"
         with open(log, "a") as err:  # a file: a pipe nobody reads while it runs would fill and block it
-            child = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.capture_child", kind, json.dumps(spec)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-            )
+            child = capture_child.start(kind, spec, stdout=subprocess.DEVNULL, stderr=err)
         try:
             deadline = time.monotonic() + 120
             while child.poll() is None and time.monotonic() < deadline:

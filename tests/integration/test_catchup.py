@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +26,9 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, load_manifest, read_table, verify
 from airflow_provider_vitess.vstream.events import Operation
 from airflow_provider_vitess.vstream.window import WindowReader
-from tests.conftest import REPO, LocalVitess, connection_uri_env
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration import capture_child
+from tests.integration.capture_child import ChildSpec
 from tests.integration.replay import ListStager, Replay, StagedChange
 
 pytestmark = pytest.mark.integration
@@ -146,38 +145,22 @@ class Workload(threading.Thread):
         self.big_done = True
 
 
-def _child_spec(vitess: LocalVitess, sync_id: str, tmp_path: Path) -> dict[str, Any]:
-    name, value = connection_uri_env("vitess_child", vitess)
-    return {
-        "sync_id": sync_id,
-        "keyspace": "customer",
-        "tables": ["corder"],
-        "staging": str(tmp_path / "stage"),
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "conn_id": "vitess_child",
-        "env": {name: value},
-        "lock_stale_seconds": 1,
-    }
+def _child_spec(vitess: LocalVitess, sync_id: str, tmp_path: Path) -> ChildSpec:
+    connection = connection_uri_env("vitess_child", vitess)
+    return ChildSpec.in_dir(tmp_path, sync_id, "customer", ("corder",), connection, lock_stale_seconds=1)
 
 
-def _run_child(spec: dict[str, Any], kill_delay: float | None, store: CheckpointStore | None = None) -> bool:
+def _run_child(spec: ChildSpec, kill_delay: float | None, store: CheckpointStore | None = None) -> bool:
     """Runs one catch-up in a subprocess. With ``kill_delay``, SIGKILLs it that many seconds after
     its window is PLANNED in the store (mid-window); True if the kill landed there."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.capture_child", "catchup", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    child = capture_child.start("catchup", spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if kill_delay is not None and store is not None:
         deadline = time.monotonic() + 60
         while child.poll() is None and time.monotonic() < deadline:
-            window = store.open_window(spec["sync_id"])
+            window = store.open_window(spec.sync_id)
             if window is not None and window.state is WindowState.PLANNED:
                 time.sleep(kill_delay)
-                window = store.open_window(spec["sync_id"])
+                window = store.open_window(spec.sync_id)
                 if child.poll() is None and window is not None and window.state is WindowState.PLANNED:
                     child.send_signal(signal.SIGKILL)
                     child.communicate()
@@ -194,8 +177,8 @@ def test_windows_with_kills_replay_to_the_source(
 ) -> None:
     hook = VitessHook(vitess_conn_id)
     spec_json = _child_spec(vitess, "catchup-kill", tmp_path)
-    store = CheckpointStore(spec_json["store_url"])
-    spec = SyncSpec("catchup-kill", "customer", ("corder",), spec_json["staging"])
+    store = CheckpointStore(spec_json.store_url)
+    spec = SyncSpec("catchup-kill", "customer", ("corder",), spec_json.staging)
     runner = CaptureRunner(hook, store, spec, holder="test")
     id_base = 50_000_000
     _delete_range(hook, id_base, id_base + 2_000_000)
@@ -222,7 +205,7 @@ def _windows_with_kills(
     store: CheckpointStore,
     runner: CaptureRunner,
     spec: SyncSpec,
-    spec_json: dict[str, Any],
+    spec_json: ChildSpec,
     workload: Workload,
     state: Replay,
 ) -> Replay:

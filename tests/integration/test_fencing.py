@@ -13,12 +13,11 @@ a moment and is frozen again).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +26,9 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import load_manifest
-from tests.conftest import REPO, LocalVitess, connection_uri_env
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration import capture_child
+from tests.integration.capture_child import ChildSpec
 from tests.integration.test_snapshot import BIG_ROWS, _copied, _select, _staged, big_table  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -35,15 +36,8 @@ pytestmark = pytest.mark.integration
 SYNC = "fenced"
 
 
-def _start(spec: dict[str, object]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.capture_child", "snapshot", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+def _start(spec: ChildSpec) -> subprocess.Popen[str]:
+    return capture_child.start("snapshot", spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _stopped(proc: subprocess.Popen[str]) -> bool:
@@ -84,20 +78,10 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
     big_table: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    name, value = connection_uri_env("vitess_fenced", vitess)
-    spec: dict[str, object] = {
-        "sync_id": SYNC,
-        "keyspace": "commerce",
-        "tables": ["big"],
-        "staging": str(tmp_path / "stage"),
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "conn_id": "vitess_fenced",
-        "env": {name: value},
-        "checkpoint_every_rows": 5000,
-        "lock_stale_seconds": 3,
-    }
+    connection = connection_uri_env("vitess_fenced", vitess)
+    spec = ChildSpec.in_dir(tmp_path, SYNC, "commerce", ("big",), connection, lock_stale_seconds=3)
     db = tmp_path / "store.db"
-    observer = CheckpointStore(str(spec["store_url"]))
+    observer = CheckpointStore(spec.store_url)
     stalled = _start(spec)
     try:
         _wait("the first run to record some copied rows", lambda: _copied(observer, SYNC) >= 20_000)
@@ -109,7 +93,7 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
 
         # The new holder stops itself after copying 12,000 rows (two checkpoints): it is held
         # mid-copy while the old one wakes up, which must meet the sync taken, not finished.
-        taker = _start({**spec, "pause_after_rows": 12_000})
+        taker = _start(dataclasses.replace(spec, pause_after_rows=12_000))
         _wait("the second run to take the sync over and stop mid-copy", lambda: _stopped(taker), timeout=180)
         _freeze_outside_a_store_transaction(taker, db)  # its heartbeat thread may have been mid-write
         holder = observer.lock_holder(SYNC)
@@ -141,7 +125,7 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
 
     window = observer.window(SYNC, 1)
     assert window.state is WindowState.STAGED
-    manifest = load_manifest(str(spec["staging"]), SYNC, 1)
+    manifest = load_manifest(spec.staging, SYNC, 1)
     assert manifest is not None
     staged, n = _staged(manifest, "big")
     source = _select(VitessHook("vitess_big"), "commerce", "big")

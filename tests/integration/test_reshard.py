@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -57,8 +54,10 @@ from airflow_provider_vitess.triggers import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.changes import JOURNAL
 from airflow_provider_vitess.vstream.events import Operation
-from tests.conftest import REPO, connection_uri_env
+from tests.conftest import connection_uri_env
+from tests.integration import capture_child
 from tests.integration import merge_workload as wl
+from tests.integration.capture_child import ChildSpec
 from tests.integration.delta_check import delta_txns, spark_session
 from tests.integration.replay import Replay, StagedChange
 from tests.integration.topology import Topology, start_topology, stop_topology
@@ -123,24 +122,17 @@ class Sync:
     def catch_up_killed_after_journal(self, env: tuple[str, str]) -> Manifest:
         """The window run in a child SIGKILLed after the journal and a new shard's row are staged
         (see ``capture_child``), then rerun here: the same window, read again whole."""
-        spec = {
-            "sync_id": self.id,
-            "keyspace": self.spec.keyspace,
-            "tables": list(TABLES),
-            "staging": self.spec.staging_location,
-            "store_url": self.store_url,
-            "conn_id": "vitess_topology",
-            "env": {env[0]: env[1]},
-            "kill_after_journal": True,
-        }
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.integration.capture_child", "catchup", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            timeout=300,
+        spec = ChildSpec(
+            sync_id=self.id,
+            keyspace=self.spec.keyspace,
+            tables=tuple(TABLES),
+            staging=self.spec.staging_location,
+            store_url=self.store_url,
+            conn_id="vitess_topology",
+            env={env[0]: env[1]},
+            kill_after_journal=True,
         )
+        child = capture_child.run("catchup", spec, timeout=300)
         assert child.returncode == -signal.SIGKILL, (child.returncode, child.stderr[-3000:])
         assert "KILLED-AFTER-JOURNAL" in child.stdout, child.stdout
         killed = self.store.open_window(self.id)

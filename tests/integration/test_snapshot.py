@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, read_table
-from tests.conftest import REPO, LocalVitess, connection_uri_env
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration import capture_child
+from tests.integration.capture_child import ChildSpec
 
 pytestmark = pytest.mark.integration
 
@@ -156,18 +157,9 @@ def test_snapshot_of_three_tables_in_two_keyspaces_with_progress(
 def test_snapshot_killed_at_random_points_resumes_without_recopying(
     vitess: LocalVitess, big_table: str, tmp_path: Path
 ) -> None:
-    name, value = connection_uri_env("vitess_kill", vitess)
-    spec = {
-        "sync_id": "snap-kill",
-        "keyspace": "commerce",
-        "tables": ["big", "product"],
-        "staging": str(tmp_path / "stage"),
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "conn_id": "vitess_kill",
-        "env": {name: value},
-        "checkpoint_every_rows": 5000,
-        "lock_stale_seconds": 1,
-    }
+    connection = connection_uri_env("vitess_kill", vitess)
+    tables = ("big", "product")
+    spec = ChildSpec.in_dir(tmp_path, "snap-kill", "commerce", tables, connection, lock_stale_seconds=1)
     rng = random.Random(20261122)
     # Kill points: after a seeded random number of copied rows (as the store reports them) plus a
     # seeded random delay, so kills land mid-batch, mid-table and between checkpoints.
@@ -178,17 +170,9 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
     thresholds = sorted(rng.randint(0, BIG_ROWS - 20_000) for _ in range(4))
     thresholds.append(BIG_ROWS + rng.randint(1_000, product_rows - 6_000))
     kills, resumed = 0, []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    observer = CheckpointStore(str(spec["store_url"]))
+    observer = CheckpointStore(spec.store_url)
     while True:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.capture_child", "snapshot", json.dumps(spec)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=env,
-        )
+        child = capture_child.start("snapshot", spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if kills < len(thresholds):
             deadline = time.monotonic() + 120
             while child.poll() is None and _copied(observer, "snap-kill") < thresholds[kills]:
@@ -208,12 +192,12 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
     assert resumed == [True]
 
     hook = VitessHook("vitess_big")
-    store = CheckpointStore(str(spec["store_url"]))
+    store = CheckpointStore(spec.store_url)
     window = store.window("snap-kill", 1)
     assert window.state is WindowState.STAGED
     from airflow_provider_vitess.staging import load_manifest
 
-    manifest = load_manifest(str(spec["staging"]), "snap-kill", 1)
+    manifest = load_manifest(spec.staging, "snap-kill", 1)
     assert manifest is not None
     for table in ("big", "product"):
         staged, n = _staged(manifest, table)
@@ -255,29 +239,16 @@ def test_a_table_one_shard_finished_before_the_other_began_is_copied_on_both_aft
     os.environ[name] = value
     hook = VitessHook("vitess_shardkill")
     _sharded_tables(hook)
-    spec = {
-        "sync_id": "snap-shardkill",
-        "keyspace": "customer",
-        "tables": list(SHARDED_TABLES),
-        "staging": str(tmp_path / "stage"),
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "conn_id": "vitess_shardkill",
-        "env": {name: value},
-        "checkpoint_every_rows": 100,
-        "lock_stale_seconds": 1,
-    }
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "tests.integration.capture_child", "snapshot", json.dumps(spec)]
-    observer = CheckpointStore(str(spec["store_url"]))
+    options = {"checkpoint_every_rows": 100, "lock_stale_seconds": 1}
+    spec = ChildSpec.in_dir(tmp_path, "snap-shardkill", "customer", SHARDED_TABLES, (name, value), **options)
+    observer = CheckpointStore(spec.store_url)
     blocker = hook.engine.raw_connection()
     try:
         cur = blocker.cursor()
         cur.execute("USE `customer:80-`")
         cur.execute("BEGIN")
         cur.execute("UPDATE snapkill_a SET note = note WHERE id = -1")  # holds the table's lock
-        child = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
-        )
+        child = capture_child.start("snapshot", spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while True:  # until -80 has checkpointed a few hundred rows of snapkill_b
             assert child.poll() is None, child.communicate()[1][-3000:]
@@ -302,13 +273,13 @@ def test_a_table_one_shard_finished_before_the_other_began_is_copied_on_both_aft
         cur.execute("USE customer")  # pooled: leave no shard target behind
         blocker.close()
     time.sleep(1.5)  # the killed run's lock goes stale
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    done = capture_child.run("snapshot", spec, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["resumed"] is True
 
     from airflow_provider_vitess.staging import load_manifest
 
-    manifest = load_manifest(str(spec["staging"]), "snap-shardkill", 1)
+    manifest = load_manifest(spec.staging, "snap-shardkill", 1)
     assert manifest is not None
     for table in SHARDED_TABLES:
         staged, _ = _staged(manifest, table)
