@@ -221,33 +221,40 @@ _FIRST_CHUNK = 256
 _MAX_MISSES = 16
 
 
+def _row_event_layout(starts: Any, size: Any, tail: bytes) -> tuple[Any, Any, Any]:
+    """Per event ``prefix + varint(len) + row event + VT`` (``starts``, ``size``, ``VT`` the
+    ``tail``): the bytes of varint and row event, whether the varint takes two bytes, and where
+    the row event begins."""
+    rest = size - len(_COPY_ROW_PREFIX) - len(tail)
+    two = rest > 128  # a row event of 128 bytes or more has a two-byte length
+    return rest, two, starts + len(_COPY_ROW_PREFIX) + 1 + two
+
+
 def _proven(layout: _Layout, starts: Any, size: Any, head: bytes, trailer: bytes, tail: bytes) -> Any:
     """Per event (``starts``, ``size``): whether it is ``prefix + varint(len) + H + rows + T +
     VT`` with the given ``H``, ``T`` and ``VT``: its length and the varint agree, and the bytes
     at both ends are the given ones. Numpy passes over the response's bytes, no Python per event."""
     suffix = trailer + tail
-    rest = size - len(_COPY_ROW_PREFIX) - len(tail)  # varint + row event
-    two = rest > 128  # a row event of 128 bytes or more has a two-byte length
+    rest, two, body = _row_event_layout(starts, size, tail)
     length = rest - 1 - two
     byte3, byte4 = layout.at(starts + 3), layout.at(starts + 4)
     ok = np.where(two, (byte3 == (length & 0x7F) | 0x80) & (byte4 == length >> 7), byte3 == length)
     ok &= (size >= len(_COPY_ROW_PREFIX) + 2) & (rest <= 16385) & (length >= len(head) + len(trailer))
-    body = starts + len(_COPY_ROW_PREFIX) + 1 + two  # where each row event begins
     ok &= layout.equal(starts + size - len(suffix), suffix) & layout.equal(body, head)
     return ok
 
 
-def _run(layout: _Layout, pos: int, end: int, first: Any) -> RowBlock | None:
+def _run(layout: _Layout, pos: int, end: int, first_raw: bytes, first: Any) -> RowBlock | None:
     """The longest run at the start of events ``pos:end`` (copy-phase ROW events, ``first``
-    the view of event ``pos``) that is one table and shard, as a block; None when it is one
-    event.
+    the view of event ``pos``, ``first_raw`` its bytes) that is one table and shard, as a block;
+    None when it is one event.
 
     Every event of the run is proven to be the first event's shape with its ``H``, ``T`` and
     ``VT`` (:func:`_proven`). The proof runs on :data:`_FIRST_CHUNK` events first, and only
     when all of them are of the run on the rest: a run that ends early costs what it covers
     (a response whose events all differ would otherwise cost the square of its length).
     """
-    frame = _frame(layout.data[layout.starts[pos] : layout.starts[pos] + layout.lens[pos]])
+    frame = _frame(first_raw)
     if frame is None:
         return None
     head, trailer, tail = frame
@@ -263,9 +270,8 @@ def _run(layout: _Layout, pos: int, end: int, first: Any) -> RowBlock | None:
     # Each event's row changes: between its H and T, joined as slices of the response (a
     # per-byte numpy gather built an 8-byte index per byte: ~3x the CPU of the slices).
     starts, size = layout.starts[pos : pos + n], layout.lens[pos : pos + n]
-    two = size - len(_COPY_ROW_PREFIX) - len(tail) > 128
-    first_byte = (starts + len(_COPY_ROW_PREFIX) + 1 + two + len(head)).tolist()
-    last_byte = (starts + size - len(trailer) - len(tail)).tolist()
+    body = _row_event_layout(starts, size, tail)[2]
+    first_byte, last_byte = (body + len(head)).tolist(), (starts + size - len(trailer) - len(tail)).tolist()
     rows = map(layout.data.__getitem__, map(slice, first_byte, last_byte))
     return RowBlock(first, b"".join([head, *rows, trailer]), n)
 
@@ -295,8 +301,10 @@ def gather(data: bytes) -> Sequence[Any]:
         out.extend(wire.parse_event(raw[k]) for k in range(done, start))
         pos, misses = start, 0
         while pos < end:
-            event = wire.parse_event(raw[pos])
-            block = _run(layout, pos, end, event) if end - pos > 1 and misses < _MAX_MISSES else None
+            event_bytes = raw[pos]
+            event = wire.parse_event(event_bytes)
+            attempt = end - pos > 1 and misses < _MAX_MISSES
+            block = _run(layout, pos, end, event_bytes, event) if attempt else None
             misses = misses + 1 if block is None else 0
             out.append(event if block is None else block)
             pos += 1 if block is None else block.events
