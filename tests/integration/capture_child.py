@@ -29,8 +29,7 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 @dataclasses.dataclass(frozen=True)

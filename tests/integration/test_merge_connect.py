@@ -31,7 +31,6 @@ from tests.integration.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 A, B = "connect_a", "connect_b"
 
 
