@@ -237,11 +237,18 @@ def table_version(spark: SparkSession, path: str) -> int:
     return int(_latest_snapshot(spark, path).version())
 
 
-def table_files(spark: SparkSession, path: str) -> int:
-    """How many data files the table's latest version has."""
+@dataclass(frozen=True)
+class TableSize:
+    files: int
+    bytes: int
+
+
+def table_size(spark: SparkSession, path: str) -> TableSize:
+    """How many data files the table's latest version has, and their bytes."""
     if connect.is_connect(spark):
-        return connect.table_files(spark, path)
-    return int(_latest_snapshot(spark, path).numOfFiles())
+        return connect.table_size(spark, path)
+    snap = _latest_snapshot(spark, path)
+    return TableSize(int(snap.numOfFiles()), int(snap.sizeInBytes()))
 
 
 def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None = None) -> TableState:
@@ -423,6 +430,15 @@ def sql_literal(value: Any) -> str:
     raise TypeError(f"no SQL literal for key value of type {type(value).__name__}")
 
 
+# Below this many bytes of data a table's MERGE rewrites the files it touches instead of writing
+# deletion vectors: on a small table the rewrite costs less than the vectors' extra pass over the
+# touched files (bench/bench_merge_latency.py, a 20,000-row table on 2 cores: 1.2 s vs 1.9 s a
+# MERGE), and it stays bounded by this size. Above it, the vectors keep a MERGE's cost with the
+# window, not with the files it touches (the table property stays on either way).
+REWRITE_BELOW_BYTES = 8 * 1024 * 1024
+_PERSISTENT_DV_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
+
+
 def merge_into(
     spark: SparkSession,
     final: DataFrame,
@@ -432,11 +448,15 @@ def merge_into(
     app_id: str,
     seq: int,
     prune: str | None,
-) -> None:
-    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq).
-    ``schema`` is the table's after the window's evolution: every column is one of the window's
-    (the others were dropped, ``merge.schema``). SQL ``MERGE INTO`` over a temporary view: the
-    same statement on a classic session and over Spark Connect."""
+    rewrite_files: bool = False,
+) -> bool:
+    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq); False
+    when Delta skipped it because the table already holds that transaction (another run committed
+    the window first: Delta returns no metrics row then). ``schema`` is the table's after the
+    window's evolution: every column is one of the window's (the others were dropped,
+    ``merge.schema``). ``rewrite_files``: touched files are rewritten, no deletion vectors
+    (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
+    a classic session and over Spark Connect."""
     view = f"vitess_merge_{uuid.uuid4().hex}"
     on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
     if prune is not None:
@@ -454,11 +474,15 @@ def merge_into(
     final.createOrReplaceTempView(view)
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(seq))
+    if rewrite_files:
+        spark.conf.set(_PERSISTENT_DV_CONF, "false")
     try:
-        spark.sql(statement).collect()
+        return bool(spark.sql(statement).collect())
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
+        if rewrite_files:
+            spark.conf.unset(_PERSISTENT_DV_CONF)
         spark.catalog.dropTempView(view)
 
 

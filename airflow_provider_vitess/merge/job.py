@@ -224,9 +224,11 @@ def _run(
     progress(step.seq, step.table, "writing")
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
+    # A replace tells no skip apart from a write: the version before it does (a MERGE says itself).
+    before: int | None = None
     if step.action is Action.TRUNCATE:
         assert step.schema is not None
-        version = apply.table_version(spark, target.path)  # the version before this write
+        before = apply.table_version(spark, target.path)
         empty = spark.createDataFrame([], step.schema)
         apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
     else:
@@ -243,14 +245,16 @@ def _run(
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
             mapping = column_mapping or needs_column_mapping(rows.columns)
             files = apply.files_for(tm.rows, rows_per_file)
-            version = apply.table_version(spark, target.path)
+            before = apply.table_version(spark, target.path)
             apply.write_replace(
                 rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
             )
-        else:  # _merge reads the version itself, after any schema change it commits
-            changes, version = _merge(spark, final, target.path, keys, step, app_id)
+        else:
+            changes, merged = _merge(spark, final, target.path, keys, step, app_id)
+            if not merged:  # Delta skipped the MERGE: another run committed the window first
+                return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     commit = apply.last_commit(spark, target.path)
-    if commit.version <= version:  # Delta skipped the write: another run committed the window first
+    if before is not None and commit.version <= before:  # Delta skipped the replace: the same
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
@@ -330,8 +334,9 @@ def _with_comments(wc: WindowColumns) -> list[Column]:
 
 def _merge(
     spark: SparkSession, final: DataFrame, path: str, keys: list[str], step: Step, app_id: str
-) -> tuple[tuple[str, ...], int]:
-    """Evolve the schema, then MERGE; returns the schema changes and the version before the MERGE."""
+) -> tuple[tuple[str, ...], bool]:
+    """Evolve the schema, then MERGE; returns the schema changes and whether the MERGE committed
+    (False: Delta skipped it, the table holds the window's transaction already)."""
     assert step.columns is not None and step.evolution is not None and step.schema is not None
     ev = step.evolution
     if not ev.empty:
@@ -344,14 +349,14 @@ def _merge(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
     )
     try:
+        size = apply.table_size(spark, path)
         # One file: nothing to skip, so no job to compute the key ranges.
-        one_file = apply.table_files(spark, path) <= 1
-        prune = None if one_file else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        version = apply.table_version(spark, path)
-        apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune)
+        prune = None if size.files <= 1 else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
+        rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
+        merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
     finally:
         rows.unpersist()
-    return tuple(ev.changes), version
+    return tuple(ev.changes), merged
 
 
 def _result(step: Step, path: str, commit: apply.Commit, changes: tuple[str, ...]) -> TableResult:

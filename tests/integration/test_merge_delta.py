@@ -35,6 +35,7 @@ from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import CorruptStagedDataError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge import apply
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport, TableStatus, parse_report_line
 from airflow_provider_vitess.merge.schema import MergeSchemaError
@@ -142,15 +143,20 @@ class Merged:
 
 @pytest.fixture(scope="module")
 def merged(spark: SparkSession, captured: Captured) -> Merged:
-    """Each sync merged in process as two jobs: [snapshot, first catch-up] then [second catch-up]."""
+    """Each sync merged in process as two jobs: [snapshot, first catch-up] then [second catch-up].
+    Both ways of a MERGE meet the oracle: the orders tables are small, so their MERGEs rewrite
+    the files they touch; the commerce sync's write deletion vectors whatever the size."""
     root = captured.root / "delta-inproc"
     reports: dict[str, list[MergeReport]] = {}
     started = time.monotonic()
     for sync in (captured.orders, captured.commerce):
-        reports[sync.sync_id] = [
-            merge(spark, sync.plan(root, 0, 2), rows_per_file=40_000),
-            merge(spark, sync.plan(root, 2), rows_per_file=40_000),
-        ]
+        with pytest.MonkeyPatch.context() as m:
+            if sync is captured.commerce:
+                m.setattr(apply, "REWRITE_BELOW_BYTES", 0)
+            reports[sync.sync_id] = [
+                merge(spark, sync.plan(root, 0, 2), rows_per_file=40_000),
+                merge(spark, sync.plan(root, 2), rows_per_file=40_000),
+            ]
     return Merged(root, reports, time.monotonic() - started)
 
 
@@ -231,6 +237,56 @@ def test_a_repeated_plan_is_already_applied_and_commits_nothing(
                 {(plan.txn_app_id(table), seq): 1 for seq in written}
             )
     assert_oracle(spark, captured, merged.root, (captured.orders, captured.commerce))
+
+
+def test_a_merge_delta_skips_is_already_applied_and_commits_nothing(
+    spark: SparkSession, captured: Captured, merged: Merged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run committed the window after this run read the table's transaction version
+    (a fenced-off holder): the plan says MERGE, Delta skips it (the table holds the transaction),
+    and the report says so instead of counting another run's commit as this run's write."""
+    sync = captured.orders
+    read = apply.table_state
+
+    def read_before_the_other_run(
+        session: SparkSession, path: str, app_id: str, restores_after: Any = None
+    ) -> Any:
+        state = read(session, path, app_id, restores_after)
+        assert state.txn_version is not None
+        return replace(state, txn_version=state.txn_version - 1)
+
+    monkeypatch.setattr(apply, "table_state", read_before_the_other_run)
+    last = sync.manifests[2].window_seq
+    version = history_versions(spark, merged.root / wl.ORDERS)
+    result = merge(spark, sync.plan(merged.root, 2)).window(last).table(wl.ORDERS)
+    assert result.status is TableStatus.ALREADY_APPLIED
+    assert result.rows_upserted == 0 and result.delta_version == version  # the table's, unchanged
+    assert history_versions(spark, merged.root / wl.ORDERS) == version
+    assert txn_versions(merged.root / wl.ORDERS)[(sync.plan(merged.root).txn_app_id(wl.ORDERS), last)] == 1
+
+
+def test_small_tables_merge_by_rewriting_files_larger_ones_by_deletion_vectors(
+    spark: SparkSession, captured: Captured, merged: Merged
+) -> None:
+    """The ``merged`` MERGEs: the orders table is below ``REWRITE_BELOW_BYTES``, so its MERGEs
+    rewrite the files they touch and add no deletion vector; the commerce sync's MERGEs ran with
+    the bound at 0 and mark rows with deletion vectors instead (both tables meet the oracle)."""
+
+    def merges(table: str) -> list[dict[str, int]]:
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{merged.root / table}`").collect()
+        return [
+            {k: int(v) for k, v in row["operationMetrics"].items()}
+            for row in history
+            if row["operation"] == "MERGE"
+        ]
+
+    size = spark.sql(f"DESCRIBE DETAIL delta.`{merged.root / wl.ORDERS}`").first()
+    assert size is not None and 0 < size["sizeInBytes"] < apply.REWRITE_BELOW_BYTES
+    orders = merges(wl.ORDERS)
+    assert len(orders) == 2
+    assert all(m["numTargetDeletionVectorsAdded"] == 0 and m["numTargetFilesRemoved"] > 0 for m in orders)
+    commerce = [m for t in captured.commerce.tables for m in merges(t)]
+    assert commerce and any(m["numTargetDeletionVectorsAdded"] > 0 for m in commerce)
 
 
 # -- the tie rule, against the reference applier ---------------------------------------------------
