@@ -59,7 +59,12 @@ LOCAL_CONF: Mapping[str, str] = {
 # ~30% faster on 2 cores (bench/bench_merge_latency.py: 17.8 s vs 23-27 s task start to
 # COMMITTED) and a 2 x 1M-row snapshot merge ~10% slower. Not for a long-running JVM (the Spark
 # Connect server), where C2's code pays back.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# The quick tier alone also shrinks HotSpot's code cache to its size without tiered compilation,
+# 48 MiB, which a window of a few dozen tables fills with compiled queries: the JVM then fails
+# with "Out of space in CodeCache for adapters" in whichever thread compiles next, and Spark
+# stops its context mid-window (bench/bench_tables.py, 50 tables: a job failed once and hung
+# once). The tiered default, 240 MiB, is kept.
+QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 LOCAL_SUBMIT_CONF: Mapping[str, str] = {
     **LOCAL_CONF,
     "spark.driver.extraJavaOptions": QUICK_JIT,

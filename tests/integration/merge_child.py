@@ -26,11 +26,9 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
-from airflow_provider_vitess.merge.spark_conf import spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_submit_args
 
 SPARK_HOME = Path(pyspark.__file__).parent
-# A job run is short and spends its time in cold code: the quick JIT tier starts it faster.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def job_file() -> str:

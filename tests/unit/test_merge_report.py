@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
@@ -14,7 +18,7 @@ from airflow_provider_vitess.merge.report import (
     WriteMode,
     parse_report_line,
 )
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_conf, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_conf, spark_submit_args
 
 
 def test_report_round_trip_and_line() -> None:
@@ -76,7 +80,25 @@ def test_spark_settings_name_the_delta_package_and_extensions() -> None:
 
 
 def test_a_local_submit_compiles_with_the_quick_jit_tier_and_the_users_setting_wins() -> None:
-    assert spark_conf(local=True)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert "-XX:TieredStopAtLevel=1" in spark_conf(local=True)["spark.driver.extraJavaOptions"].split()
     assert "spark.driver.extraJavaOptions" not in spark_conf()  # a cluster's driver: its own
     theirs = spark_conf(local=True, extra={"spark.driver.extraJavaOptions": "-Xss4m"})
     assert theirs["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
+def test_the_quick_jit_tier_keeps_the_tiered_code_cache_size() -> None:
+    """``-XX:TieredStopAtLevel=1`` alone gives the JVM a 48 MiB code cache, which a window of a
+    few dozen tables fills (the JVM fails "Out of space in CodeCache" and Spark stops its
+    context): the driver's options keep the 240 MiB of tiered compilation. Asked of the JVM
+    the job runs on."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    assert java, "no java: Spark's JVM is needed"
+    flags = subprocess.run(
+        [java, *QUICK_JIT.split(), "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    size = next(int(line.split()[3]) for line in flags.splitlines() if " ReservedCodeCacheSize " in line)
+    assert size >= 240 * 1024 * 1024
