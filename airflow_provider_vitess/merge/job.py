@@ -350,9 +350,11 @@ def _merge(
     )
     try:
         size = apply.table_size(spark, path)
-        # One file: nothing to skip, so no job to compute the key ranges.
-        prune = None if size.files <= 1 else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
+        # One file, or a table small enough to rewrite (so to scan whole): the files the key
+        # ranges would skip cost less than the job that computes them.
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
+        small = size.files <= 1 or rewrite
+        prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
         merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
     finally:
         rows.unpersist()
