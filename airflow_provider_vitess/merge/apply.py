@@ -48,7 +48,7 @@ from airflow_provider_vitess.merge import connect
 from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
 from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
-from airflow_provider_vitess.merge.steps import TableState
+from airflow_provider_vitess.merge.steps import TableSize, TableState
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import window_dir
 from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
@@ -235,12 +235,6 @@ def table_version(spark: SparkSession, path: str) -> int:
     if connect.is_connect(spark):
         return connect.table_version(spark, path)
     return int(_latest_snapshot(spark, path).version())
-
-
-@dataclass(frozen=True)
-class TableSize:
-    files: int
-    bytes: int
 
 
 def table_size(spark: SparkSession, path: str) -> TableSize:

@@ -81,7 +81,14 @@ from airflow_provider_vitess.merge.schema import (
 )
 from airflow_provider_vitess.merge.sessions import DEFAULT_PARALLELISM, TableSessions
 from airflow_provider_vitess.merge.spark_conf import spark_conf
-from airflow_provider_vitess.merge.steps import Action, Step, TableState, plan_steps, touched_tables
+from airflow_provider_vitess.merge.steps import (
+    Action,
+    Step,
+    TableSize,
+    TableState,
+    plan_steps,
+    touched_tables,
+)
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
@@ -161,9 +168,12 @@ def merge(
         out, began_chain = [], time.monotonic()
         state = states.get(chain[0].table)  # None: a table the windows do not write
         mapping = state is not None and state.column_mapping
+        size = None if state is None else state.size  # until this run writes the table
         for step in chain:
             began = time.monotonic()
-            result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known)
+            result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known, size)
+            if result.status is TableStatus.WRITTEN:
+                size = None
             if (
                 result.status is TableStatus.ALREADY_APPLIED
                 and result.delta_version is None
@@ -212,6 +222,7 @@ def _run(
     progress: Progress,
     column_mapping: bool,
     known: dict[int, Manifest | None],
+    size: TableSize | None = None,
 ) -> TableResult:
     target = plan.targets[step.table]
     app_id = plan.txn_app_id(step.table)
@@ -250,7 +261,7 @@ def _run(
                 rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
             )
         else:
-            changes, merged = _merge(spark, final, target.path, keys, step, app_id)
+            changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
             if not merged:  # Delta skipped the MERGE: another run committed the window first
                 return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     commit = apply.last_commit(spark, target.path)
@@ -333,10 +344,17 @@ def _with_comments(wc: WindowColumns) -> list[Column]:
 
 
 def _merge(
-    spark: SparkSession, final: DataFrame, path: str, keys: list[str], step: Step, app_id: str
+    spark: SparkSession,
+    final: DataFrame,
+    path: str,
+    keys: list[str],
+    step: Step,
+    app_id: str,
+    size: TableSize | None,
 ) -> tuple[tuple[str, ...], bool]:
     """Evolve the schema, then MERGE; returns the schema changes and whether the MERGE committed
-    (False: Delta skipped it, the table holds the window's transaction already)."""
+    (False: Delta skipped it, the table holds the window's transaction already). ``size``: the
+    table's files and bytes if known (a schema change leaves them as they are), else asked."""
     assert step.columns is not None and step.evolution is not None and step.schema is not None
     ev = step.evolution
     if not ev.empty:
@@ -349,7 +367,7 @@ def _merge(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
     )
     try:
-        size = apply.table_size(spark, path)
+        size = size or apply.table_size(spark, path)
         # One file, or a table small enough to rewrite (so to scan whole): the files the key
         # ranges would skip cost less than the job that computes them.
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES

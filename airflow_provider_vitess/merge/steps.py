@@ -36,6 +36,12 @@ class Action(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class TableSize:
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class TableState:
     """A Delta table as found before the run."""
 
@@ -46,6 +52,9 @@ class TableState:
     version: int | None = None  # the table's latest Delta version
     # Delta versions of RESTORE commits after the version the sync last wrote (target integrity).
     restores: tuple[int, ...] = ()
+    # Data files and their bytes at ``version``, when known without rebuilding the version's file
+    # list (Spark Connect: the version's checksum file, :mod:`.checksum`).
+    size: TableSize | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from airflow_provider_vitess.merge import connect
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
+from airflow_provider_vitess.merge.steps import TableSize
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 from tests.integration.merge_workload import execute
@@ -171,3 +172,48 @@ def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
         v2.write_bytes((log_dir / f"{10:020d}.checkpoint.parquet").read_bytes())
         assert txns() == (12, 13, None)
         assert "reading the whole log" in caplog.text
+
+
+def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_table(
+    spark_connect: str, tmp_path: Path
+) -> None:
+    """Over Spark Connect the state's properties, transaction versions, files and bytes come from
+    the version's ``.crc`` (one small read; ``DESCRIBE DETAIL`` rebuilds the version's file
+    list): what it says is what the table says. A checksum without its transactions, or no
+    checksum at all, gives the same state from the table itself (no size then: the MERGE asks)."""
+    table = str(tmp_path / "state")
+    with connect.remote_sessions(spark_connect) as new_session:
+        spark = new_session()
+        for app, version in (("app-x", 1), ("app-x", 2), ("app-y", 1), ("app-x", 3)):
+            writer = spark.range(5).write.format("delta").mode("append")
+            writer.option("txnAppId", app).option("txnVersion", version).save(table)
+        spark.sql(
+            f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+            "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
+        )
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()
+        assert detail is not None and detail["numFiles"] >= 4  # four appends
+        size = TableSize(detail["numFiles"], detail["sizeInBytes"])
+        version = connect.table_version(spark, table)
+        crc = Path(table) / "_delta_log" / f"{version:020d}.crc"
+        written = json.loads(crc.read_text())
+
+        def rewrite(doc: dict[str, Any]) -> None:
+            crc.write_text(json.dumps(doc))
+            # Hadoop's local file system keeps a checksum of each file it wrote beside it.
+            crc.with_name(f".{crc.name}.crc").unlink(missing_ok=True)
+
+        def state(app: str = "app-x") -> tuple[Any, ...]:
+            s = connect.table_state(spark, table, app, None)
+            return s.exists, s.version, s.txn_version, s.column_mapping, s.size, s.schema.names
+
+        assert state() == (True, version, 3, True, size, ["id"])
+        assert state("app-y")[2] == 1 and state("app-z")[2] is None
+        # What the file says is what counts (here a transaction the log does not hold).
+        rewrite({**written, "setTransactions": [{"appId": "app-x", "version": 99}]})
+        assert state()[2] == 99
+        # Without its transactions (past Delta's bound of 100 app ids): from the log.
+        rewrite({k: v for k, v in written.items() if k != "setTransactions"})
+        assert state() == (True, version, 3, True, size, ["id"])
+        crc.unlink()
+        assert state() == (True, version, 3, True, None, ["id"])
