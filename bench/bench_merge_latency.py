@@ -12,13 +12,17 @@ takes it STAGED -> MERGED -> COMMITTED with the submit function of each mode:
   stops it at the end).
 
     .venv/bin/python bench/bench_merge_latency.py [--changes 500] [--rows 20000] [--runs 3]
-        [--modes submit,connect] [--parallelism N] [--connect-url sc://...] [--port 15002] [--dir DIR]
+        [--warmup 0] [--modes submit,connect] [--parallelism N] [--connect-url sc://...]
+        [--port 15002] [--dir DIR]
 
 Each mode first merges a snapshot window of ``--rows`` rows per table (untimed: it creates the
-tables, fills the jar cache, warms the server), then ``--runs`` catch-up windows, the modes
-alternating; the median counts. Phases: spark-submit's JVM + Python start (to the job's
-``main``), the session, manifests read and checksums verified, Delta table states, the tables
-(each table's merge, concurrent), the job's exit, and the store's MERGED/COMMITTED.
+tables, fills the jar cache, warms the server) and, on Spark Connect, ``--warmup`` catch-up
+windows (untimed: a server that has run for a while has compiled its hot code, which a fresh
+one takes a few dozen windows to do; a spark-submit's JVM is new every window), then
+``--runs`` catch-up windows, the modes alternating; the median counts.
+Phases: spark-submit's JVM + Python start (to the job's ``main``), the session, manifests read
+and checksums verified, Delta table states, the tables (each table's merge, concurrent), the
+job's exit, and the store's MERGED/COMMITTED.
 """
 
 from __future__ import annotations
@@ -182,6 +186,12 @@ def main() -> None:
     p.add_argument("--changes", type=int, default=500)
     p.add_argument("--rows", type=int, default=20_000, help="rows per table before the windows")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed Spark Connect windows after the snapshot (a long-running server's JIT is warm)",
+    )
     p.add_argument("--modes", default="submit,connect")
     p.add_argument("--parallelism", type=int, help="tables merged at once (default: all)")
     p.add_argument("--connect-url", help="a running Spark Connect server (default: start one)")
@@ -221,6 +231,12 @@ def main() -> None:
                 f"{mode}: snapshot of {args.rows} rows x {len(TABLES)} tables merged in {took:.1f}s",
                 flush=True,
             )
+            warm = []
+            for _ in range(args.warmup if mode == "connect" else 0):  # a submit's JVM is always new
+                stage(store, work / mode, f"bench-{mode}", args.rows, args.changes, rng)
+                warm.append(run_window(store, work / mode, f"bench-{mode}", submit, lambda: {})[0])
+            if warm:
+                print(f"{mode}: {len(warm)} warm-up windows (untimed) " + " ".join(f"{t:.1f}s" for t in warm))
         totals: dict[str, list[float]] = {m: [] for m in submits}
         phases: dict[str, list[Timings]] = {m: [] for m in submits}
         for i in range(args.runs):
