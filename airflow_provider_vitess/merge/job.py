@@ -367,7 +367,7 @@ def _merge(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
     )
     try:
-        size = size or apply.table_size(spark, path)
+        size = size if size is not None else apply.table_size(spark, path)
         # One file, or a table small enough to rewrite (so to scan whole): the files the key
         # ranges would skip cost less than the job that computes them.
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
