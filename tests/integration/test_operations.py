@@ -9,6 +9,7 @@ job's ``merge`` in this process instead of a spark-submit, to keep each merge at
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_vitess.capture import runner as capture_runner
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import (
@@ -33,6 +35,7 @@ from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
+from airflow_provider_vitess.vstream.position import capture_stop_position
 from spark_jobs.merge_cdc import merge
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_history, spark_session
@@ -197,8 +200,10 @@ def test_a_changed_key_asks_for_a_resnapshot_and_windows_merge_with_their_own_ke
     sync.assert_equal()
 
 
-# vtgate's answer, once retried until the stop-position probe's timeout, names the tablet type.
+# A refused read names the tablet type it asked for: vtgate's "failed to find a REPLICA tablet",
+# or the stop-position probe's own error once vtgate has given no position by its timeout.
 NO_REPLICA = r"REPLICA tablet"
+PROBE_TIMEOUT = 15.0
 
 
 def test_every_read_uses_the_connections_tablet_type(
@@ -211,6 +216,13 @@ def test_every_read_uses_the_connections_tablet_type(
     for tablet_type in ("REPLICA", "RDONLY"):
         name, value = connection_uri_env(f"vitess_{tablet_type.lower()}", vitess, tablet_type=tablet_type)
         monkeypatch.setenv(name, value)
+    # vtgate holds a REPLICA stream open waiting for a tablet that never comes: the probe's 60 s
+    # default (for a slow link) would only make each refused read wait longer to fail the same.
+    monkeypatch.setattr(
+        capture_runner,
+        "capture_stop_position",
+        functools.partial(capture_stop_position, timeout=PROBE_TIMEOUT),
+    )
     replica = CaptureRunner(VitessHook("vitess_replica"), sync.store, sync.spec, holder="test-replica")
     with pytest.raises(VStreamError, match=NO_REPLICA):
         replica.snapshot()
