@@ -38,7 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_vitess._proto import query_pb2
-from airflow_provider_vitess.merge import apply
+from airflow_provider_vitess.merge import apply, delta_log
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.spark_conf import spark_conf
@@ -216,7 +216,9 @@ def main() -> None:
                 result = report.windows[0].table(TABLE)
                 assert result.status is TableStatus.WRITTEN, result
                 times[size].append(took)
-                m = apply.last_commit(spark, target.path).metrics
+                commit = delta_log.last_commit(spark, target.path)
+                assert commit is not None, "the window's MERGE committed nothing"
+                m = commit.metrics
                 print(
                     f"window {seq} into {size:>11,} rows: {took:6.2f}s  upserted {result.rows_upserted:,} "
                     f"deleted {result.rows_deleted:,}  files touched {result.files_touched}  "

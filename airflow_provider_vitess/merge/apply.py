@@ -34,7 +34,6 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import reduce
 from typing import Any
@@ -45,6 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
 from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
@@ -230,13 +230,6 @@ def _latest_snapshot(spark: SparkSession, path: str) -> Any:
     return log.update(*defaults)
 
 
-def table_version(spark: SparkSession, path: str) -> int:
-    """The table's latest version (-1: no table), without reconstructing its state."""
-    if connect.is_connect(spark):
-        return connect.table_version(spark, path)
-    return int(_latest_snapshot(spark, path).version())
-
-
 def table_size(spark: SparkSession, path: str) -> TableSize:
     """How many data files the table's latest version has, and their bytes."""
     if connect.is_connect(spark):
@@ -279,18 +272,6 @@ def _history(spark: SparkSession, path: str, limit: int) -> DataFrame:
     # SQL rather than DeltaTable's Python API: the same on a classic session and over Spark
     # Connect, where that API needs Delta's Connect plugin on the server.
     return spark.sql(f"DESCRIBE HISTORY delta.{q(path)} LIMIT {int(limit)}")
-
-
-@dataclass(frozen=True)
-class Commit:
-    version: int
-    operation: str
-    metrics: Mapping[str, str]
-
-
-def last_commit(spark: SparkSession, path: str) -> Commit:
-    row = _history(spark, path, 1).collect()[0]
-    return Commit(int(row["version"]), str(row["operation"]), dict(row["operationMetrics"] or {}))
 
 
 def evolve_table(
@@ -339,7 +320,8 @@ def write_replace(
     column_mapping: bool,
 ) -> None:
     """Create or overwrite the table with ``rows``, range-partitioned and sorted by key (so a later
-    MERGE's key ranges skip most files), as one commit carrying (app id, seq)."""
+    MERGE's key ranges skip most files), as one commit carrying (app id, seq); which one, if
+    Delta did not skip it, :func:`.delta_log.last_commit` says."""
     key_cols = [col(k) for k in keys]
     data = rows.repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
     writer = (
@@ -354,6 +336,7 @@ def write_replace(
         props.update(COLUMN_MAPPING_PROPERTIES)
     for k, v in props.items():
         writer = writer.option(k, v)
+    forget_last_commit(rows.sparkSession)
     writer.save(path)
 
 
@@ -443,10 +426,10 @@ def merge_into(
     seq: int,
     prune: str | None,
     rewrite_files: bool = False,
-) -> bool:
-    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq); False
-    when Delta skipped it because the table already holds that transaction (another run committed
-    the window first: Delta returns no metrics row then). ``schema`` is the table's after the
+) -> None:
+    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq), unless
+    the table holds that transaction already (another run committed the window first: Delta
+    skips it); which, :func:`.delta_log.last_commit` says. ``schema`` is the table's after the
     window's evolution: every column is one of the window's (the others were dropped,
     ``merge.schema``). ``rewrite_files``: touched files are rewritten, no deletion vectors
     (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
@@ -466,12 +449,13 @@ def merge_into(
         f"VALUES ({', '.join(values.values())})"
     )
     final.createOrReplaceTempView(view)
+    forget_last_commit(spark)
     spark.conf.set(TXN_APP_ID_CONF, app_id)
     spark.conf.set(TXN_VERSION_CONF, str(seq))
     if rewrite_files:
         spark.conf.set(_PERSISTENT_DV_CONF, "false")
     try:
-        return bool(spark.sql(statement).collect())
+        spark.sql(statement).collect()
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)

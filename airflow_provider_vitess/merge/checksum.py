@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from airflow_provider_vitess.merge.delta_log import log_file, read_log_file
 from airflow_provider_vitess.merge.steps import TableSize
 from airflow_provider_vitess.utils.jsondoc import JsonDocument
 
@@ -72,23 +73,18 @@ class Checksum(JsonDocument):
 
 
 def checksum_path(path: str, version: int) -> str:
-    return f"{path.rstrip('/')}/_delta_log/{version:020d}.crc"
+    return log_file(path, version, "crc")
 
 
 def read_checksum(spark: SparkSession, path: str, version: int) -> Checksum | None:
-    """The checksum file of the table at ``path`` at ``version`` (one small Spark read); None
-    when it has none, or one that does not parse (Delta reads the table then, and so do we)."""
-    from pyspark.errors import AnalysisException
-
+    """The checksum file of the table at ``path`` at ``version`` (one small read); None when it
+    has none, or one that does not parse (Delta reads the table then, and so do we)."""
     crc = checksum_path(path, version)
+    text = read_log_file(spark, crc)
+    if text is None:
+        return None
     try:
-        rows = spark.read.text(crc, wholetext=True).collect()
-    except AnalysisException as exc:
-        if exc.getCondition() == "PATH_NOT_FOUND":
-            return None
-        raise
-    try:
-        return Checksum.from_json(str(rows[0][0]) if rows else "", source=crc)
+        return Checksum.from_json(text, source=crc)
     except ValueError as exc:
         log.warning("%s; the table's own state is read instead", exc)
         return None

@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, context
+from airflow_provider_vitess.merge import apply, context, delta_log
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -235,11 +235,8 @@ def _run(
     progress(step.seq, step.table, "writing")
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
-    # A replace tells no skip apart from a write: the version before it does (a MERGE says itself).
-    before: int | None = None
     if step.action is Action.TRUNCATE:
         assert step.schema is not None
-        before = apply.table_version(spark, target.path)
         empty = spark.createDataFrame([], step.schema)
         apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
     else:
@@ -256,16 +253,13 @@ def _run(
             rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
             mapping = column_mapping or needs_column_mapping(rows.columns)
             files = apply.files_for(tm.rows, rows_per_file)
-            before = apply.table_version(spark, target.path)
             apply.write_replace(
                 rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
             )
         else:
-            changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
-            if not merged:  # Delta skipped the MERGE: another run committed the window first
-                return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
-    commit = apply.last_commit(spark, target.path)
-    if before is not None and commit.version <= before:  # Delta skipped the replace: the same
+            changes = _merge(spark, final, target.path, keys, step, app_id, size)
+    commit = delta_log.last_commit(spark, target.path)
+    if commit is None:  # Delta skipped the write: another run committed the window first
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
@@ -351,10 +345,9 @@ def _merge(
     step: Step,
     app_id: str,
     size: TableSize | None,
-) -> tuple[tuple[str, ...], bool]:
-    """Evolve the schema, then MERGE; returns the schema changes and whether the MERGE committed
-    (False: Delta skipped it, the table holds the window's transaction already). ``size``: the
-    table's files and bytes if known (a schema change leaves them as they are), else asked."""
+) -> tuple[str, ...]:
+    """Evolve the schema, then MERGE; returns the schema changes. ``size``: the table's files and
+    bytes if known (a schema change leaves them as they are), else asked."""
     assert step.columns is not None and step.evolution is not None and step.schema is not None
     ev = step.evolution
     if not ev.empty:
@@ -373,13 +366,13 @@ def _merge(
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
         small = size.files <= 1 or rewrite
         prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
+        apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
     finally:
         rows.unpersist()
-    return tuple(ev.changes), merged
+    return tuple(ev.changes)
 
 
-def _result(step: Step, path: str, commit: apply.Commit, changes: tuple[str, ...]) -> TableResult:
+def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str, ...]) -> TableResult:
     m = {k: int(v) for k, v in commit.metrics.items() if v.lstrip("-").isdigit()}
     if step.action is Action.MERGE:
         inserted, updated = m.get("numTargetRowsInserted", 0), m.get("numTargetRowsUpdated", 0)

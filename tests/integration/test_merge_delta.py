@@ -37,7 +37,13 @@ from airflow_provider_vitess.exceptions import CorruptStagedDataError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge import apply
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
-from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport, TableStatus, parse_report_line
+from airflow_provider_vitess.merge.report import (
+    PROGRESS_PREFIX,
+    MergeReport,
+    TableStatus,
+    WriteMode,
+    parse_report_line,
+)
 from airflow_provider_vitess.merge.schema import MergeSchemaError
 from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
@@ -263,6 +269,31 @@ def test_a_merge_delta_skips_is_already_applied_and_commits_nothing(
     assert result.rows_upserted == 0 and result.delta_version == version  # the table's, unchanged
     assert history_versions(spark, merged.root / wl.ORDERS) == version
     assert txn_versions(merged.root / wl.ORDERS)[(sync.plan(merged.root).txn_app_id(wl.ORDERS), last)] == 1
+
+
+def test_a_replace_delta_skips_is_already_applied_and_commits_nothing(
+    spark: SparkSession, captured: Captured, merged: Merged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a snapshot window: its replace is a plain write, which returns nothing either
+    way; only the commit that the session records, or does not, tells a skip from a write."""
+    sync = captured.orders
+    read = apply.table_state
+
+    def read_before_the_snapshot_committed(
+        session: SparkSession, path: str, app_id: str, restores_after: Any = None
+    ) -> Any:
+        return replace(read(session, path, app_id, restores_after), txn_version=None)
+
+    monkeypatch.setattr(apply, "table_state", read_before_the_snapshot_committed)
+    version = history_versions(spark, merged.root / wl.ORDERS)
+    snapshot = sync.manifests[0].window_seq
+    result = merge(spark, sync.plan(merged.root, 0, 1)).window(snapshot).table(wl.ORDERS)
+    assert result.mode is WriteMode.REPLACE
+    assert result.status is TableStatus.ALREADY_APPLIED
+    assert result.rows_upserted == 0 and result.delta_version == version
+    assert history_versions(spark, merged.root / wl.ORDERS) == version
+    app_id = sync.plan(merged.root).txn_app_id(wl.ORDERS)
+    assert txn_versions(merged.root / wl.ORDERS)[(app_id, snapshot)] == 1
 
 
 def test_small_tables_merge_by_rewriting_files_larger_ones_by_deletion_vectors(

@@ -1,0 +1,102 @@
+"""Small files of a Delta table's ``_delta_log`` read directly, and the commit a session just made.
+
+Two facts the merge needs after each write come from here rather than from ``DESCRIBE
+HISTORY`` (which lists the log and parses commit files on every call, ~0.2 s a table even on a
+warm session, and ran once for every table a window wrote):
+
+- **which version the write committed, if any**: Delta records it in the writing session's
+  ``spark.databricks.delta.lastCommitVersionInSession``. Each table is written on a session of
+  its own at a time (:mod:`.sessions`), and the setting is cleared before the write, so a value
+  after it is this write's commit and no value means Delta skipped the write (the table holds
+  the window's transaction already);
+- **what the commit did**: the ``commitInfo`` action of that version's commit file
+  (``_delta_log/<version>.json``), the same operation and metrics ``DESCRIBE HISTORY`` shows.
+
+Files are read through the session's Hadoop file system in a classic session (no Spark job),
+and with one small Spark read over Spark Connect (no JVM on this side).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_vitess.merge.connect import is_connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LAST_COMMIT_CONF = "spark.databricks.delta.lastCommitVersionInSession"
+
+
+@dataclass(frozen=True)
+class Commit:
+    version: int
+    operation: str
+    metrics: Mapping[str, str]
+
+
+def log_file(path: str, version: int, suffix: str) -> str:
+    """``<path>/_delta_log/<version, 20 digits>.<suffix>``: a commit (json) or checksum (crc)."""
+    return f"{path.rstrip('/')}/_delta_log/{version:020d}.{suffix}"
+
+
+def read_log_file(spark: SparkSession, file: str) -> str | None:
+    """The text of one log file; None when it does not exist."""
+    if is_connect(spark):
+        from pyspark.errors import AnalysisException
+
+        try:
+            rows = spark.read.text(file, wholetext=True).collect()
+        except AnalysisException as exc:
+            if exc.getCondition() == "PATH_NOT_FOUND":
+                return None
+            raise
+        return str(rows[0][0]) if rows else ""
+    jvm = spark._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(file)
+    fs = hadoop_path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+def commit_info(text: str, version: int, file: str = "") -> Commit:
+    """The ``commitInfo`` action of a commit file's text (one JSON action per line)."""
+    for line in text.splitlines():
+        action: dict[str, Any] = json.loads(line) if line.strip() else {}
+        info = action.get("commitInfo")
+        if info is not None:
+            metrics = info.get("operationMetrics") or {}
+            return Commit(
+                version, str(info.get("operation", "")), {str(k): str(v) for k, v in metrics.items()}
+            )
+    raise ValueError(f"Delta commit file {file or version} has no commitInfo action")
+
+
+def forget_last_commit(spark: SparkSession) -> None:
+    """Clear the session's last commit version: call before the write :func:`last_commit` asks
+    about."""
+    spark.conf.unset(LAST_COMMIT_CONF)
+
+
+def last_commit(spark: SparkSession, path: str) -> Commit | None:
+    """The commit the session's last write to the table at ``path`` made since
+    :func:`forget_last_commit`; None when it committed nothing."""
+    version = spark.conf.get(LAST_COMMIT_CONF, None)
+    if version is None or version in ("", "None"):
+        return None
+    file = log_file(path, int(version), "json")
+    text = read_log_file(spark, file)
+    if text is None:
+        raise FileNotFoundError(
+            f"Delta commit file {file}, of the version this session just committed, is missing"
+        )
+    return commit_info(text, int(version), file)
