@@ -190,11 +190,12 @@ def txn_version(
     """
     from pyspark.errors import AnalysisException
 
-    log_dir = f"{path.rstrip('/')}/_delta_log"
+    from airflow_provider_vitess.merge.delta_log import log_dir
+
     interval = max(1, checkpoint_interval)
     for files in (
-        lambda: _files_since(log_dir, version // interval * interval, version),
-        lambda: _listed_checkpoint_files(spark, log_dir, version),
+        lambda: _files_since(path, version // interval * interval, version),
+        lambda: _listed_checkpoint_files(spark, path, version),
     ):
         try:
             named = files()
@@ -205,33 +206,38 @@ def txn_version(
             if exc.getCondition() != "PATH_NOT_FOUND":
                 raise
     log.info("Delta log of %s: no checkpoint named here is whole; reading the whole log", path)
-    return _max_txn(spark, [], app_id, whole_log=log_dir)
+    return _max_txn(spark, [], app_id, whole_log=log_dir(path))
 
 
 def _files_since(
-    log_dir: str, checkpoint: int, version: int, parts: Sequence[str] = ()
+    path: str, checkpoint: int, version: int, parts: Sequence[str] = ()
 ) -> list[tuple[str, str]]:
-    """(path, format) of the classic checkpoint at ``checkpoint`` (its ``parts``, or its one
-    file; none for 0, which Delta does not write) and the commits after it up to ``version``."""
+    """(path, format) of the table's classic checkpoint at ``checkpoint`` (its ``parts``, or its
+    one file; none for 0, which Delta does not write) and the commits after it up to
+    ``version``."""
+    from airflow_provider_vitess.merge.delta_log import log_file
+
     files = [(p, "parquet") for p in parts]
     if checkpoint > 0 and not parts:
-        files.append((f"{log_dir}/{checkpoint:020d}.checkpoint.parquet", "parquet"))
+        files.append((log_file(path, checkpoint, "checkpoint.parquet"), "parquet"))
     first = checkpoint + 1 if checkpoint > 0 else 0
-    return files + [(f"{log_dir}/{v:020d}.json", "json") for v in range(first, version + 1)]
+    return files + [(log_file(path, v, "json"), "json") for v in range(first, version + 1)]
 
 
 # A classic checkpoint: one file, or part i of n. (A V2 checkpoint names a UUID: not matched.)
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 
 
-def _listed_checkpoint_files(spark: SparkSession, log_dir: str, version: int) -> list[tuple[str, str]] | None:
+def _listed_checkpoint_files(spark: SparkSession, path: str, version: int) -> list[tuple[str, str]] | None:
     """:func:`_files_since` the newest complete classic checkpoint at or before ``version`` that
     Spark lists (names only: ``binaryFile`` without its content column reads no file); None when
     a V2 checkpoint, whose files are not named here, is newer."""
+    from airflow_provider_vitess.merge.delta_log import log_dir
+
     listed = (
         spark.read.format("binaryFile")
         .option("pathGlobFilter", "*.checkpoint*.parquet")
-        .load(log_dir)
+        .load(log_dir(path))
         .select("path")
         .collect()
     )
@@ -250,7 +256,7 @@ def _listed_checkpoint_files(spark: SparkSession, log_dir: str, version: int) ->
     since = max(complete, default=0)
     if since < newest_other <= version:
         return None
-    return _files_since(log_dir, since, version, [parts[since][i] for i in sorted(parts.get(since, {}))])
+    return _files_since(path, since, version, [parts[since][i] for i in sorted(parts.get(since, {}))])
 
 
 def _version_prefix(file: str) -> int:

@@ -38,9 +38,15 @@ class Commit:
     metrics: Mapping[str, str]
 
 
+def log_dir(path: str) -> str:
+    """The log directory of the Delta table at ``path``."""
+    return f"{path.rstrip('/')}/_delta_log"
+
+
 def log_file(path: str, version: int, suffix: str) -> str:
-    """``<path>/_delta_log/<version, 20 digits>.<suffix>``: a commit (json) or checksum (crc)."""
-    return f"{path.rstrip('/')}/_delta_log/{version:020d}.{suffix}"
+    """``<path>/_delta_log/<version, 20 digits>.<suffix>``: a commit (json), a checksum (crc) or
+    a classic checkpoint (checkpoint.parquet)."""
+    return f"{log_dir(path)}/{version:020d}.{suffix}"
 
 
 def read_log_file(spark: SparkSession, file: str) -> str | None:
@@ -91,7 +97,7 @@ def last_commit(spark: SparkSession, path: str) -> Commit | None:
     """The commit the session's last write to the table at ``path`` made since
     :func:`forget_last_commit`; None when it committed nothing."""
     version = spark.conf.get(LAST_COMMIT_CONF, None)
-    if version is None or version in ("", "None"):
+    if version is None:
         return None
     file = log_file(path, int(version), "json")
     text = read_log_file(spark, file)
