@@ -105,6 +105,12 @@ class TargetIntegrityError(VitessProviderError):
     refuses before writing; the message names the table, the versions and the remedy."""
 
 
+class UnsupportedDeltaError(VitessProviderError):
+    """The Delta Lake of the Spark that merges does not say which version a write committed (a
+    Delta build other than the one the provider pins): the merge cannot tell its commit from a
+    skip, so it stops rather than report a write as ``already_applied``."""
+
+
 class KeyChangedError(KeyChoiceError):
     """A table's key is not the one its Delta table was built with (a new override, a new
     primary key at the source): the table must be re-snapshotted with the new key."""
@@ -124,6 +130,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     MergeSchemaError,
     TargetIntegrityError,
     ShardsGoneError,
+    UnsupportedDeltaError,
 )
 
 

@@ -426,10 +426,12 @@ def merge_into(
     seq: int,
     prune: str | None,
     rewrite_files: bool = False,
-) -> None:
+) -> bool:
     """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq), unless
     the table holds that transaction already (another run committed the window first: Delta
-    skips it); which, :func:`.delta_log.last_commit` says. ``schema`` is the table's after the
+    skips it). Returns whether Delta ran the MERGE: it answers a MERGE it ran with one row of
+    counts, and one it skipped with none. Which version it committed,
+    :func:`.delta_log.last_commit` says. ``schema`` is the table's after the
     window's evolution: every column is one of the window's (the others were dropped,
     ``merge.schema``). ``rewrite_files``: touched files are rewritten, no deletion vectors
     (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
@@ -455,13 +457,14 @@ def merge_into(
     if rewrite_files:
         spark.conf.set(_PERSISTENT_DV_CONF, "false")
     try:
-        spark.sql(statement).collect()
+        answered = spark.sql(statement).collect()
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
         if rewrite_files:
             spark.conf.unset(_PERSISTENT_DV_CONF)
         spark.catalog.dropTempView(view)
+    return bool(answered)
 
 
 def files_for(rows: int, rows_per_file: int) -> int:

@@ -8,7 +8,9 @@ warm session, and ran once for every table a window wrote):
   ``spark.databricks.delta.lastCommitVersionInSession``. Each table is written on a session of
   its own at a time (:mod:`.sessions`), and the setting is cleared before the write, so a value
   after it is this write's commit and no value means Delta skipped the write (the table holds
-  the window's transaction already);
+  the window's transaction already). A MERGE also answers whether it ran; the job checks that
+  the two agree, so a Delta that does not record the version fails instead of passing a write
+  off as a skip;
 - **what the commit did**: the ``commitInfo`` action of that version's commit file
   (``_delta_log/<version>.json``), the same operation and metrics ``DESCRIBE HISTORY`` shows.
 

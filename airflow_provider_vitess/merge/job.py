@@ -59,7 +59,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
-from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
+from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
 from airflow_provider_vitess.merge import apply, context, delta_log
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
@@ -80,7 +80,7 @@ from airflow_provider_vitess.merge.schema import (
     write_types,
 )
 from airflow_provider_vitess.merge.sessions import DEFAULT_PARALLELISM, TableSessions
-from airflow_provider_vitess.merge.spark_conf import spark_conf
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_conf
 from airflow_provider_vitess.merge.steps import (
     Action,
     Step,
@@ -235,6 +235,7 @@ def _run(
     progress(step.seq, step.table, "writing")
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
+    merged = False  # whether Delta says it ran a MERGE (a replace answers nothing either way)
     if step.action is Action.TRUNCATE:
         assert step.schema is not None
         empty = spark.createDataFrame([], step.schema)
@@ -257,8 +258,16 @@ def _run(
                 rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
             )
         else:
-            changes = _merge(spark, final, target.path, keys, step, app_id, size)
+            changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
     commit = delta_log.last_commit(spark, target.path)
+    if commit is None and merged:
+        raise UnsupportedDeltaError(
+            f"window {step.seq} table {step.table}: Delta ran the MERGE into {target.path} but the "
+            f"session recorded no commit version ({delta_log.LAST_COMMIT_CONF}), so the job cannot "
+            "tell the commit from a skip. The window's changes are in the table; a rerun finds "
+            "them there. Remedy: run the merge with the Delta Lake the provider pins "
+            f"({DELTA_PACKAGE}), on the Spark Connect server too."
+        )
     if commit is None:  # Delta skipped the write: another run committed the window first
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
@@ -345,9 +354,10 @@ def _merge(
     step: Step,
     app_id: str,
     size: TableSize | None,
-) -> tuple[str, ...]:
-    """Evolve the schema, then MERGE; returns the schema changes. ``size``: the table's files and
-    bytes if known (a schema change leaves them as they are), else asked."""
+) -> tuple[tuple[str, ...], bool]:
+    """Evolve the schema, then MERGE; returns the schema changes and whether Delta ran the MERGE
+    (:func:`.apply.merge_into`). ``size``: the table's files and bytes if known (a schema change
+    leaves them as they are), else asked."""
     assert step.columns is not None and step.evolution is not None and step.schema is not None
     ev = step.evolution
     if not ev.empty:
@@ -366,10 +376,10 @@ def _merge(
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
         small = size.files <= 1 or rewrite
         prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
+        ran = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
     finally:
         rows.unpersist()
-    return tuple(ev.changes)
+    return tuple(ev.changes), ran
 
 
 def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str, ...]) -> TableResult:

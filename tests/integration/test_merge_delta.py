@@ -33,9 +33,9 @@ from pyspark.sql import types as T
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.exceptions import CorruptStagedDataError
+from airflow_provider_vitess.exceptions import CorruptStagedDataError, UnsupportedDeltaError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge import apply
+from airflow_provider_vitess.merge import apply, delta_log
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -294,6 +294,45 @@ def test_a_replace_delta_skips_is_already_applied_and_commits_nothing(
     assert history_versions(spark, merged.root / wl.ORDERS) == version
     app_id = sync.plan(merged.root).txn_app_id(wl.ORDERS)
     assert txn_versions(merged.root / wl.ORDERS)[(app_id, snapshot)] == 1
+
+
+def test_a_merge_whose_commit_the_session_does_not_record_is_an_error_and_a_rerun_finds_it(
+    spark: SparkSession, captured: Captured, merged: Merged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Delta that does not record the session's last commit version (not the one pinned): the
+    MERGE runs and commits, and the job, unable to tell that commit from a skip, stops with an
+    error naming the remedy instead of reporting the write as ``already_applied``. The window's
+    commit stays in the table, and a rerun finds it there."""
+    sync = captured.orders
+    last = sync.manifests[2].window_seq
+    [_, second] = merged.reports[sync.sync_id]
+    written = second.window(last).table(wl.ORDERS).delta_version
+    assert written is not None
+    # The table as it was before the second job: a copy, its log cut before that job's commit.
+    table = tmp_path / wl.ORDERS
+    shutil.copytree(merged.root / wl.ORDERS, table)
+    for f in (table / "_delta_log").iterdir():
+        version = f.name.lstrip(".")[:20]  # (".<name>.crc": the local file system's checksums)
+        if (version.isdigit() and int(version) >= written) or "_last_checkpoint" in f.name:
+            f.unlink()
+    app_id = sync.plan(tmp_path).txn_app_id(wl.ORDERS)
+    assert (app_id, last) not in txn_versions(table)
+    before = history_versions(spark, table)
+
+    # A setting Delta never writes: what the session holds after a write with such a Delta.
+    monkeypatch.setattr(delta_log, "LAST_COMMIT_CONF", "spark.databricks.delta.notRecordedHere")
+    with pytest.raises(UnsupportedDeltaError) as failed:
+        merge(spark, sync.plan(tmp_path, 2))
+    message = str(failed.value)
+    assert f"window {last} table {wl.ORDERS}: Delta ran the MERGE into {table}" in message
+    assert "io.delta:delta-spark_2.13:4.4.0" in message
+    assert history_versions(spark, table) == before + 1
+    assert txn_versions(table)[(app_id, last)] == 1
+
+    rerun = merge(spark, sync.plan(tmp_path, 2)).window(last).table(wl.ORDERS)
+    assert rerun.status is TableStatus.ALREADY_APPLIED and rerun.delta_version == before + 1
+    assert txn_versions(table)[(app_id, last)] == 1
+    assert_oracle(spark, captured, tmp_path, (sync,))
 
 
 def test_small_tables_merge_by_rewriting_files_larger_ones_by_deletion_vectors(

@@ -142,6 +142,7 @@ def test_keys_change_only_through_a_resnapshot() -> None:
 def test_permanent_errors_fail_the_task_without_retries_and_without_their_library_chain() -> None:
     assert is_permanent(KeyChangedError("x")) and permanent_by_name("KeyChangedError")
     assert permanent_by_name("MergeSchemaError") and permanent_by_name("TargetIntegrityError")
+    assert permanent_by_name("UnsupportedDeltaError")  # another Delta on the next try too
     assert not is_permanent(SyncLockedError("x")) and not permanent_by_name("SyncLockedError")
     assert not permanent_by_name("Py4JJavaError")
 
