@@ -15,8 +15,11 @@ STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
 
+# Two workers: most of the suite waits on servers, so the second core would idle. Modules that
+# share tables of the cluster run in one worker (tests/conftest.py, SHARED_TABLES).
+TEST_WORKERS ?= 2
 test: lint vitess
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

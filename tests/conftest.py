@@ -3,13 +3,22 @@
 Integration tests run against the real local Vitess started by ``dev/local_vitess.sh``: one
 cluster per test session, reused when it already runs. They talk to it through a real Airflow
 connection (an ``AIRFLOW_CONN_*`` environment variable), the way a user's DAG would.
+
+``make test`` runs two pytest-xdist workers (``-n 2 --dist loadgroup``): most of the suite waits
+on servers (vtgate, Airflow's scheduler, Spark), so a second worker uses the idle core. Each
+module is one unit of work (its module fixtures are set up once), and modules that share tables
+of the cluster run in one worker, one after another (:data:`SHARED_TABLES`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +26,81 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Modules that write the same tables of the one cluster and check them whole (a table against its
+# Delta copy, the events of a window, "no change" for a while), so a write of one breaks the
+# other's check: each group runs in one worker, one module after another. A module not listed
+# uses tables of its own and runs beside any other.
+SHARED_TABLES: dict[str, tuple[str, ...]] = {
+    # customer.customer and customer.corder (and commerce.product, commerce.big, which
+    # test_fencing gets from test_snapshot's fixture)
+    "customer_tables": (
+        "test_backfill_api",
+        "test_backlog",
+        "test_catchup",
+        "test_dag_sync",
+        "test_fencing",
+        "test_lineage",
+        "test_s3_sync",
+        "test_snapshot",
+        "test_status_page",
+        "test_vstream_dml",
+        "test_window",
+    ),
+    # customer.chgsensor_* (one fixture creates them), and the triggerer's default log port
+    "changes_sensor_tables": ("test_changes_sensor", "test_sensor_failures"),
+    # customer.fault_rows, dropped and created again by each
+    "fault_rows_table": ("test_faults", "test_staging_recovery"),
+}
+_GROUP_OF = {module: group for group, modules in SHARED_TABLES.items() for module in modules}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(module, module)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[object]) -> None:
+    """Before the workers start, Delta's and S3A's jars are resolved once into each Ivy cache the
+    tests use: Ivy does not lock its cache, and two workers downloading the same jar into it at
+    once can leave it broken. On a warm cache this is a few seconds of JVM start."""
+    if len(specs) < 2:
+        return
+    import pyspark
+
+    from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, HADOOP_AWS_PACKAGE
+    from tests.integration.airflow_env import IVY_CACHE
+
+    env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "resolved.py"
+        script.write_text("")
+        submit = [str(Path(sys.executable).parent / "spark-submit"), "--packages"]
+        submit.append(f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}")
+        caches: list[list[str]] = [[], ["--conf", f"spark.jars.ivy={IVY_CACHE}"]]  # default, ours
+        runs = [
+            subprocess.Popen(
+                [*submit, *cache, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            for cache in caches
+        ]
+        for run in runs:
+            out, _ = run.communicate(timeout=900)
+            if run.returncode != 0:
+                raise pytest.UsageError(f"resolving Delta's jars failed:\n{out.decode()[-3000:]}")
+
+
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Held by one test process of the machine at a time (the workers of one run, or two runs)."""
+    with open(Path(tempfile.gettempdir()) / f"airflow-provider-vitess-tests.{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -30,9 +114,11 @@ class LocalVitess:
 
 
 def _start_cluster() -> LocalVitess:
-    out = subprocess.run(
-        [str(REPO / "dev" / "local_vitess.sh"), "start"], check=True, capture_output=True, text=True
-    ).stdout
+    # Two workers starting a cold cluster at once would each wipe and start it.
+    with machine_lock("vitess"):
+        out = subprocess.run(
+            [str(REPO / "dev" / "local_vitess.sh"), "start"], check=True, capture_output=True, text=True
+        ).stdout
     return cluster_from_env(out)
 
 
@@ -80,8 +166,9 @@ class LocalS3:
 def s3() -> Iterator[LocalS3]:
     """The local S3 server for this session; stopped at the end if this session started it."""
     script = str(REPO / "dev" / "local_s3.sh")
-    was_running = subprocess.run([script, "status"], capture_output=True, check=False).returncode == 0
-    out = subprocess.run([script, "start"], check=True, capture_output=True, text=True).stdout
+    with machine_lock("s3"):
+        was_running = subprocess.run([script, "status"], capture_output=True, check=False).returncode == 0
+        out = subprocess.run([script, "start"], check=True, capture_output=True, text=True).stdout
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     secret_file = Path(values["S3_SECRET_KEY_FILE"])
     yield LocalS3(
