@@ -19,7 +19,7 @@ demo: $(STAMP) protos vitess
 # share tables of the cluster run in one worker (tests/conftest.py, SHARED_TABLES).
 TEST_WORKERS ?= 2
 test: lint vitess
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 tests
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -4,7 +4,7 @@ Integration tests run against the real local Vitess started by ``dev/local_vites
 cluster per test session, reused when it already runs. They talk to it through a real Airflow
 connection (an ``AIRFLOW_CONN_*`` environment variable), the way a user's DAG would.
 
-``make test`` runs two pytest-xdist workers (``-n 2 --dist loadgroup``): most of the suite waits
+``make test`` runs two pytest-xdist workers (``-n 2 --dist loadscope``): most of the suite waits
 on servers (vtgate, Airflow's scheduler, Spark), so a second worker uses the idle core. Each
 module is one unit of work (its module fixtures are set up once), and modules that share tables
 of the cluster run in one worker, one after another (:data:`SHARED_TABLES`).
@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,10 +56,19 @@ SHARED_TABLES: dict[str, tuple[str, ...]] = {
 _GROUP_OF = {module: group for group, modules in SHARED_TABLES.items() for module in modules}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(module, module)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's module-by-module scheduling, with each group of :data:`SHARED_TABLES` one
+    unit. (Not ``xdist_group`` marks: pytest-xdist 3.8 renames node ids to carry them, which
+    pytest 9 no longer lets it do, so every test became a unit of its own.)"""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class SharedTablesScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(Path(path).stem, path)
+
+    return SharedTablesScheduling(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
