@@ -261,8 +261,11 @@ stop() {
             kill -KILL -- "-$pid" 2>/dev/null || true
         done
     fi
+    # Then by command line: a process whose pid file was lost (a start killed midway, two starts
+    # at once) still holds its fixed port and would make the next start's tablet fail to bind.
     local pattern
-    for pattern in "mysqld_safe.*$state_dir" "mariadbd.*$state_dir" "mysqld .*$state_dir"; do
+    for pattern in "vitess-v[^ ]*/libexec/vt[a-z]* .*--log_dir $state_dir/logs" "etcd .*--data-dir $state_dir/etcd" \
+        "mysqld_safe.*$state_dir" "mariadbd.*$state_dir" "mysqld .*$state_dir"; do
         pkill -KILL -f "$pattern" 2>/dev/null || true
     done
     rm -rf "$state_dir/pids" "$state_dir/ready"
