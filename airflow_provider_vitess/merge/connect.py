@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from airflow_provider_vitess.merge.delta_log import log_dir, log_file
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
 
 if TYPE_CHECKING:
@@ -190,8 +191,6 @@ def txn_version(
     """
     from pyspark.errors import AnalysisException
 
-    from airflow_provider_vitess.merge.delta_log import log_dir
-
     interval = max(1, checkpoint_interval)
     for files in (
         lambda: _files_since(path, version // interval * interval, version),
@@ -215,8 +214,6 @@ def _files_since(
     """(path, format) of the table's classic checkpoint at ``checkpoint`` (its ``parts``, or its
     one file; none for 0, which Delta does not write) and the commits after it up to
     ``version``."""
-    from airflow_provider_vitess.merge.delta_log import log_file
-
     files = [(p, "parquet") for p in parts]
     if checkpoint > 0 and not parts:
         files.append((log_file(path, checkpoint, "checkpoint.parquet"), "parquet"))
@@ -232,8 +229,6 @@ def _listed_checkpoint_files(spark: SparkSession, path: str, version: int) -> li
     """:func:`_files_since` the newest complete classic checkpoint at or before ``version`` that
     Spark lists (names only: ``binaryFile`` without its content column reads no file); None when
     a V2 checkpoint, whose files are not named here, is newer."""
-    from airflow_provider_vitess.merge.delta_log import log_dir
-
     listed = (
         spark.read.format("binaryFile")
         .option("pathGlobFilter", "*.checkpoint*.parquet")

@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_vitess.merge.connect import is_connect
-
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -53,6 +51,9 @@ def log_file(path: str, version: int, suffix: str) -> str:
 
 def read_log_file(spark: SparkSession, file: str) -> str | None:
     """The text of one log file; None when it does not exist."""
+    # Here, not at the top: .connect names its log files with this module's log_file.
+    from airflow_provider_vitess.merge.connect import is_connect
+
     if is_connect(spark):
         from pyspark.errors import AnalysisException
 
