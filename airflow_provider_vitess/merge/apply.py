@@ -457,14 +457,13 @@ def merge_into(
     if rewrite_files:
         spark.conf.set(_PERSISTENT_DV_CONF, "false")
     try:
-        answered = spark.sql(statement).collect()
+        return bool(spark.sql(statement).collect())
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
         if rewrite_files:
             spark.conf.unset(_PERSISTENT_DV_CONF)
         spark.catalog.dropTempView(view)
-    return bool(answered)
 
 
 def files_for(rows: int, rows_per_file: int) -> int:

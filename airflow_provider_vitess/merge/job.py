@@ -376,10 +376,10 @@ def _merge(
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
         small = size.files <= 1 or rewrite
         prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        ran = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
+        merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
     finally:
         rows.unpersist()
-    return tuple(ev.changes), ran
+    return tuple(ev.changes), merged
 
 
 def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str, ...]) -> TableResult:
