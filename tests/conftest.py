@@ -78,18 +78,16 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[object]) -> None:
     once can leave it broken. On a warm cache this is a few seconds of JVM start."""
     if len(specs) < 2:
         return
-    import pyspark
-
     from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, HADOOP_AWS_PACKAGE
     from tests.integration.airflow_env import IVY_CACHE
 
-    env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "resolved.py"
         script.write_text("")
-        submit = [str(Path(sys.executable).parent / "spark-submit"), "--packages"]
+        submit = [str(pyspark_home() / "bin" / "spark-submit"), "--packages"]
         submit.append(f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}")
         caches: list[list[str]] = [[], ["--conf", f"spark.jars.ivy={IVY_CACHE}"]]  # default, ours
+        env = spark_env()
         runs = [
             subprocess.Popen(
                 [*submit, *cache, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -100,6 +98,19 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[object]) -> None:
             out, _ = run.communicate(timeout=900)
             if run.returncode != 0:
                 raise pytest.UsageError(f"resolving Delta's jars failed:\n{out.decode()[-3000:]}")
+
+
+def pyspark_home() -> Path:
+    """The Spark that PySpark ships (its ``bin/spark-submit``, ``bin/spark-class``)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_env() -> dict[str, str]:
+    """This process's environment for PySpark's own Spark scripts: its ``SPARK_HOME`` (not one the
+    machine may have set), and this Python for the job's Python side."""
+    return {**os.environ, "SPARK_HOME": str(pyspark_home()), "PYSPARK_PYTHON": sys.executable}
 
 
 @contextlib.contextmanager

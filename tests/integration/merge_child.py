@@ -20,15 +20,14 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-import pyspark
-
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_submit_args
+from tests.conftest import pyspark_home, spark_env
 
-SPARK_HOME = Path(pyspark.__file__).parent
+SPARK_HOME = pyspark_home()
 
 
 def job_file() -> str:
@@ -52,9 +51,7 @@ def submit(plan: MergePlan) -> MergeReport | None:
             "--report-file",
             str(report),
         ]
-        env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
-        env.update(PYSPARK_PYTHON=sys.executable, SPARK_HOME=str(SPARK_HOME))
-        code = subprocess.call(command, env=env, stdout=sys.stdout, stderr=sys.stderr)
+        code = subprocess.call(command, env=spark_env(), stdout=sys.stdout, stderr=sys.stderr)
         if code != 0:
             raise RuntimeError(f"spark-submit exited {code}: {report.read_text() if report.exists() else ''}")
         return MergeReport.from_json(report.read_text()) if report.exists() else None

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -50,14 +49,14 @@ from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation
 from spark_jobs.merge_cdc import main, merge
-from tests.conftest import REPO, LocalVitess
+from tests.conftest import REPO, LocalVitess, pyspark_home, spark_env
 from tests.integration import merge_workload as wl
 from tests.integration.replay import Replay, StagedChange
 
 pytestmark = pytest.mark.integration
 
 SEED = 20261122
-SPARK_HOME = Path(pyspark.__file__).parent
+SPARK_HOME = pyspark_home()
 JOB = REPO / "spark_jobs" / "merge_cdc.py"
 
 
@@ -563,8 +562,7 @@ def _submit_command(plan_file: Path, report_file: Path, master: str, extra: dict
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
-    return {**env, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SPARK_HOME": str(SPARK_HOME)}
+    return {**spark_env(), "PYTHONPATH": str(REPO)}
 
 
 @dataclass
