@@ -1,7 +1,7 @@
 """What one run of the Spark merge job applies: the contract between Airflow and ``spark_jobs``.
 
 The operator builds a :class:`MergePlan` from the checkpoint store (the STAGED windows of one
-sync, in order) and passes it to ``spark_jobs/merge_cdc.py`` as one JSON argument. The job never
+sync, in order) and hands it to the job as a JSON file (``--plan-file``). The job never
 reads the checkpoint store: it applies what the plan names and reports, per window and table,
 whether it wrote or found the window already applied (Delta transaction identifiers).
 

@@ -42,6 +42,7 @@ from airflow_provider_vitess.utils.failures import fail_permanently, task_failur
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
 
 REPORT_ARG = "--report-file"
+PLAN_ARG = "--plan-file"
 
 
 def default_application() -> str:
@@ -259,7 +260,11 @@ class VitessMergeOperator(SparkSubmitOperator):
         ):
             report_file = Path(tmp) / "report.json"
             jars_file = Path(tmp) / "jars.txt"
-            self.application_args = ["--plan-json", plan.to_json(), REPORT_ARG, str(report_file)]
+            # A file, not an argument: a plan grows with the tables and windows it names, and
+            # Linux refuses one argument over 128 KiB (E2BIG) however often the task retries.
+            plan_file = Path(tmp) / "plan.json"
+            plan_file.write_text(plan.to_json(), encoding="utf-8")
+            self.application_args = [PLAN_ARG, str(plan_file), REPORT_ARG, str(report_file)]
             given = set(filter(None, (self.jars or "").split(",")))
             resolve = self._jars_from_cache()
             if resolve is not None:
