@@ -131,6 +131,9 @@ def _local_copies(*roots: Path) -> list[str]:
 def test_the_readme_dag_syncs_through_s3_with_the_connections_credentials(
     airflow: AirflowEnv, hook: VitessHook, s3: LocalS3, settings: S3Settings
 ) -> None:
+    # What the checkout already holds (a `make demo`'s `.demo/lake`, a developer's runs) is not
+    # this test's: only folders the run adds count.
+    local_before = set(_local_copies(airflow.home, REPO))
     run_workload(hook, 1, id_base=ID_BASE, customers=40, orders=80, rounds=60, tag="s3")  # for the snapshot
     wrote = threading.Event()
     writer = threading.Thread(target=_workload_after_first_commit, args=(airflow, hook, wrote), daemon=True)
@@ -170,7 +173,8 @@ def test_the_readme_dag_syncs_through_s3_with_the_connections_credentials(
         assert data, f"{table}: no data files in the bucket"
         assert (s3.data_dir / data[0]).is_file()
     assert any(o.endswith(".parquet") and "/staging/" in o for o in objects)
-    assert not _local_copies(airflow.home, REPO), "staged windows or Delta logs on a local disk"
+    added = sorted(set(_local_copies(airflow.home, REPO)) - local_before)
+    assert not added, f"staged windows or Delta logs on a local disk: {added}"
 
     # The secret key is in no log line and no rendered template field.
     logs = _task_logs(airflow, result)
