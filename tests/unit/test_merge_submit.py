@@ -57,4 +57,4 @@ def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pyt
     assert op._submit(plan, {}) is None  # no report: the job did not run
     assert seen["exit"] == 0
     assert seen["plan"] == plan
-    assert "--plan-json" not in op.application_args
+    assert "--plan-json" not in (op.application_args or [])
