@@ -155,6 +155,8 @@ def vitess_sync_dag(
         snapshot = VitessSnapshotOperator(
             task_id="snapshot",
             resnapshot_tables="{{ params." + RESNAPSHOT_PARAM + " }}",
+            target_location=target_location,
+            targets=merge.get("targets"),
             **common,
         )
         merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)

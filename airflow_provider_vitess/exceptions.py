@@ -105,6 +105,16 @@ class TargetIntegrityError(VitessProviderError):
     refuses before writing; the message names the table, the versions and the remedy."""
 
 
+# The remedy for a target ahead of its checkpoint store. Not a re-snapshot: the store numbers its
+# windows below the table's, so the snapshot would be taken for already applied, again and again.
+STORE_REMEDY = (
+    "Point checkpoint_conn_id at the store that wrote the tables, or copy that store into this "
+    "one (python -m airflow_provider_vitess.store_copy --from-conn OLD --to-conn NEW, see "
+    "'Moving the checkpoint store' in docs/troubleshooting.md); or rebuild the tables: give the "
+    "sync a new target_location (or delete its Delta tables) and run it again"
+)
+
+
 class UnsupportedDeltaError(VitessProviderError):
     """The Delta Lake of the Spark that merges does not say which version a write committed (a
     Delta build other than the one the provider pins): the merge cannot tell its commit from a

@@ -11,7 +11,8 @@ the checkpoint store recorded when the sync last merged into it (``TableTarget.l
 * the table must exist, unless the sync never needed one (its snapshot copied no rows);
 * its Delta transaction version for the sync's app id must be at least the recorded window
   seq (lower: rolled back or replaced) and at most the plan's last window (higher: written by
-  a run whose checkpoint store is not this one);
+  a run whose checkpoint store is not this one; checked for a snapshot's tables too, whose
+  window would otherwise be taken for already applied);
 * its Delta version must not be below the recorded commit's (recreated), and no ``RESTORE``
   may have been committed since.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from airflow_provider_vitess.exceptions import TargetIntegrityError
+from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
 from airflow_provider_vitess.merge.steps import TableState
 
@@ -34,11 +35,19 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
     run does not write cannot be made wrong by it, and is checked by the run that writes it)."""
     last_seq = max(w.seq for w in plan.windows)
     for table in sorted(states):
+        target, state = plan.targets[table], states[table]
+        ahead = _ahead(target, state, last_seq)
+        if ahead is not None:
+            # Not a re-snapshot: its window would be numbered below the table's and taken for
+            # already applied, so that remedy would loop.
+            raise TargetIntegrityError(
+                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {ahead}; "
+                f"nothing was written. {STORE_REMEDY}"
+            )
         if table in plan.windows[0].replace_tables:
             continue  # rebuilt whole by the plan's first window (a snapshot): nothing earlier counts
-        problem = _problem(plan.targets[table], states[table], last_seq)
+        problem = _problem(target, state)
         if problem is not None:
-            target = plan.targets[table]
             raise TargetIntegrityError(
                 f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {problem}; "
                 "merging this window into it would leave a partial or wrong table, so nothing was "
@@ -47,7 +56,20 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
             )
 
 
-def _problem(target: TableTarget, state: TableState, last_seq: int) -> str | None:
+def _ahead(target: TableTarget, state: TableState, last_seq: int) -> str | None:
+    """Written by a run of another checkpoint store (a snapshot's table included)."""
+    if state.txn_version is None or state.txn_version <= last_seq:
+        return None
+    seq = target.last_merged_seq
+    expected = "no window" if seq is None else f"window {seq}"
+    return (
+        f"holds window {state.txn_version} of this sync, ahead of the checkpoint store "
+        f"({expected} merged, window {last_seq} to merge now): it was written by a run with "
+        "another checkpoint store, or the store was replaced or restored from an older backup"
+    )
+
+
+def _problem(target: TableTarget, state: TableState) -> str | None:
     seq, version = target.last_merged_seq, target.last_delta_version
     if seq is None:
         if not state.exists:
@@ -70,13 +92,6 @@ def _problem(target: TableTarget, state: TableState, last_seq: int) -> str | Non
         return (
             f"holds this sync's windows only up to {state.txn_version}, but window {seq} was merged "
             "into it: it was rolled back (RESTORE) or replaced by an older copy"
-        )
-    if state.txn_version is not None and state.txn_version > last_seq:
-        expected = "no window" if seq is None else f"window {seq}"
-        return (
-            f"holds window {state.txn_version} of this sync, ahead of the checkpoint store "
-            f"({expected} merged, window {last_seq} to merge now): it was written by a run with "
-            "another checkpoint store, or the store was restored from an older backup"
         )
     if version is not None and state.version is not None and state.version < version:
         return (

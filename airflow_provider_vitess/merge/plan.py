@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from airflow_provider_vitess.delta_txns import txn_app_id
 from airflow_provider_vitess.exceptions import MergePlanError as MergePlanError
 from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
 
@@ -87,7 +88,7 @@ class MergePlan(JsonDocument):
                 raise MergePlanError(f"window {w.seq} replaces table(s) {unknown} that have no target")
 
     def txn_app_id(self, table: str) -> str:
-        return f"airflow-provider-vitess:{self.sync_id}:{table}"
+        return txn_app_id(self.sync_id, table)
 
 
 def target_path(

@@ -19,9 +19,11 @@ from airflow_provider_vitess.capture.backlog import catch_up_backlog
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import TableProgress
 from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner
+from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
 from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
+from airflow_provider_vitess.merge.plan import target_path
 from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
 from airflow_provider_vitess.operators.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
@@ -166,6 +168,10 @@ class VitessSnapshotOperator(_SyncOperator):
         asked for, do nothing (the normal scheduled run). ``False`` forces a full re-snapshot.
     :param checkpoint_every_rows: how often a long copy records where to resume: a killed
         snapshot recopies at most about this many rows.
+    :param target_location: where the merge writes the Delta tables (with ``targets``, as the
+        merge operator takes them). Given, a sync's first snapshot refuses to start when the
+        checkpoint store has never recorded a window of the sync but a table already holds one
+        (a replaced or restored store, see ``capture/targets.py``).
 
     Returns (XCom) the staged window's summary, or ``{"snapshot": "not needed", ...}``.
     """
@@ -178,12 +184,16 @@ class VitessSnapshotOperator(_SyncOperator):
         resnapshot_tables: str | Sequence[str] | None = None,
         only_if_needed: bool = True,
         checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
+        target_location: str | None = None,
+        targets: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.resnapshot_tables = resnapshot_tables
         self.only_if_needed = only_if_needed
         self.checkpoint_every_rows = checkpoint_every_rows
+        self.target_location = target_location
+        self.targets = targets
 
     def execute(self, context: Any) -> dict[str, Any]:
         with task_failures(self.log):
@@ -200,6 +210,11 @@ class VitessSnapshotOperator(_SyncOperator):
                 need.committed_seq,
             )
             return need.not_needed(settings.sync_id)
+        # A sync the store has never committed nor opened a window of: its first snapshot.
+        first = not need.resnapshot and runner.store.open_window(settings.sync_id) is None
+        if self.target_location and first:
+            paths = {t: target_path(self.target_location, t, self.targets) for t in settings.tables}
+            refuse_windows_of_another_store(settings.sync_id, paths, settings.storage_options)
         what = "re-snapshot of " + ", ".join(need.tables) if need.resnapshot else "snapshot"
         started = time.monotonic()
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):

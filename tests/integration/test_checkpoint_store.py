@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -609,3 +610,43 @@ def test_writes_under_a_lock_that_was_taken_over_are_refused_in_their_own_transa
             info = taker.lock_holder(SYNC)
             assert info is not None and (info.holder, info.heartbeat_at) == ("worker-b", clock.now)
         assert stalled.lock_holder(SYNC) is None  # released by its holder only
+
+
+def test_a_sync_copied_from_the_sqlite_default_into_another_database_goes_on_there(
+    empty_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """The documented move of a store (``store_copy``): every window, part, progress, target
+    and the checkpoint arrive unchanged, the next window is numbered after them, and a second
+    copy is refused without writing."""
+    from airflow_provider_vitess.checkpoints.transfer import copy_syncs
+
+    old = CheckpointStore(f"sqlite:///{tmp_path / 'vitess_sync.db'}")
+    old.migrate()
+    old.ensure_sync(SYNC, "customer", TABLES, {"target": "s3://lake/customer"})
+    old.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START)
+    old.update_progress(SYNC, 1, "customer", phase=Phase.COPIED, rows_copied=7, rows_known=7)
+    old.record_parts(SYNC, 1, [_part("customer/part-0.parquet")], _vgtid(5, copying=True))
+    old.mark_staged(SYNC, 1, END_1, "m1.json", {"events": 7})
+    old.mark_merged(SYNC, 1, targets={"customer": 3, "corder": None})
+    old.commit(SYNC, 1)
+    old.plan_window(SYNC, WindowKind.CATCHUP, END_1, END_2)
+    old.ensure_sync("other", "commerce", ["product"], {})
+
+    counts = copy_syncs(old, empty_store, [SYNC])
+    assert counts["vitess_sync_sync"] == 1 and counts["vitess_sync_window"] == 2
+    assert counts["vitess_sync_window_part"] == 1 and counts["vitess_sync_table_progress"] == 1
+    new = empty_store
+    assert new.committed(SYNC) == (END_1, 1)
+    assert new.window(SYNC, 1) == old.window(SYNC, 1)
+    assert new.parts(SYNC, 1) == old.parts(SYNC, 1)
+    assert new.progress(SYNC, 1) == old.progress(SYNC, 1)
+    assert new.target_versions(SYNC) == old.target_versions(SYNC)
+    assert new.sync_config(SYNC) == old.sync_config(SYNC)
+    open_window = new.open_window(SYNC)
+    assert open_window is not None and (open_window.seq, open_window.state) == (2, WindowState.PLANNED)
+    with pytest.raises(CheckpointError, match=r"already holds sync\(s\) \['commerce_to_delta'\]"):
+        copy_syncs(old, new, [SYNC])
+    assert new.committed("other") == (None, 0)  # not asked for: not copied
+    with pytest.raises(CheckpointError, match=r"holds no sync \['nope'\]"):
+        copy_syncs(old, new, ["nope"])
+    old.close()

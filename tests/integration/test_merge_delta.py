@@ -746,3 +746,33 @@ def test_job_on_a_standalone_spark_cluster(spark: SparkSession, captured: Captur
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_transaction_versions_are_read_from_a_checkpointed_log_without_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The capture side's reader of a table's transactions (no JVM there) agrees with what Delta
+    wrote, across a checkpoint and the commits after it, and across two app ids."""
+    from airflow_provider_vitess.delta_txns import transaction_versions
+
+    path = str(tmp_path / "t")
+    assert transaction_versions(path) == {}
+    spark.sql(f"CREATE TABLE delta.`{path}` (k INT) USING delta TBLPROPERTIES (delta.checkpointInterval = 4)")
+    for n in range(1, 12):
+        # app-c writes once, long before the checkpoint at 8; app-b last at 9, after it.
+        app = "app-c" if n == 2 else "app-a" if n % 3 else "app-b"
+        spark.createDataFrame([(n,)], "k INT").write.format("delta").mode("append").option(
+            "txnAppId", app
+        ).option("txnVersion", n).save(path)
+    log = tmp_path / "t" / "_delta_log"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 8
+    assert (log / f"{8:020d}.checkpoint.parquet").is_file()
+    assert transaction_versions(path) == {"app-a": 11, "app-b": 9, "app-c": 2}
+    # app-c's version lives in the checkpoint alone once the commits before it are gone (as log
+    # cleanup removes them); the others' come from the commits after it.
+    for f in log.glob("*.json"):
+        if int(f.name.split(".")[0]) <= 8:
+            f.unlink()
+    assert transaction_versions(path) == {"app-a": 11, "app-b": 9, "app-c": 2}
+    spark.createDataFrame([(99,)], "k INT").write.format("delta").mode("append").save(path)  # no txn
+    assert transaction_versions(path) == {"app-a": 11, "app-b": 9, "app-c": 2}

@@ -208,7 +208,6 @@ def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None
         "is missing: this sync last merged window 4 into it (Delta version 9)": ([(5, [])], 4, 9, missing),
         "does not exist and this sync never built it": ([(5, [])], None, None, missing),
         "holds this sync's windows only up to 4, but window 5 was merged": ([(6, [])], 5, 9, ok),
-        "holds window 4 of this sync, ahead of the checkpoint store": ([(3, [])], 2, 7, ok),
         "is at Delta version 9, below version 12": ([(5, [])], 4, 12, ok),
         "was restored to an earlier version (RESTORE at Delta version 10, 11)": (
             [(5, [])],
@@ -231,6 +230,27 @@ def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None
             'Re-snapshot the table to rebuild it (trigger the DAG with {"resnapshot_tables": ["t"]})'
             in str(refused.value)
         )
+
+    # Ahead of the store: a re-snapshot would be numbered below the table's window and taken for
+    # already applied (a loop), so the remedy is the store's; a snapshot's own table counts too.
+    ahead: dict[str, tuple[list[tuple[int, list[str]]], int | None, int | None]] = {
+        "holds window 4 of this sync, ahead of the checkpoint store (window 2 merged, window 3": (
+            [(3, [])],
+            2,
+            7,
+        ),
+        "holds window 4 of this sync, ahead of the checkpoint store (no window merged, window 1": (
+            [(1, ["t"])],
+            None,
+            None,
+        ),
+    }
+    for expected, (windows, seq, version) in ahead.items():
+        with pytest.raises(TargetIntegrityError, match=re.escape(expected)) as refused:
+            check_targets(plan(windows, seq, version), ok)
+        assert "copy that store into this one" in str(refused.value)
+        assert "resnapshot_tables" not in str(refused.value)
+    check_targets(plan([(4, ["t"])], None, None), ok)  # a snapshot rerun after its Delta commit
 
 
 def _end(n: int) -> Vgtid:
