@@ -69,6 +69,11 @@ class CorruptStagedDataError(StagingError):
     """A staged window whose manifest or part files do not match what was written."""
 
 
+class StagedWindowLostError(StagingError):
+    """A STAGED window's files were lost before its merge: the merge discarded it, and the next
+    catch-up reads its changes again. Retryable: a retry of the merge finds it gone and goes on."""
+
+
 class UnknownKeyspaceError(VitessProviderError, LookupError):
     """A keyspace vtgate does not serve."""
 

@@ -26,14 +26,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
-from airflow_provider_vitess.exceptions import CheckpointError
+from airflow_provider_vitess.exceptions import CheckpointError, CorruptStagedDataError, StagedWindowLostError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
-from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK, prune_after_commit
+from airflow_provider_vitess.staging.manifest import load_manifest, missing_part
+from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK, prune_after_commit, staging_location
 from airflow_provider_vitess.vgtid import Vgtid
 
 log = logging.getLogger(__name__)
@@ -207,6 +209,7 @@ class MergeRunner:
                     ),
                 )
             if batch:
+                self._hand_back_lost(batch)
                 plan = build_plan(self.store, self.sync_id, batch, self.target_location, self.targets)
                 report = submit(plan)
                 kept = None if report is None else json.loads(report.to_json())
@@ -230,6 +233,31 @@ class MergeRunner:
                 message=f"committed window(s) {seqs} at {committed.to_json()}",
                 streamed_before=before is not None,
                 seqs=tuple(w.seq for w in done),
+            )
+
+    def _hand_back_lost(self, batch: Sequence[Window]) -> None:
+        """A window whose staged files were lost cannot be merged, and a rerun of the merge
+        cannot bring them back: it goes back to capture (discarded with the windows after it,
+        as capture discards one it meets first), and the next catch-up reads its changes again
+        from its start. The task fails, saying so; a retry finds nothing of it and goes on."""
+        for window in batch:
+            assert window.manifest_path is not None  # STAGED
+            location = staging_location(window.manifest_path)
+            try:
+                manifest = load_manifest(
+                    location, self.sync_id, window.seq, storage_options=self._storage_options
+                )
+                problem = "its manifest is missing" if manifest is None else missing_part(manifest)
+            except CorruptStagedDataError as exc:
+                problem = str(exc)
+            if problem is None:
+                continue
+            book = WindowBook(self.store, self.sync_id, location, self._storage_options, self.holder)
+            book.discard_lost(window, problem)
+            raise StagedWindowLostError(
+                f"sync {self.sync_id!r} {window.kind.value} window {window.seq} was staged but "
+                f"{problem}: it was discarded (with any staged window after it) and nothing was "
+                f"merged; the next catch-up reads its changes again from {window.start_vgtid.to_json()}"
             )
 
     def _prune(self, window: Window) -> None:

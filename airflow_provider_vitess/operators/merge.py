@@ -150,12 +150,15 @@ class VitessMergeOperator(SparkSubmitOperator):
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
         self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
+        s3 = s3_settings(self.aws_conn_id)
         runner = MergeRunner(
             open_store(self.checkpoint_conn_id),
             self.sync_id,
             self.target_location,
             self.targets,
             holder=holder(context),
+            # The staging's credentials, for the lost-file check and retention on S3.
+            storage_options=s3.storage_options() if s3 else None,
         )
         started = time.monotonic()
         with task_failures(self.log):

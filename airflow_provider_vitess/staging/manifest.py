@@ -354,6 +354,24 @@ def _parts(manifest: Manifest, tables: Iterable[str] | None) -> list[PartInfo]:
     return [p for name in names for p in manifest.tables[name].parts]
 
 
+def missing_part(manifest: Manifest) -> str | None:
+    """What is lost of the window's parts (missing, or of another size than staged), or None.
+
+    One metadata request a part, no read of its bytes: the merge asks it before submitting a
+    window (the job verifies checksums as it reads)."""
+    fs, wdir = manifest.window_path()
+    for part in _parts(manifest, None):
+        try:
+            size = fs.size(f"{wdir}/{part.path}")
+        except FileNotFoundError:
+            size = None
+        if size is None:
+            return f"its part {part.path} is missing"
+        if size != part.bytes:
+            return f"its part {part.path} has {size} bytes, {part.bytes} were staged"
+    return None
+
+
 def verify(manifest: Manifest, tables: Iterable[str] | None = None) -> None:
     """Recompute size, sha256 and row count of every part (of ``tables``, default all).
 

@@ -102,6 +102,14 @@ def delete_window(
         fs.rm(wdir, recursive=True)
 
 
+def staging_location(manifest_path: str) -> str:
+    """The staging location of a window's manifest path (``{location}/{sync_id}/window=.../``)."""
+    found = _MANIFEST_PATH.match(manifest_path)
+    if found is None:
+        raise StagingError(f"{manifest_path!r} is not a staged window's manifest path")
+    return found["root"]
+
+
 def prune_after_commit(
     manifest_path: str,
     *,
@@ -115,7 +123,7 @@ def prune_after_commit(
     if found is None:
         raise StagingError(f"{manifest_path!r} is not a staged window's manifest path")
     return prune_committed(
-        found["root"],
+        staging_location(manifest_path),
         found["sync"],
         int(found["seq"]),
         keep=keep,

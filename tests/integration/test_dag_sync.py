@@ -207,6 +207,45 @@ def test_a_second_run_of_the_same_sync_fails_fast_naming_the_running_one(airflow
     assert "manual__running" in result["log"], result["log"][-4000:]
 
 
+# Fails every spark-submit before it starts: the window stays STAGED, nothing reaches Delta.
+FAIL_BEFORE = """#!/bin/sh
+echo "injected failure before spark-submit" >&2
+exit 3
+"""
+
+
+def test_a_staged_window_whose_files_are_lost_is_read_again_and_the_next_run_heals(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, tmp_path: Path
+) -> None:
+    """The next run's first merge (``merge_snapshot``) meets the window: it cannot merge lost
+    files however often it is rerun, so it hands the window back to capture; the run after it
+    reads those changes again, exact."""
+    store = _store(airflow)
+    wrapper = tmp_path / "spark-submit-fail"
+    wrapper.write_text(FAIL_BEFORE)
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    _workload(hook, seed=6)
+    failing = AirflowEnv(airflow.home, {**airflow.env, "VITESS_TEST_SPARK_SUBMIT": str(wrapper)})
+    first = failing.run_dag("dag_test_sync")
+    assert first["tasks"]["merge"] == "failed", first["tasks"]
+    window = store.open_window(SYNC)
+    assert window is not None and window.state is WindowState.STAGED and window.kind.value == "catchup"
+    parts = sorted((lake / "staging" / SYNC / f"window={window.seq:010d}").rglob("*.parquet"))
+    assert parts, "the window staged no part"
+    parts[0].unlink()
+
+    met = airflow.run_dag("dag_test_sync")
+    assert met["tasks"]["merge_snapshot"] == "failed", met["tasks"]
+    assert f"catchup window {window.seq} was staged but its part" in met["log"]
+    assert "the next catch-up reads its changes again" in met["log"]
+    assert store.window(SYNC, window.seq).state is WindowState.FAILED
+
+    healed = airflow.run_dag("dag_test_sync")
+    _ok(healed, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert store.committed(SYNC)[1] > window.seq
+    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
+
+
 def test_a_replaced_checkpoint_store_is_refused_at_the_first_task_and_a_copied_one_goes_on(
     airflow: AirflowEnv, hook: VitessHook, lake: Path, tmp_path: Path
 ) -> None:

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     CorruptStagedDataError,
     KeyChangedError,
+    StagedWindowLostError,
     StagingError,
     SyncLockedError,
     is_permanent,
@@ -32,8 +34,10 @@ from airflow_provider_vitess.merge.report import (
 )
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan, merged_targets
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
+from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.events import Operation
 
 START = Vgtid.for_keyspace("customer", "")
 END = Vgtid.from_json('[{"keyspace":"customer","shard":"0","gtid":"MariaDB/0-1-5","table_p_ks":[]}]')
@@ -259,14 +263,19 @@ def _end(n: int) -> Vgtid:
     )
 
 
-def _staged_backlog(store: CheckpointStore, windows: int, keys: KeyChoice = BY_ID) -> list[int]:
+def _manifest(stage: Path, seq: int) -> str:
+    """A real staged window (no rows): the merge checks a window's files before submitting it."""
+    return WindowStager(str(stage), "s1", seq).finish(START, END, END).path
+
+
+def _staged_backlog(store: CheckpointStore, stage: Path, windows: int, keys: KeyChoice = BY_ID) -> list[int]:
     """Catch-up windows 2.. staged one after the other by one run (each from the last's end)."""
     seqs = []
     for i in range(windows):
         start = END if i == 0 else _end(10 + i)
         seq = store.plan_window("s1", WindowKind.CATCHUP, start, _end(100))
         stats = {"keys": {"t": keys.to_dict()}}
-        store.mark_staged("s1", seq, _end(11 + i), f"/stage/s1/window={seq:010d}/_manifest.json", stats)
+        store.mark_staged("s1", seq, _end(11 + i), _manifest(stage, seq), stats)
         seqs.append(seq)
     return seqs
 
@@ -282,10 +291,10 @@ def _report(plan: MergePlan) -> MergeReport:
 
 
 def test_staged_windows_are_merged_by_one_job_and_committed_one_by_one_in_order(
-    store: CheckpointStore,
+    store: CheckpointStore, tmp_path: Path
 ) -> None:
     _committed_snapshot(store)
-    seqs = _staged_backlog(store, 3)
+    seqs = _staged_backlog(store, tmp_path, 3)
     plans: list[MergePlan] = []
 
     def submit(plan: MergePlan) -> MergeReport:
@@ -302,10 +311,10 @@ def test_staged_windows_are_merged_by_one_job_and_committed_one_by_one_in_order(
 
 
 def test_a_merge_killed_between_windows_commits_what_is_merged_and_merges_the_rest(
-    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _committed_snapshot(store)
-    _staged_backlog(store, 3)
+    _staged_backlog(store, tmp_path, 3)
     commit = store.commit
 
     def killed_at_3(sync_id: str, seq: int) -> Vgtid:
@@ -335,13 +344,13 @@ def test_a_merge_killed_between_windows_commits_what_is_merged_and_merges_the_re
     assert store.committed("s1") == (_end(13), 4)
 
 
-def test_a_chain_merges_only_windows_staged_with_the_same_keys(store: CheckpointStore) -> None:
+def test_a_chain_merges_only_windows_staged_with_the_same_keys(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
     _committed_snapshot(store)
-    _staged_backlog(store, 1)
+    _staged_backlog(store, tmp_path, 1)
     seq = store.plan_window("s1", WindowKind.CATCHUP, _end(11), _end(100))
-    store.mark_staged(
-        "s1", seq, _end(12), f"/stage/s1/window={seq:010d}/_manifest.json", {"keys": {"t": BY_CODE.to_dict()}}
-    )
+    store.mark_staged("s1", seq, _end(12), _manifest(tmp_path, seq), {"keys": {"t": BY_CODE.to_dict()}})
     plans: list[MergePlan] = []
 
     def submit(plan: MergePlan) -> MergeReport:
@@ -359,11 +368,10 @@ def test_a_snapshot_and_discarded_windows_are_deleted_once_a_later_window_is_com
     stage = tmp_path / "stage"
 
     def staged(seq: int) -> str:
-        window = stage / "s1" / f"window={seq:010d}"
-        (window / "t").mkdir(parents=True)
-        (window / "t" / "part-00001.parquet").write_bytes(b"x")
-        (window / "_manifest.json").write_text("{}")
-        return str(window / "_manifest.json")
+        manifest = _manifest(stage, seq)
+        (stage / "s1" / f"window={seq:010d}" / "t").mkdir(parents=True)
+        (stage / "s1" / f"window={seq:010d}" / "t" / "part-00001.parquet").write_bytes(b"x")
+        return manifest
 
     runner = MergeRunner(store, "s1", "/delta", holder="merge")
     seq = store.plan_window("s1", WindowKind.SNAPSHOT, START)
@@ -378,3 +386,38 @@ def test_a_snapshot_and_discarded_windows_are_deleted_once_a_later_window_is_com
     runner.run(_report)
     # Not 20 windows later: the snapshot's copy and the discarded window are read by no merge.
     assert sorted(p.name for p in (stage / "s1").iterdir()) == ["window=0000000003"]
+
+
+@pytest.mark.parametrize("loss", ["part deleted", "part truncated", "manifest deleted"])
+def test_a_staged_window_whose_files_are_lost_goes_back_to_capture_whichever_merge_meets_it(
+    store: CheckpointStore, tmp_path: Path, loss: str
+) -> None:
+    """A merge cannot bring lost files back, so a rerun of it would fail forever: the window is
+    discarded (with the staged windows after it) for the next catch-up to read again, the task
+    fails saying so, and its retry finds nothing to merge."""
+    _committed_snapshot(store)
+    seq = store.plan_window("s1", WindowKind.CATCHUP, END, _end(100))
+    stager = WindowStager(str(tmp_path), "s1", seq)
+    stager.set_schema("customer", "t", [query_pb2.Field(name="id", type=query_pb2.INT64)])
+    stager.add_change("customer", "t", "-80", Operation.INSERT, 1, 1, None, (7,))
+    manifest = stager.finish(END, _end(100), _end(11))
+    store.mark_staged("s1", seq, _end(11), manifest.path, {"keys": {"t": BY_ID.to_dict()}})
+    window = tmp_path / "s1" / f"window={seq:010d}"
+    part = window / manifest.tables["t"].parts[0].path
+    if loss == "part deleted":
+        part.unlink()
+    elif loss == "part truncated":
+        part.write_bytes(part.read_bytes()[:10])
+    else:
+        (window / "_manifest.json").unlink()
+
+    with pytest.raises(
+        StagedWindowLostError, match=rf"catchup window {seq} was staged but .*: it was discarded"
+    ):
+        MergeRunner(store, "s1", "/delta", holder="merge_snapshot").run(_never)
+    assert store.window("s1", seq).state is WindowState.FAILED
+    assert store.committed("s1") == (END, 1) and store.open_window("s1") is None
+    assert not window.exists(), "the lost window's remains were left behind"
+    assert not is_permanent(StagedWindowLostError("x")), "its retry must run"
+    outcome = MergeRunner(store, "s1", "/delta", holder="merge_snapshot").run(_never)
+    assert (outcome.seq, outcome.committed_seq) == (None, 1)
