@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import committed as committed_rows
-from airflow_provider_vitess.checkpoints import locking, models, progress, schema
+from airflow_provider_vitess.checkpoints import locking, models, progress, pruning, schema
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.states import (
@@ -337,6 +337,12 @@ class CheckpointStore:
             for row in rows:
                 self._transition(conn, sync_id, row.seq, WindowState.FAILED, {"error": error})
         return [int(r.seq) for r in rows]
+
+    def prune_windows(self, sync_id: str, keep: int) -> list[int]:
+        """Delete the rows of old finished windows, keeping the newest ``keep`` (see
+        :mod:`.pruning`); the seqs deleted."""
+        with self._begin("window pruning") as conn:
+            return pruning.prune_windows(conn, sync_id, keep)
 
     def commit(self, sync_id: str, seq: int) -> Vgtid:
         """MERGED -> COMMITTED and advance the checkpoint to the window's end, atomically.

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 CAPTURE_TASK = {WindowKind.SNAPSHOT: "snapshot", WindowKind.CATCHUP: "catch_up"}
 
 Submit = Callable[[MergePlan], MergeReport | None]
+# Windows whose records (row, parts, progress) the store keeps per sync: the status page's
+# longest history (``status.documents.MAX_WINDOWS``); older ones are pruned after each commit.
+KEEP_WINDOW_RECORDS = 500
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,21 @@ def window_keys(store: CheckpointStore, sync_id: str, window: Window) -> dict[st
     return {t: KeyChoice.from_dict(c) for t, c in dict(recorded).items()}
 
 
+def own_report(report: MergeReport, seq: int) -> dict[str, Any] | None:
+    """What a window keeps of its chain's report: its own results only, so that a window's record
+    stays the size of one window, however long the chain its merge job took."""
+    own = [w for w in report.windows if w.seq == seq]
+    return json.loads(MergeReport(report.sync_id, tuple(own)).to_json()) if own else None
+
+
+def joined(first: MergeReport | None, then: MergeReport | None) -> MergeReport | None:
+    """One report of the windows a run committed, in order (a window once, the later report's)."""
+    if first is None or then is None:
+        return then or first
+    seqs = {w.seq for w in then.windows}
+    return MergeReport(then.sync_id, (*(w for w in first.windows if w.seq not in seqs), *then.windows))
+
+
 def recorded_report(window: Window) -> MergeReport | None:
     """The report a MERGED window's merge kept in the store (:meth:`CheckpointStore.mark_merged`)."""
     kept = window.stats.get(MERGE_REPORT)
@@ -175,12 +193,14 @@ class MergeRunner:
         holder: str,
         lock_stale_after: timedelta = timedelta(minutes=2),
         keep_staged_windows: int = MAX_WINDOWS_BACK,
+        keep_window_records: int = KEEP_WINDOW_RECORDS,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
         self._keep, self._storage_options = keep_staged_windows, storage_options
+        self._keep_records = keep_window_records
 
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
@@ -194,7 +214,7 @@ class MergeRunner:
             report: MergeReport | None = None
             # MERGED windows first (a merge killed before their commit): their rows are in Delta.
             while windows and windows[0].state is WindowState.MERGED:
-                report = recorded_report(windows[0])
+                report = joined(report, recorded_report(windows[0]))
                 self.store.commit(self.sync_id, windows[0].seq)
                 done.append(windows.pop(0))
             batch = mergeable(windows, self.store.committed(self.sync_id)[0])
@@ -211,12 +231,13 @@ class MergeRunner:
             if batch:
                 self._hand_back_lost(batch)
                 plan = build_plan(self.store, self.sync_id, batch, self.target_location, self.targets)
-                report = submit(plan)
-                kept = None if report is None else json.loads(report.to_json())
+                merged = submit(plan)
+                report = joined(report, merged)
                 # Window by window, in order: a kill in between leaves a prefix COMMITTED (and
                 # perhaps one MERGED), the rest STAGED and already in Delta (a rerun skips them).
                 for w in batch:
-                    self.store.mark_merged(self.sync_id, w.seq, merged_targets(plan, report, w.seq), kept)
+                    kept = None if merged is None else own_report(merged, w.seq)
+                    self.store.mark_merged(self.sync_id, w.seq, merged_targets(plan, merged, w.seq), kept)
                     self.store.commit(self.sync_id, w.seq)
                     done.append(w)
             last = done[-1]
@@ -282,3 +303,10 @@ class MergeRunner:
             log.warning("sync %r: staged windows before %d not deleted: %s", self.sync_id, window.seq, exc)
             return
         log.info("sync %r: deleted staged window(s) %s", self.sync_id, _describe(deleted))
+        try:
+            pruned = self.store.prune_windows(self.sync_id, self._keep_records)
+        except Exception as exc:
+            log.warning("sync %r: old windows' records not deleted: %s", self.sync_id, exc)
+            return
+        if pruned:
+            log.info("sync %r: deleted the records of %d old window(s)", self.sync_id, len(pruned))

@@ -32,6 +32,7 @@ from airflow_provider_vitess.checkpoints import (
     schema,
 )
 from airflow_provider_vitess.checkpoints import parts as staged_parts
+from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.models import VERSION_TABLE, Base, SyncRow
 from airflow_provider_vitess.exceptions import CheckpointError, SyncLockedError
 from airflow_provider_vitess.vgtid import ShardGtid, TableLastPK, Vgtid
@@ -650,3 +651,32 @@ def test_a_sync_copied_from_the_sqlite_default_into_another_database_goes_on_the
     with pytest.raises(CheckpointError, match=r"holds no sync \['nope'\]"):
         copy_syncs(old, new, ["nope"])
     old.close()
+
+
+def test_old_windows_records_are_pruned_but_each_tables_latest_progress_stays(store: CheckpointStore) -> None:
+    store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START)
+    for table in TABLES:
+        store.update_progress(
+            SYNC, 1, table, phase=Phase.COPIED, key_columns=["id"], key_source="primary key"
+        )
+    store.record_parts(SYNC, 1, [_part("customer/part-0.parquet")], _vgtid(5, copying=True))
+    store.mark_staged(SYNC, 1, END_1, "m1.json")
+    store.mark_merged(SYNC, 1)
+    store.commit(SYNC, 1)
+    end = END_1
+    for seq in range(2, 16):
+        store.plan_window(SYNC, WindowKind.CATCHUP, end, _vgtid(10_000))
+        store.update_progress(SYNC, seq, "customer", phase=Phase.STREAMING)  # corder: quiet
+        end = _vgtid(10 + seq)
+        store.mark_staged(SYNC, seq, end, f"m{seq}.json")
+        store.mark_merged(SYNC, seq)
+        store.commit(SYNC, seq)
+    store.plan_window(SYNC, WindowKind.CATCHUP, end, _vgtid(10_000))  # open: never pruned
+
+    assert store.prune_windows(SYNC, keep=5) == list(range(2, 12))
+    kept = sorted(w.seq for w in recent_windows(store.engine, SYNC, 100))
+    assert kept == [1, 12, 13, 14, 15, 16]  # corder's latest progress is window 1's
+    assert {p.table for p in store.progress(SYNC, 1)} == set(TABLES)
+    assert store.parts(SYNC, 1) != []
+    assert store.committed(SYNC) == (end, 15)
+    assert store.prune_windows(SYNC, keep=5) == []

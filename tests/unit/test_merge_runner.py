@@ -421,3 +421,72 @@ def test_a_staged_window_whose_files_are_lost_goes_back_to_capture_whichever_mer
     assert not is_permanent(StagedWindowLostError("x")), "its retry must run"
     outcome = MergeRunner(store, "s1", "/delta", holder="merge_snapshot").run(_never)
     assert (outcome.seq, outcome.committed_seq) == (None, 1)
+
+
+def test_a_syncs_records_stay_bounded_per_window_over_chains_and_time(tmp_path: Path) -> None:
+    """200 tables (the bench keyspace's size), 9 runs staging chains of 3 and of 1 window (20
+    windows in all): what each window keeps and the rows the store holds stay flat, and the
+    plan grows with the chain only."""
+    from sqlalchemy import func, select
+
+    from airflow_provider_vitess.checkpoints.models import TableProgressRow, WindowPartRow, WindowRow
+
+    tables = [f"t{i:03d}" for i in range(200)]
+    keys = {t: KeyChoice(t, ("id",), ("id",), "PRIMARY", "primary key", ("id",)).to_dict() for t in tables}
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    store.ensure_sync("s1", "customer", tables, {"keys": keys})
+    seq = store.plan_window("s1", WindowKind.SNAPSHOT, START)
+    for t in tables:
+        store.update_progress("s1", seq, t, phase="copied", key_columns=["id"], key_source="primary key")
+    store.mark_staged("s1", seq, END, _manifest(tmp_path, seq))
+    store.mark_merged("s1", seq, dict.fromkeys(tables, 1))
+    store.commit("s1", seq)
+
+    def report(plan: MergePlan) -> MergeReport:
+        return MergeReport(
+            plan.sync_id,
+            tuple(
+                WindowResult(
+                    w.seq,
+                    tuple(
+                        TableResult(t, f"/delta/{t}", TableStatus.WRITTEN, delta_version=w.seq)
+                        for t in tables
+                    ),
+                )
+                for w in plan.windows
+            ),
+        )
+
+    plans: list[MergePlan] = []
+
+    def submit(plan: MergePlan) -> MergeReport:
+        plans.append(plan)
+        return report(plan)
+
+    def rows(model: type) -> int:
+        with store.engine.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(model)) or 0)
+
+    runner = MergeRunner(store, "s1", "/delta", holder="merge", keep_window_records=10)
+    end, kept_sizes, counts = END, [], []
+    for run in range(9):
+        for _ in range(3 if run % 2 == 0 else 1):  # a backlog: one run, three windows, one job
+            seq = store.plan_window("s1", WindowKind.CATCHUP, end, _end(10_000))
+            for t in tables:
+                store.update_progress("s1", seq, t, phase="streaming")
+            end = _end(100 + seq)
+            store.mark_staged("s1", seq, end, _manifest(tmp_path, seq), {"keys": keys})
+        outcome = runner.run(submit)
+        assert [w.seq for w in outcome.report.windows] == list(outcome.seqs) if outcome.report else False
+        kept_sizes += [len(json.dumps(store.window("s1", s).stats)) for s in outcome.seqs]
+        counts.append((rows(WindowRow), rows(TableProgressRow), rows(WindowPartRow)))
+    # Each window keeps its own results: the same size in a chain of three as alone.
+    assert len(kept_sizes) == 19
+    assert max(kept_sizes) < 1.01 * min(kept_sizes), (min(kept_sizes), max(kept_sizes))
+    # The newest 10 windows and the snapshot (the tables' latest progress is in the newest).
+    assert counts[-1] == counts[4] == (10, 10 * 200, 0), counts
+    assert store.committed("s1")[1] == 20 and store.window("s1", 20).state is WindowState.COMMITTED
+    # A plan names its windows and 200 tables, whatever the sync's age.
+    sizes = {n: {len(p.to_json()) for p in plans if len(p.windows) == n} for n in (1, 3)}
+    assert all(max(s) < 1.02 * min(s) for s in sizes.values()), sizes
