@@ -74,6 +74,11 @@ class StagedWindowLostError(StagingError):
     catch-up reads its changes again. Retryable: a retry of the merge finds it gone and goes on."""
 
 
+class TableListChangedError(VitessProviderError):
+    """A table joined the sync's tables (new, or back after leaving) and is not snapshotted yet:
+    a catch-up cannot merge it. The snapshot task copies it first, on its own."""
+
+
 class UnknownKeyspaceError(VitessProviderError, LookupError):
     """A keyspace vtgate does not serve."""
 
@@ -146,6 +151,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     TargetIntegrityError,
     ShardsGoneError,
     UnsupportedDeltaError,
+    TableListChangedError,
 )
 
 

@@ -27,6 +27,7 @@ from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome,
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.capture.spec import SyncSpec
+from airflow_provider_vitess.capture.table_list import REMOVED_TABLES, TableListChange, table_list_change
 from airflow_provider_vitess.checkpoints import (
     WINDOW_KEYS,
     CheckpointStore,
@@ -37,9 +38,11 @@ from airflow_provider_vitess.checkpoints import (
     WindowKind,
     WindowState,
 )
+from airflow_provider_vitess.checkpoints.history import sync as sync_info
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     InvalidVgtidError,
+    TableListChangedError,
     UnknownTableError,
     VStreamError,
 )
@@ -152,15 +155,35 @@ class CaptureRunner:
         self.store.migrate()
         return self.spec.key_choices(self.hook)
 
+    def _config(self) -> dict[str, Any]:
+        try:
+            return self.store.sync_config(self.spec.sync_id)
+        except CheckpointError:  # a new sync
+            return {}
+
     def _record_sync(self, chosen: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = ()) -> None:
         """Under the lock: the sync's config, with the key each table's Delta table is built
         with. Only a (re-)snapshot of a table records a new key for it; a catch-up whose chosen
         key differs from the recorded one is refused (``KeyChangedError``) before it reads."""
-        try:
-            config = self.store.sync_config(self.spec.sync_id)
-        except CheckpointError:  # a new sync
-            config = {}
+        config = self._config()
         recorded = {t: KeyChoice.from_dict(c) for t, c in dict(config.get("keys") or {}).items()}
+        change = self._table_list_change(config)
+        pending = [t for t in change.to_snapshot if t not in snapshot_of]
+        if pending:
+            raise TableListChangedError(
+                f"sync {self.spec.sync_id!r}: table(s) {pending} joined the sync's tables (new, or back "
+                "after leaving it) and have no complete Delta table yet; nothing was read. Their "
+                "snapshot comes first: run the DAG's snapshot task (it copies them on its own), or "
+                f'trigger it with {{"resnapshot_tables": {pending}}}'
+            )
+        for table, seq in change.removed.items():
+            if table not in dict(config.get(REMOVED_TABLES) or {}):
+                log.warning(
+                    "sync %r: table %r left the sync's tables; its Delta table stays as of window %d",
+                    self.spec.sync_id,
+                    table,
+                    seq,
+                )
         self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
         self.store.ensure_sync(
             self.spec.sync_id,
@@ -171,7 +194,18 @@ class CaptureRunner:
                 "keys": {t: choice.to_dict() for t, choice in self._keys.items()},
                 # The source's name in lineage (the merge task has no Vitess connection).
                 "vtgate": self.hook.config.grpc_target,
+                REMOVED_TABLES: change.after_snapshot_of(snapshot_of),
             },
+        )
+
+    def _table_list_change(self, config: Mapping[str, Any]) -> TableListChange:
+        """How the sync's tables changed since its last run (see ``capture/table_list.py``)."""
+        info = sync_info(self.store.engine, self.spec.sync_id)
+        return table_list_change(
+            None if info is None else info.tables,
+            config.get(REMOVED_TABLES),
+            self.spec.tables,
+            self.store.committed(self.spec.sync_id)[1],
         )
 
     def _staged_key_columns(self) -> dict[str, tuple[str, ...]]:
@@ -253,9 +287,11 @@ class CaptureRunner:
         committed, seq = self.store.committed(self.spec.sync_id)
         window = self.store.open_window(self.spec.sync_id)
         resuming = window is not None and window.kind is WindowKind.SNAPSHOT
-        needed = committed is None or bool(requested) or resuming or not only_if_needed
+        # Tables that joined the list since the last run are copied on their own first.
+        joined = () if committed is None else self._table_list_change(self._config()).to_snapshot
+        needed = committed is None or bool(requested) or bool(joined) or resuming or not only_if_needed
         # A resumed snapshot keeps its own tables, whatever is asked now (see snapshot()).
-        tables = tuple(requested) or self.spec.tables
+        tables = tuple(dict.fromkeys((*requested, *joined))) or self.spec.tables
         return SnapshotNeed(needed, tables, resnapshot=committed is not None, committed_seq=seq)
 
     def snapshot(
