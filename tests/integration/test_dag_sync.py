@@ -4,7 +4,6 @@ its table, and bad input fails the first task with a clear message. Real Vitess,
 
 from __future__ import annotations
 
-import json
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -30,20 +29,17 @@ DAG_FILE = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
 
-for dag_id, sync, tables, keyspace, store in [
-    ("dag_test_sync", "dag_test_sync", ["customer", "corder"], "customer", None),
-    ("dag_test_bad_table", "dag_test_bad_table", ["customer", "no_such_table"], "customer", None),
-    ("dag_test_bad_keyspace", "dag_test_bad_keyspace", ["customer"], "no_such_keyspace", None),
-    ("dag_test_same_sync", "dag_test_sync", ["customer", "corder"], "customer", None),
-    # The same sync and tables after its checkpoint store was replaced by an empty one.
-    ("dag_test_new_store", "dag_test_sync", ["customer", "corder"], "customer", "new_store"),
+for dag_id, sync, tables, keyspace in [
+    ("dag_test_sync", "dag_test_sync", ["customer", "corder"], "customer"),
+    ("dag_test_bad_table", "dag_test_bad_table", ["customer", "no_such_table"], "customer"),
+    ("dag_test_bad_keyspace", "dag_test_bad_keyspace", ["customer"], "no_such_keyspace"),
+    ("dag_test_same_sync", "dag_test_sync", ["customer", "corder"], "customer"),
 ]:
     globals()[dag_id] = vitess_sync_dag(
         dag_id,
         sync_id=sync,
         keyspace=keyspace,
         tables=tables,
-        checkpoint_conn_id=store,
         staging_location="{lake}/staging",
         target_location="{lake}/delta",
         schedule=None,
@@ -205,82 +201,3 @@ def test_a_second_run_of_the_same_sync_fails_fast_naming_the_running_one(airflow
         result = airflow.run_dag("dag_test_same_sync", conf={"resnapshot_tables": ["customer"]})
     assert result["tasks"]["snapshot"] == "failed", result["tasks"]
     assert "manual__running" in result["log"], result["log"][-4000:]
-
-
-# Fails every spark-submit before it starts: the window stays STAGED, nothing reaches Delta.
-FAIL_BEFORE = """#!/bin/sh
-echo "injected failure before spark-submit" >&2
-exit 3
-"""
-
-
-def test_a_staged_window_whose_files_are_lost_is_read_again_and_the_next_run_heals(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, tmp_path: Path
-) -> None:
-    """The next run's first merge (``merge_snapshot``) meets the window: it cannot merge lost
-    files however often it is rerun, so it hands the window back to capture; the run after it
-    reads those changes again, exact."""
-    store = _store(airflow)
-    wrapper = tmp_path / "spark-submit-fail"
-    wrapper.write_text(FAIL_BEFORE)
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    _workload(hook, seed=6)
-    failing = AirflowEnv(airflow.home, {**airflow.env, "VITESS_TEST_SPARK_SUBMIT": str(wrapper)})
-    first = failing.run_dag("dag_test_sync")
-    assert first["tasks"]["merge"] == "failed", first["tasks"]
-    window = store.open_window(SYNC)
-    assert window is not None and window.state is WindowState.STAGED and window.kind.value == "catchup"
-    parts = sorted((lake / "staging" / SYNC / f"window={window.seq:010d}").rglob("*.parquet"))
-    assert parts, "the window staged no part"
-    parts[0].unlink()
-
-    met = airflow.run_dag("dag_test_sync")
-    assert met["tasks"]["merge_snapshot"] == "failed", met["tasks"]
-    assert f"catchup window {window.seq} was staged but its part" in met["log"]
-    assert "the next catch-up reads its changes again" in met["log"]
-    assert store.window(SYNC, window.seq).state is WindowState.FAILED
-
-    healed = airflow.run_dag("dag_test_sync")
-    _ok(healed, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
-    assert store.committed(SYNC)[1] > window.seq
-    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
-
-
-def test_a_replaced_checkpoint_store_is_refused_at_the_first_task_and_a_copied_one_goes_on(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, tmp_path: Path
-) -> None:
-    """Moving to a new, empty store (as from the SQLite default to PostgreSQL) while the Delta
-    tables hold the sync's windows: its snapshot would be numbered from 1 and taken for already
-    applied, and every later window refused as ahead of the store. The first task refuses and
-    names the remedy; the store copied with ``store_copy`` carries the sync on, exact."""
-    old = _store(airflow)
-    _, old_seq = old.committed(SYNC)
-    assert old_seq >= 2, "the sync has run before"
-    new_db = tmp_path / "new_store.db"
-    moved = AirflowEnv(
-        airflow.home,
-        {**airflow.env, "AIRFLOW_CONN_NEW_STORE": json.dumps({"conn_type": "sqlite", "host": str(new_db)})},
-    )
-    _workload(hook, seed=5)
-
-    refused = moved.run_dag("dag_test_new_store")
-    assert refused["tasks"]["snapshot"] == "failed", refused["tasks"]
-    assert refused["tasks"]["merge_snapshot"] == "upstream_failed"
-    assert "the checkpoint store has never recorded a window of this sync" in refused["log"]
-    assert f"holds its window {old_seq}" in refused["log"]
-    assert "python -m airflow_provider_vitess.store_copy" in refused["log"]
-    new = CheckpointStore(f"sqlite:///{new_db}")
-    assert new.committed(SYNC) == (None, 0) and new.open_window(SYNC) is None, "the refusal recorded a window"
-
-    copied = moved.python("-m", "airflow_provider_vitess.store_copy", "--to-conn", "new_store")
-    assert "vitess_sync_window: " in copied.stdout, copied.stdout
-    assert new.committed(SYNC) == old.committed(SYNC)
-
-    carried_on = moved.run_dag("dag_test_new_store")
-    _ok(carried_on, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
-    assert "no snapshot needed" in carried_on["log"]
-    assert new.committed(SYNC)[1] > old_seq
-    assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
-    for table in TABLES:
-        applied = Counter((app, version) for app, version, _ in delta_txns(lake / "delta" / table))
-        assert max(applied.values()) == 1, f"{table}: a window was applied twice: {applied}"
