@@ -183,9 +183,7 @@ class VitessChangesTrigger(BaseTrigger):
         async with AsyncVStreamClient(hook) as client:
             self._failing = None
             target = StreamTarget.of(hook.config)  # read by connect()
-            # "No change" needs a read up to here (see the module docstring).
             self._read = (detector, start)
-            self._watch_stop = await current_position(client, self.keyspace, target)
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
             while True:
                 resume = detector.resume_from(start)
@@ -196,6 +194,10 @@ class VitessChangesTrigger(BaseTrigger):
                 )
                 decoder = EventDecoder()  # a new stream sends its FIELD events again
                 try:
+                    if self._watch_stop is None:
+                        # "No change" needs a read up to here (see the module docstring); its
+                        # errors are the stream's (reconnects, the credentials hint).
+                        self._watch_stop = await current_position(client, self.keyspace, target)
                     async for response in call:
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:

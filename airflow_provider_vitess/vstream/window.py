@@ -437,7 +437,8 @@ class WindowReader:
         self._result.stopped_early = reason
         self._result.end_vgtid = self.position()
         self._result.stats = {
-            # max_seconds ran out inside a transaction: the window read on to its end.
+            # max_seconds ran out inside a transaction (or before the read got anything): the
+            # window read on to the end of one.
             "read_past_max_seconds": self._read_past_bound,
             "merge": self.merge_stats,
             "reconnects": self._reader.reconnects,
