@@ -83,6 +83,7 @@ def vitess_sync_dag(
     wait_for_changes: bool = True,
     sensor_timeout: float = 60.0,
     sensor_deferrable: bool = True,
+    lag_threshold: int | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
     default_args: Mapping[str, Any] | None = None,
@@ -92,7 +93,11 @@ def vitess_sync_dag(
 
     ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
     to the tables past the committed position; without one the run ends early (skipped tasks),
-    so frequent schedules cost seconds when nothing changes.
+    so frequent schedules cost seconds when nothing changes. A wait whose read the timeout cut
+    before it reached the source's position (other tables' traffic on the shards) is not "no
+    change": the run goes on. ``lag_threshold``: the sensor also lets the run go on when a shard
+    is more than this many transactions (of any table) past the committed position, so a quiet
+    sync's checkpoint keeps up with the binlogs the server keeps; None (default): never.
 
     ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
     what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
@@ -181,6 +186,7 @@ def vitess_sync_dag(
                 # turn every failure into a skip).
                 skip_on_timeout=True,
                 deferrable=sensor_deferrable,
+                lag_threshold=lag_threshold,
             )
             snapshot >> merge_snapshot >> sense >> catch_up >> merge_changes
         else:

@@ -48,8 +48,17 @@ SHARED_TABLES: dict[str, tuple[str, ...]] = {
         "test_vstream_dml",
         "test_window",
     ),
-    # customer.chgsensor_* (one fixture creates them), and the triggerer's default log port
-    "changes_sensor_tables": ("test_changes_sensor", "test_sensor_failures"),
+    # customer.chgsensor_* (one fixture creates them), and the triggerer's default log port;
+    # test_busy_shard and test_long_transaction use tables of their own, but their 170,000
+    # transactions and 400,000-row transaction are in the one binlog every stream reads (one
+    # MariaDB serves all shards): beside these modules a sensor's "no change" within its timeout
+    # would become "scan_unfinished" and its latency asserts would fail.
+    "changes_sensor_tables": (
+        "test_changes_sensor",
+        "test_sensor_failures",
+        "test_busy_shard",
+        "test_long_transaction",
+    ),
     # customer.fault_rows, dropped and created again by each
     "fault_rows_table": ("test_faults", "test_staging_recovery"),
 }

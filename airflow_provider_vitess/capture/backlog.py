@@ -86,7 +86,9 @@ def catch_up_backlog(
             stopped = f"max_windows={max_windows}"
             break
         if last.end_vgtid == last.start_vgtid:
-            stopped = "no progress"  # a bound below one transaction: do not spin
+            # The merge order held every unit back (another shard behind): the next run goes on.
+            # (A time bound never cuts a transaction: it reads on to its end.)
+            stopped = "no progress"
             break
         if any(w.state is WindowState.MERGED for w in runner.store.open_windows(runner.spec.sync_id)):
             # A merge killed before committing: no window may follow until it is committed

@@ -17,6 +17,12 @@ server, whatever table or keyspace it touched.
 Either way it succeeds at once when there is no committed VGTID yet (never snapshotted: the
 snapshot must run) or the committed VGTID is still in its copy phase.
 
+"No change" needs a read that reached the keyspace's position at the start of the wait (the
+first poke's, or the trigger's): a wait whose read the timeout cut before that (other tables'
+traffic on the shard takes longer to scan than the timeout) succeeds with reason
+``scan_unfinished`` instead, so the run goes on and its catch-up reads the rest. (The simpler of
+the two exact answers: the sensor keeps no position of its own between runs.)
+
 Only "no change within ``timeout``" may end the wait without success: with
 ``skip_on_timeout=True`` (what ``vitess_sync_dag`` sets) the task is then skipped, and so is the
 rest of the run. Every other outcome (vtgate unreachable, refused credentials, a position vtgate
@@ -25,8 +31,9 @@ no longer has) fails the task; permanent errors fail it without retries. Do not 
 outage would look like "no changes" forever.
 
 The summary (the task's XCom ``return_value``) is small: ``reason`` (``row``, ``ddl``,
-``field``, ``journal``, ``lag``, ``no_checkpoint``, ``copy_unfinished``) and, for a change,
-``keyspace``, ``table``, ``shard``, ``commit_ts`` and ``commit_time`` of the first change seen.
+``field``, ``journal``, ``lag``, ``no_checkpoint``, ``copy_unfinished``, ``scan_unfinished``)
+and, for a change, ``keyspace``, ``table``, ``shard``, ``commit_ts`` and ``commit_time`` of the
+first change seen.
 """
 
 from __future__ import annotations
@@ -49,12 +56,14 @@ from airflow_provider_vitess.utils.failures import fail_permanently, task_failur
 from airflow_provider_vitess.utils.task import airflow_conf
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.changes import (
+    SCAN_UNFINISHED,
     Change,
     ChangeDetector,
     lag_verdict,
     parse_start_vgtid,
     read_changes,
     start_verdict,
+    unscanned_verdict,
 )
 from airflow_provider_vitess.vstream.position import capture_stop_position
 from airflow_provider_vitess.vstream.request import StreamTarget
@@ -150,6 +159,10 @@ class VitessChangesSensor(BaseSensorOperator):
         self.skip_on_timeout = skip_on_timeout
         # committed VGTID (JSON) -> a position read up to without a change (poke mode).
         self._scanned: dict[str, Vgtid] = {}
+        # Poke mode: the position of the first poke (what "no change" must have read up to) and
+        # how far the pokes read.
+        self._watch_stop: Vgtid | None = None
+        self._read_to: Vgtid | None = None
 
     # ----- where to start -----------------------------------------------------------------
 
@@ -181,6 +194,15 @@ class VitessChangesSensor(BaseSensorOperator):
 
     def _done(self, change: Change) -> dict[str, Any]:
         summary = change.summary()
+        if change.reason == SCAN_UNFINISHED:
+            self.log.warning(
+                "The timeout (%g s) ended the read of %s.%s before the position it started at "
+                '(transactions left per shard: %s): not a "no change"; the run goes on',
+                self.timeout,
+                self.keyspace,
+                ",".join(self.tables),
+                dict(change.lag) if change.lag is not None else "unknown",
+            )
         self.log.info("Sync %s has work: %s", self.sync_id or self.keyspace, summary)
         return summary
 
@@ -205,6 +227,9 @@ class VitessChangesSensor(BaseSensorOperator):
             try:
                 return super().execute(context)
             except AirflowSensorTimeout:
+                unscanned = unscanned_verdict(self.keyspace, self._read_to, self._watch_stop)
+                if unscanned is not None:
+                    return self._done(unscanned)
                 raise self._no_change() from None
         self.log.info("Deferring until %s.%s changes", self.keyspace, ",".join(self.tables))
         self.defer(
@@ -261,7 +286,10 @@ class VitessChangesSensor(BaseSensorOperator):
         lag = lag_verdict(committed, stop, self.lag_threshold)
         if lag is not None:
             return lag
+        if self._watch_stop is None:
+            self._watch_stop = stop
         start = self._scanned.get(committed.to_json(), committed)
+        self._read_to = start
         if start.has_reached(stop):
             self.log.info("No change: nothing was committed since %s", start.to_json())
             return None
@@ -275,7 +303,7 @@ class VitessChangesSensor(BaseSensorOperator):
         )
         if scan.change is not None and not scan.reached_stop:
             return scan.change
-        self._scanned[committed.to_json()] = scan.read_to
+        self._scanned[committed.to_json()] = self._read_to = scan.read_to
         if scan.reached_stop:
             self.log.info("No change of the tables up to %s", stop.to_json())
         else:

@@ -7,6 +7,11 @@ the stream, so a quiet table costs one idle stream kept alive by vtgate's heartb
 busy the other tables of the server are. With ``lag_threshold`` set it also fires when some
 shard's current position is more than that many transactions past the committed one.
 
+The trigger takes the keyspace's current position when it starts watching. At ``timeout_at``
+it reports ``timeout`` ("no change") only if its stream read up to that position; a stream still
+behind it (other tables' traffic on the shard takes longer to scan than the timeout) fires a
+``scan_unfinished`` change instead, so the run goes on and its catch-up reads the rest.
+
 The trigger holds only the connection id: the triggerer rebuilds the hook and reads the
 connection itself (asynchronously), so no credential is ever serialized. Transient gRPC
 errors reopen the stream from the last VGTID seen (no change before it, so nothing is lost);
@@ -34,7 +39,13 @@ from airflow_provider_vitess.exceptions import (
 from airflow_provider_vitess.hooks.aio import AsyncVStreamClient
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.changes import Change, ChangeDetector, lag_verdict, start_verdict
+from airflow_provider_vitess.vstream.changes import (
+    Change,
+    ChangeDetector,
+    lag_verdict,
+    start_verdict,
+    unscanned_verdict,
+)
 from airflow_provider_vitess.vstream.events import EventDecoder
 from airflow_provider_vitess.vstream.position import current_position
 from airflow_provider_vitess.vstream.request import StreamTarget
@@ -92,6 +103,9 @@ class VitessChangesTrigger(BaseTrigger):
         # The error of the last failed stream while no stream has answered since: a wait that
         # ends in that state ends in an error, not in "no change".
         self._failing: str | None = None
+        # What the wait must read up to before "no change" is an answer, and how far it read.
+        self._watch_stop: Vgtid | None = None
+        self._read: tuple[ChangeDetector, Vgtid] | None = None  # the detector and its start
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -125,6 +139,18 @@ class VitessChangesTrigger(BaseTrigger):
                 self.log.error("%s", message)
                 yield TriggerEvent({"status": "error", "message": message, "permanent": False})
                 return
+            read_to = self._read[0].resume_from(self._read[1]) if self._read is not None else None
+            unscanned = unscanned_verdict(self.keyspace, read_to, self._watch_stop)
+            if unscanned is not None:
+                self.log.warning(
+                    "The sensor's timeout ended the read of %s at %s, before the position of its "
+                    "start (%s): the run goes on, its catch-up reads the rest",
+                    self._describe(),
+                    read_to.to_json() if read_to is not None else "its start",
+                    self._watch_stop.to_json() if self._watch_stop is not None else "not known yet",
+                )
+                yield TriggerEvent({"status": "change", **unscanned.summary()})
+                return
             self.log.info("No change to %s before the sensor's timeout", self._describe())
             yield TriggerEvent({"status": "timeout", "message": f"no change to {self._describe()}"})
             return
@@ -157,6 +183,7 @@ class VitessChangesTrigger(BaseTrigger):
         async with AsyncVStreamClient(hook) as client:
             self._failing = None
             target = StreamTarget.of(hook.config)  # read by connect()
+            self._read = (detector, start)
             next_lag_check = time.monotonic() if self.lag_threshold is not None else float("inf")
             while True:
                 resume = detector.resume_from(start)
@@ -167,6 +194,10 @@ class VitessChangesTrigger(BaseTrigger):
                 )
                 decoder = EventDecoder()  # a new stream sends its FIELD events again
                 try:
+                    if self._watch_stop is None:
+                        # "No change" needs a read up to here (see the module docstring); its
+                        # errors are the stream's (reconnects, the credentials hint).
+                        self._watch_stop = await current_position(client, self.keyspace, target)
                     async for response in call:
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:

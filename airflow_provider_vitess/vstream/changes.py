@@ -14,6 +14,11 @@ Separately, ``lag`` (transactions between the committed and the current position
 whatever tables they touched) may trigger a run on its own: a sync whose tables are quiet still
 has to move its checkpoint before the server purges the binlogs it points into.
 
+"No change" is an answer only for a read that reached the position the wait took at its start
+(:func:`unscanned_verdict`). A read cut by the timeout before that (other tables' traffic on the
+shard takes longer to scan than the timeout) says ``scan_unfinished``: the run goes on and its
+catch-up reads what the sensor could not, instead of every run skipping while the backlog grows.
+
 The decisions do no I/O: the trigger (``triggers.changes``, asyncio) feeds the detector the
 events of its stream; the poking sensor reads through :func:`read_changes`, given a way to open a
 stream (``VitessHook.open_vstream_raw``).
@@ -45,6 +50,8 @@ from airflow_provider_vitess.vstream.request import StreamTarget, table_filter
 # Why a sensor says "run now". The first four come from the stream; the others from the start.
 ROW, DDL, FIELD, JOURNAL, LAG = "row", "ddl", "field", "journal", "lag"
 NO_CHECKPOINT, COPY_UNFINISHED = "no_checkpoint", "copy_unfinished"
+# The wait ended before its read reached the position it took at its start: not "no change".
+SCAN_UNFINISHED = "scan_unfinished"
 
 _NONE_TEXTS = ("", "none", "null")
 _STATEMENT_QUOTE = 200
@@ -152,6 +159,17 @@ def lag_verdict(committed: Vgtid, current: Vgtid, threshold: int | None) -> Chan
     if lags and max(lags.values()) > threshold:
         return Change(LAG, keyspace=current.keyspaces[0], lag=lags)
     return None
+
+
+def unscanned_verdict(keyspace: str, read_to: Vgtid | None, watch_stop: Vgtid | None) -> Change | None:
+    """At the end of a wait that found no change: None ("no change") only when the read reached
+    ``watch_stop``, the keyspace's position when the wait began; otherwise a SCAN_UNFINISHED
+    change, its ``lag`` the transactions per shard left unread (every one when a position is
+    unknown). The run then goes on: its catch-up reads the rest, whatever the sensor's timeout."""
+    if read_to is not None and watch_stop is not None and read_to.has_reached(watch_stop):
+        return None
+    lag = lag_by_shard(read_to, watch_stop) if read_to is not None and watch_stop is not None else None
+    return Change(SCAN_UNFINISHED, keyspace=keyspace, lag=lag)
 
 
 def _name_pattern(table: str) -> re.Pattern[str]:

@@ -243,6 +243,11 @@ class ShardMerger:
             queue.clear()
         self._buffered_rows = self._buffered_bytes = 0
 
+    @property
+    def idle(self) -> bool:
+        """Nothing released with a position yet and nothing held: the read has not moved."""
+        return not self._released_positions and not any(self._queues.values())
+
     def released_positions(self) -> dict[ShardKey, binlogdata_pb2.ShardGtid]:
         """Per shard, the position after its last released unit: a safe resume point."""
         return dict(self._released_positions)

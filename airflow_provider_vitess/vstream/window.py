@@ -191,6 +191,9 @@ class WindowReader:
         self._rows_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
         self._early_stop: str | None = None
+        # Shards whose transaction was in flight when max_seconds ran out (None: not yet).
+        self._finishing: set[ShardKey] | None = None
+        self._read_past_bound = False
 
     @property
     def merge_stats(self) -> dict[str, int]:
@@ -346,11 +349,34 @@ class WindowReader:
         return not self._held and not self._unheld and all(key in self._done for key in self._shards)
 
     def _bound_reached(self, started: float) -> str | None:
+        """Checked after every event. ``max_seconds`` ends a window only once no transaction that
+        was in flight when the time ran out still is, and not before the read got anything: a
+        transaction that takes longer to stream than the budget, cut there, would be read again
+        from its BEGIN by the next window and cut again, and the sync would never pass it (empty
+        windows, every run green). vttablet may send heartbeats while it reads a large
+        transaction from the binlog, before its BEGIN: hence "got anything" too. (Units the merge
+        holds back for another shard are something: that shard's heartbeats move it.)"""
         if self._early_stop is not None:
             return self._early_stop
-        if self._bounds.max_seconds is not None and self._clock() - started >= self._bounds.max_seconds:
-            return f"max_seconds={self._bounds.max_seconds:g}"
-        return None
+        if self._bounds.max_seconds is None or self._clock() - started < self._bounds.max_seconds:
+            return None
+        open_now = self._assembler.open_shards()
+        if self._finishing is None:
+            self._finishing = open_now  # the transactions in flight when the time ran out
+        # A shard leaves the set at its transaction's COMMIT: the check runs after every event,
+        # so a COMMIT and the next BEGIN of one shard are never seen as one.
+        self._finishing &= open_now
+        if self._finishing or self._merger.idle:
+            if not self._read_past_bound:
+                log.info(
+                    "keyspace %r: max_seconds=%g spent before the window read a whole transaction, "
+                    "or inside one; reading on to its end",
+                    self._keyspace,
+                    self._bounds.max_seconds,
+                )
+            self._read_past_bound = True
+            return None
+        return f"max_seconds={self._bounds.max_seconds:g}"
 
     def _stage(self, units: Iterator[ShardTransaction], *, bounded: bool = True) -> None:
         """Stages released units; stops pulling them at ``max_events`` (the rest stay buffered)."""
@@ -411,6 +437,9 @@ class WindowReader:
         self._result.stopped_early = reason
         self._result.end_vgtid = self.position()
         self._result.stats = {
+            # max_seconds ran out inside a transaction (or before the read got anything): the
+            # window read on to the end of one.
+            "read_past_max_seconds": self._read_past_bound,
             "merge": self.merge_stats,
             "reconnects": self._reader.reconnects,
             "partial_rows_discarded": self._assembler.discarded_rows,

@@ -17,12 +17,14 @@ from airflow_provider_vitess.vstream.changes import (
     LAG,
     NO_CHECKPOINT,
     ROW,
+    SCAN_UNFINISHED,
     Change,
     ChangeDetector,
     lag_by_shard,
     lag_verdict,
     parse_start_vgtid,
     start_verdict,
+    unscanned_verdict,
 )
 from airflow_provider_vitess.vstream.events import Event, EventDecoder
 
@@ -228,6 +230,28 @@ def test_lag_counts_transactions_per_shard_including_new_shards() -> None:
     change = lag_verdict(committed, now, 29)
     assert change is not None and change.reason == LAG and change.lag == lag_by_shard(committed, now)
     assert change.summary()["lag"]["customer/80-"] == 30
+
+
+def test_no_change_only_for_a_read_up_to_the_position_the_wait_started_at() -> None:
+    watch_stop = vgtid(("-80", "MariaDB/0-1-100"), ("80-", "MariaDB/0-1-100"))
+    assert unscanned_verdict(KS, watch_stop, watch_stop) is None
+    assert (
+        unscanned_verdict(KS, vgtid(("-80", "MariaDB/0-1-120"), ("80-", "MariaDB/0-1-101")), watch_stop)
+        is None
+    )
+    # The timeout cut the read: the run goes on, told what was left unread.
+    behind = vgtid(("-80", "MariaDB/0-1-100"), ("80-", "MariaDB/0-1-60"))
+    change = unscanned_verdict(KS, behind, watch_stop)
+    assert change is not None and change.reason == SCAN_UNFINISHED
+    assert change.summary() == {
+        "reason": "scan_unfinished",
+        "keyspace": KS,
+        "lag": {"customer/-80": 0, "customer/80-": 40},
+    }
+    # The start position was never known (vtgate slow to answer): never "no change".
+    unknown = unscanned_verdict(KS, behind, None)
+    assert unknown is not None and unknown.reason == SCAN_UNFINISHED and unknown.lag is None
+    assert unscanned_verdict(KS, None, watch_stop) is not None
 
 
 def test_lag_with_mysql56_gtid_sets() -> None:

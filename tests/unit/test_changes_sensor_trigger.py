@@ -193,7 +193,10 @@ def test_the_trigger_ends_the_wait_itself_at_its_deadline(monkeypatch: pytest.Mo
             return dict(event.payload)
         raise AssertionError("no event")
 
-    assert asyncio.run(first_event())["status"] == "timeout"
+    # It never read (nor learnt the position to read up to): that is not "no change", the run
+    # goes on (its catch-up reads whatever there is).
+    payload = asyncio.run(first_event())
+    assert (payload["status"], payload["reason"]) == ("change", "scan_unfinished"), payload
     with pytest.raises(AirflowSensorTimeout, match=r"No change to customer\.orders within"):
         sensor(start_vgtid=START.to_json(), timeout=5).execute_complete(CONTEXT, {"status": "timeout"})
 
@@ -221,6 +224,31 @@ def test_only_no_change_skips_errors_fail_and_permanent_ones_without_retries(
     unknown = {"status": "error", "message": "keyspace 'nope' is not served", "permanent": True}
     with pytest.raises(AirflowFailException, match=r"not served.*not retried"):
         task.execute_complete(CONTEXT, unknown)
+    # A wait whose read the timeout cut short of the position it started at: the run goes on.
+    unfinished = {
+        "status": "change",
+        "reason": "scan_unfinished",
+        "keyspace": "customer",
+        "lag": {"customer/-80": 7},
+    }
+    assert task.execute_complete(CONTEXT, unfinished) == {
+        k: v for k, v in unfinished.items() if k != "status"
+    }
+
+
+def test_the_dag_factory_passes_lag_threshold_to_its_sensor() -> None:
+    from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+    def sensor(**kwargs: Any) -> VitessChangesSensor:
+        dag = vitess_sync_dag(
+            "d", keyspace="customer", tables=["orders"], staging_location="/s", target_location="/t", **kwargs
+        )
+        task = dag.get_task("wait_for_changes")
+        assert isinstance(task, VitessChangesSensor)
+        return task
+
+    assert sensor().lag_threshold is None
+    assert sensor(lag_threshold=5000).lag_threshold == 5000
 
 
 def test_a_wait_that_never_reached_vtgate_ends_in_an_error_not_in_no_change(

@@ -266,6 +266,79 @@ def test_an_early_stop_frees_the_units_it_leaves_buffered(tmp_path: Path) -> Non
     assert spill_fds(tmp_path) == []
 
 
+def test_max_seconds_spent_inside_a_transaction_reads_on_to_its_end(tmp_path: Path) -> None:
+    """A transaction longer to stream than max_seconds: cut at the bound, it would be read again
+    from its BEGIN by every later window, and cut again (the sync would never pass it). The
+    window stages all of it (spilled), then stops before the next transaction."""
+    clock = {"now": 0.0}
+    b_at_stop = binlogdata_pb2.ShardGtid(keyspace=KS, shard=B, gtid="MariaDB/0-1-99")
+    start = Vgtid.from_proto(
+        binlogdata_pb2.VGtid(
+            shard_gtids=[binlogdata_pb2.ShardGtid(keyspace=KS, shard=A, gtid="MariaDB/0-1-1"), b_at_stop]
+        )
+    )
+    big = txn(A, 10, 2, [1, 2, 3, 4])
+    script = Script(
+        [field(A), *big[:3]],  # BEGIN and two rows, then the time runs out...
+        tmp_path,
+        then=lambda: clock.update(now=100.0),
+        after=[*big[3:], *txn(A, 11, 3, [5])],  # ... with two rows and the COMMIT still to come
+    )
+    limits = MemoryLimits(max_buffered_bytes=1, transaction_bytes=1, spill_dir=str(tmp_path))
+    stager = Stager(tmp_path)
+    window = WindowReader(
+        script,
+        stager,
+        keyspace=KS,
+        tables=["t"],
+        start=start,
+        stop=STOP,
+        memory=limits,
+        bounds=ReadBounds(max_seconds=5),
+        clock=lambda: clock["now"],
+    )
+    result = window.run()
+    assert stager.rows == [1, 2, 3, 4]
+    assert result.stopped_early == "max_seconds=5"
+    assert result.stats["read_past_max_seconds"] is True
+    assert result.stats["spilled_transactions"] == 1
+    moved = result.end_vgtid.shard(KS, A)
+    assert moved is not None and moved.gtid == "MariaDB/0-1-2"  # past the transaction
+    assert spill_fds(tmp_path) == []
+
+
+def test_max_seconds_spent_before_anything_arrived_waits_for_the_first_transaction(tmp_path: Path) -> None:
+    """vttablet sends heartbeats while it reads a large transaction from the binlog, before its
+    BEGIN: a window that got nothing yet reads on instead of ending empty at its start."""
+    clock = {"now": 0.0}
+    b_at_stop = binlogdata_pb2.ShardGtid(keyspace=KS, shard=B, gtid="MariaDB/0-1-99")
+    start = Vgtid.from_proto(
+        binlogdata_pb2.VGtid(
+            shard_gtids=[binlogdata_pb2.ShardGtid(keyspace=KS, shard=A, gtid="MariaDB/0-1-1"), b_at_stop]
+        )
+    )
+    script = Script(
+        [ev("", E.HEARTBEAT, 0)],
+        tmp_path,
+        then=lambda: clock.update(now=100.0),
+        after=[ev("", E.HEARTBEAT, 0), field(A), *txn(A, 10, 2, [1, 2]), *txn(A, 11, 3, [3])],
+    )
+    window = WindowReader(
+        script,
+        Stager(tmp_path),
+        keyspace=KS,
+        tables=["t"],
+        start=start,
+        stop=STOP,
+        bounds=ReadBounds(max_seconds=5),
+        clock=lambda: clock["now"],
+    )
+    result = window.run()
+    assert result.rows == 2 and result.stopped_early == "max_seconds=5"
+    moved = result.end_vgtid.shard(KS, A)
+    assert moved is not None and moved.gtid == "MariaDB/0-1-2"
+
+
 @pytest.mark.parametrize("error", [RuntimeError("stream broke"), KeyboardInterrupt()])
 def test_an_error_mid_transaction_frees_the_spill_files(tmp_path: Path, error: BaseException) -> None:
     script = Script([field(A), *txn(A, 10, 2, [1]), ev(A, E.BEGIN, 11), row(A, 11, 2)], tmp_path, error)
