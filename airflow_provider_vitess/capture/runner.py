@@ -37,6 +37,7 @@ from airflow_provider_vitess.checkpoints import (
     WindowKind,
     WindowState,
 )
+from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     InvalidVgtidError,
@@ -93,7 +94,7 @@ class CaptureRunner:
         dag_id: str | None = None,
         emit_progress: Callable[[TableProgress], None] | None = None,
         progress_interval: float = 10.0,
-        lock_stale_after: timedelta = timedelta(minutes=2),
+        lock_stale_after: timedelta = TASK_STALE_AFTER,
     ) -> None:
         self.hook, self.store, self.spec, self.holder = hook, store, spec, holder
         self.dag_id = dag_id

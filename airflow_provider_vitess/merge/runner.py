@@ -28,6 +28,7 @@ from typing import Any
 
 from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.history import recent_windows
+from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.keys import KeyChoice
@@ -171,7 +172,7 @@ class MergeRunner:
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         holder: str,
-        lock_stale_after: timedelta = timedelta(minutes=2),
+        lock_stale_after: timedelta = TASK_STALE_AFTER,
         keep_staged_windows: int = MAX_WINDOWS_BACK,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
