@@ -17,6 +17,10 @@ the checkpoint store recorded when the sync last merged into it (``TableTarget.l
 
 Any mismatch raises :class:`TargetIntegrityError` naming the table, what was expected and found,
 and the remedy: re-snapshot that table (nothing was written; other tables are unaffected).
+
+A snapshot replaces its tables whole, so they are not compared; but a table this sync never
+wrote that holds data and no window of this sync (another sync's, another program's) is not
+replaced: refused, naming it (two syncs pointed at one target are found so).
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
     last_seq = max(w.seq for w in plan.windows)
     for table in sorted(states):
         if table in plan.windows[0].replace_tables:
-            continue  # rebuilt whole by the plan's first window (a snapshot): nothing earlier counts
+            # Rebuilt whole by the plan's first window (a snapshot): nothing earlier counts, but
+            # a table this sync never wrote is someone else's, and is not replaced.
+            _refuse_foreign(plan, table, states[table])
+            continue
         problem = _problem(plan.targets[table], states[table], last_seq)
         if problem is not None:
             target = plan.targets[table]
@@ -45,6 +52,26 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
                 "written. Re-snapshot the table to rebuild it (trigger the DAG with "
                 f'{{"resnapshot_tables": ["{table}"]}}); the other tables are unaffected'
             )
+
+
+def _refuse_foreign(plan: MergePlan, table: str, state: TableState) -> None:
+    """A snapshot may replace a table this sync built (a re-snapshot), never one with data that
+    holds no window of it: another sync's (two syncs pointed at one target) or another
+    program's. Replacing it would lose that data silently, and the two writers would then
+    overwrite each other."""
+    target = plan.targets[table]
+    if target.last_merged_seq is not None or not state.exists or state.txn_version is not None:
+        return
+    if state.size is not None and state.size.files == 0:
+        return  # an empty table made ready for the sync: nothing to lose
+    version = "" if state.version is None else f" (Delta version {state.version})"
+    raise TargetIntegrityError(
+        f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} already exists"
+        f"{version} and holds no window of this sync: another sync or program wrote it. Its "
+        "snapshot would replace that table, so nothing was written. Give this sync's table "
+        "another target (target_location, or its entry in targets); or, if that table may be "
+        "replaced, delete it and run the sync again"
+    )
 
 
 def _problem(target: TableTarget, state: TableState, last_seq: int) -> str | None:
