@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
@@ -74,23 +75,33 @@ def _now() -> datetime:
 
 
 def _may_read(user: Any) -> documents.MayRead:
-    """Whether ``user`` may see a sync run by the given DAGs: the auth manager's DAGs the user
-    may read (per-DAG permissions included) meet them; a sync without recorded DAGs needs
-    every DAG."""
-    readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    """Whether ``user`` may see a sync run by the given DAGs: the auth manager lets the user read
+    one of them (per-DAG permissions included; asked per DAG id, so a DAG not parsed into this
+    metadata database is judged by its permissions too). A sync without recorded DAGs needs
+    every DAG this Airflow knows."""
+    manager = get_auth_manager()
+    answers: dict[str, bool] = {}
+
+    def readable(dag_id: str) -> bool:
+        if dag_id not in answers:
+            answers[dag_id] = manager.is_authorized_dag(
+                method="GET", details=DagDetails(id=dag_id), user=user
+            )
+        return answers[dag_id]
+
     every: list[bool] = []
 
     def may_read(dags: Sequence[str]) -> bool:
         if dags:
-            return not readable.isdisjoint(dags)
+            return any(readable(d) for d in dags)
         if not every:
             from airflow.models.dag import DagModel
             from airflow.utils.session import create_session
             from sqlalchemy import select
 
             with create_session() as session:
-                known = set(session.scalars(select(DagModel.dag_id)))
-            every.append(bool(known) and known <= readable)
+                known = list(session.scalars(select(DagModel.dag_id)))
+            every.append(bool(known) and all(readable(d) for d in known))
         return every[0]
 
     return may_read
