@@ -24,6 +24,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
+from airflow_provider_vitess.operators._sync import as_tables
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
@@ -64,7 +65,7 @@ def vitess_sync_dag(
     dag_id: str,
     *,
     keyspace: str,
-    tables: Sequence[str],
+    tables: str | Sequence[str],
     staging_location: str,
     target_location: str,
     sync_id: str | None = None,
@@ -109,13 +110,16 @@ def vitess_sync_dag(
     ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
     both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
     """
-    if not tables:
+    # One name is one table, not its characters: "customer" or "customer, corder" as the
+    # operators read text (a JSON list too).
+    table_list = list(as_tables(tables))
+    if not table_list:
         raise ValueError(f"DAG {dag_id!r}: no tables given")
     sync = sync_id or dag_id
     common: dict[str, Any] = {
         "sync_id": sync,
         "keyspace": keyspace,
-        "tables": list(tables),
+        "tables": table_list,
         "staging_location": staging_location,
         "vitess_conn_id": vitess_conn_id,
         "checkpoint_conn_id": checkpoint_conn_id,
@@ -132,7 +136,7 @@ def vitess_sync_dag(
         "aws_conn_id": aws_conn_id,
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
-        "tables": list(tables),  # each Delta table an outlet Asset
+        "tables": table_list,  # each Delta table an outlet Asset
         **dict(merge_kwargs or {}),
     }
     dag = DAG(
@@ -147,7 +151,7 @@ def vitess_sync_dag(
             RESNAPSHOT_PARAM: Param(
                 [],
                 type="array",
-                items={"type": "string", "enum": list(tables)},
+                items={"type": "string", "enum": table_list},
                 title="Re-snapshot tables",
                 description="Copy these tables again and replace their Delta tables (others untouched).",
             )
@@ -178,7 +182,7 @@ def vitess_sync_dag(
                 vitess_conn_id=vitess_conn_id,
                 sync_id=sync,
                 keyspace=keyspace,
-                tables=list(tables),
+                tables=table_list,
                 checkpoint_conn_id=checkpoint_conn_id,
                 timeout=sensor_timeout,
                 poke_interval=5,

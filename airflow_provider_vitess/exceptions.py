@@ -54,6 +54,12 @@ class SyncLockedError(CheckpointError):
     """Another holder (Airflow dag/run/try) holds the sync's lock and its heartbeat is fresh."""
 
 
+class UnknownSyncError(CheckpointError):
+    """A task that needs the sync's records (a merge) found none in its checkpoint store: its
+    capture task wrote to another store (another machine's SQLite default, another connection)
+    or under another sync id. "Nothing to do" would hide that for ever."""
+
+
 class StagingError(VitessProviderError):
     """Changes that cannot be staged: a value its column's Parquet type cannot hold, a row for a
     table without a schema, or a staging location that cannot be written."""
@@ -152,6 +158,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     ShardsGoneError,
     UnsupportedDeltaError,
     TableListChangedError,
+    UnknownSyncError,
 )
 
 

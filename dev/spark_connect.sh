@@ -21,6 +21,12 @@
 #   SPARK_CONNECT_MASTER     the server's master (default local[2])
 #   SPARK_CONNECT_S3         1: add Hadoop's S3A (s3a:// tables; give its settings in SPARK_CONNECT_CONF)
 #   SPARK_CONNECT_CONF       extra "--conf k=v ..." arguments
+#   SPARK_CONNECT_AUTHENTICATE_TOKEN  a token the server requires of every client (read by the
+#                            server from its environment, never on its command line; clients
+#                            give it as the spark_connect connection's password). The server
+#                            listens on 127.0.0.1 only; one for a cluster
+#                            (`python -m airflow_provider_vitess.merge.connect server-args
+#                            --cluster`) listens on 0.0.0.0 and is refused without a token.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,7 +44,15 @@ log() { printf '[spark_connect] %s\n' "$*" >&2; }
 # shellcheck source=vitess/common.sh
 . "$here/vitess/common.sh"
 
-url() { printf 'sc://127.0.0.1:%s\n' "$port"; }
+# Never prints the token. With one, the host is "localhost": pyspark sends a token only over
+# TLS, except to "localhost" (gRPC local credentials), and this server speaks no TLS.
+url() {
+    if [ -n "${SPARK_CONNECT_AUTHENTICATE_TOKEN:-}" ]; then
+        printf 'sc://localhost:%s\n' "$port"
+    else
+        printf 'sc://127.0.0.1:%s\n' "$port"
+    fi
+}
 
 wait_ready() {
     # Cold: Ivy resolves Delta's jars first (a minute); warm: the JVM and session in ~15 s.

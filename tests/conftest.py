@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -215,19 +216,27 @@ def s3() -> Iterator[LocalS3]:
 
 @pytest.fixture(scope="session")
 def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests: its URL."""
+    """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests, requiring a
+    token as servers users share must: its URL with the token as Airflow's Spark Connect hook
+    writes it (``;token=`` URL-encoded). The token has the characters of a base64 secret."""
+    from urllib.parse import quote
+
     from tests.integration.databases import free_port
 
+    token = f"{secrets.token_hex(6)}/{secrets.token_hex(6)}+{secrets.token_hex(6)}="
     env = {
         **os.environ,
         "SPARK_CONNECT_PORT": str(free_port()),
         "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
     }
     script = str(REPO / "dev" / "spark_connect.sh")
     started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)
     assert started.returncode == 0, f"spark_connect.sh start failed:\n{started.stderr[-3000:]}"
+    url = started.stdout.strip().splitlines()[-1]
+    assert token not in started.stdout + started.stderr
     try:
-        yield started.stdout.strip().splitlines()[-1]
+        yield f"{url}/;token={quote(token)}"
     finally:
         subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
 

@@ -39,6 +39,7 @@ from airflow_provider_vitess.checkpoints import (
     WindowState,
 )
 from airflow_provider_vitess.checkpoints.history import sync as sync_info
+from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     InvalidVgtidError,
@@ -82,6 +83,8 @@ class CaptureRunner:
     """Runs the read side of one sync against one vtgate and one checkpoint store.
 
     :param holder: who holds the sync's lock while running (shown to a concurrent run).
+    :param dag_id: the Airflow DAG running it, recorded in the sync's config (``dags``): the
+        status page shows a sync only to users who may read one of its DAGs.
     """
 
     def __init__(
@@ -91,11 +94,13 @@ class CaptureRunner:
         spec: SyncSpec,
         *,
         holder: str,
+        dag_id: str | None = None,
         emit_progress: Callable[[TableProgress], None] | None = None,
         progress_interval: float = 10.0,
-        lock_stale_after: timedelta = timedelta(minutes=2),
+        lock_stale_after: timedelta = TASK_STALE_AFTER,
     ) -> None:
         self.hook, self.store, self.spec, self.holder = hook, store, spec, holder
+        self.dag_id = dag_id
         self._stale_after = lock_stale_after
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
@@ -195,6 +200,8 @@ class CaptureRunner:
                 # The source's name in lineage (the merge task has no Vitess connection).
                 "vtgate": self.hook.config.grpc_target,
                 REMOVED_TABLES: change.after_snapshot_of(snapshot_of),
+                # Who may read its status: users of these DAGs (plugins/status.py).
+                "dags": sorted(set(config.get("dags") or ()) | ({self.dag_id} if self.dag_id else set())),
             },
         )
 

@@ -39,6 +39,9 @@ from airflow_provider_vitess.exceptions import SyncLockedError
 log = logging.getLogger(__name__)
 
 DEFAULT_STALE_AFTER = timedelta(minutes=10)
+# What the capture and merge tasks use (docs/troubleshooting.md, docs/design.md say so): a killed
+# task's sync is free again after 2 minutes without heartbeat.
+TASK_STALE_AFTER = timedelta(minutes=2)
 _LOCK = cast(Table, LockRow.__table__)
 Clock = Callable[[], datetime]
 

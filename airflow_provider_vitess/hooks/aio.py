@@ -66,7 +66,8 @@ class AsyncVStreamClient:
             await asyncio.wait_for(channel.channel_ready(), timeout=cfg.timeout_seconds)
         except asyncio.TimeoutError:
             await channel.close(None)
-            raise not_answering(cfg) from None
+            # Its TLS diagnosis is a blocking handshake: off the triggerer's event loop.
+            raise await asyncio.to_thread(not_answering, cfg) from None
         except BaseException:
             await channel.close(None)
             raise

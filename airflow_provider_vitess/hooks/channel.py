@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks import tls
 from airflow_provider_vitess.hooks.connection_config import VitessConnectionConfig
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,11 @@ def new_channel(cfg: VitessConnectionConfig, module: ModuleType = grpc) -> Any:
 
 
 def not_answering(cfg: VitessConnectionConfig) -> VitessConnectionError:
-    """The error of a channel that was not ready within the connection's timeout."""
+    """The error of a channel that was not ready within the connection's timeout. With TLS, a
+    handshake of our own says whether vtgate's certificate is why (gRPC only times out)."""
+    refused = tls.probe(cfg, cfg.host, cfg.grpc_port) if cfg.tls else None
+    if refused:
+        return VitessConnectionError(f"vtgate gRPC at {cfg.grpc_target}: {refused}")
     hint = " (is it TLS-only? set the 'tls' extra)" if not cfg.tls else " (check the TLS CA and name)"
     return VitessConnectionError(
         f"vtgate gRPC at {cfg.grpc_target} did not answer within {cfg.timeout_seconds:g}s{hint}"

@@ -7,6 +7,7 @@ bad value fails with a message naming the field before any network call is made.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,12 @@ EXTRA_FIELDS: dict[str, tuple[str, str, Any, str]] = {
         "string",
         None,
         "name to verify in vtgate's certificate, if not the host",
+    ),
+    "plaintext_password": (
+        "Send the password unencrypted",
+        "boolean",
+        False,
+        "without TLS, allow the password to cross the network in clear (gRPC call metadata)",
     ),
     "max_message_mb": ("Max gRPC message (MiB)", "integer", 64, "largest gRPC message accepted from vtgate"),
     "keepalive_seconds": ("gRPC keepalive (s)", "number", 30, "gRPC keepalive ping interval"),
@@ -100,6 +107,16 @@ def _as_number(name: str, value: Any, *, minimum: float, integer: bool = False) 
     if number < minimum:
         raise VitessConnectionError(f"connection extra {name!r} must be at least {minimum}, got {value!r}")
     return number
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine (a password sent there stays on it)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -160,6 +177,14 @@ class VitessConnectionConfig:
         tls = _as_bool("tls", extra.get("tls", False)) or any(tls_files.values())
         if bool(tls_files["tls_cert"]) != bool(tls_files["tls_key"]):
             raise VitessConnectionError("connection extras 'tls_cert' and 'tls_key' must be set together")
+        plaintext_ok = _as_bool("plaintext_password", extra.get("plaintext_password", False))
+        if password and not tls and not plaintext_ok and not _is_loopback(host):
+            # vtgate's static auth reads the password from every gRPC call's metadata.
+            raise VitessConnectionError(
+                f"the vitess connection to {host!r} has a password but no TLS: every gRPC call would "
+                "carry it in clear. Set the extra 'tls' (with 'tls_ca' for a private CA); on a "
+                "network you trust, the extra 'plaintext_password': true allows it"
+            )
         return cls(
             host=host,
             grpc_port=int(port or DEFAULT_GRPC_PORT),

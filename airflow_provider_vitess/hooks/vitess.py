@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL, Engine
 
 from airflow_provider_vitess._proto import vtgate_pb2, vtgateservice_pb2, vtrpc_pb2
 from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.hooks import tls
 from airflow_provider_vitess.hooks.channel import channel_options, new_channel, not_answering
 from airflow_provider_vitess.hooks.connection_config import (
     EXTRA_FIELDS,
@@ -183,14 +184,12 @@ class VitessHook(BaseHook):
     def engine(self) -> Engine:
         """A SQLAlchemy engine on vtgate's MySQL port (pymysql driver)."""
         cfg = self.config
-        connect_args: dict[str, Any] = {"connect_timeout": max(1, round(cfg.timeout_seconds))}
-        if cfg.tls:
-            ssl: dict[str, Any] = {"check_hostname": not cfg.tls_server_name}
-            if cfg.tls_ca:
-                ssl["ca"] = cfg.tls_ca
-            if cfg.tls_cert:
-                ssl["cert"], ssl["key"] = cfg.tls_cert, cfg.tls_key
-            connect_args["ssl"] = ssl
+        # TLS verified against tls_ca or the system roots, for tls_server_name or the host; no
+        # password-revealing auth plugin without it (see hooks/tls.py).
+        connect_args: dict[str, Any] = {
+            "connect_timeout": max(1, round(cfg.timeout_seconds)),
+            **tls.pymysql_args(cfg),
+        }
         url = URL.create(
             "mysql+pymysql",
             username=cfg.user or None,
@@ -216,6 +215,9 @@ class VitessHook(BaseHook):
                     f"vtgate MySQL at {cfg.mysql_target} refused user {cfg.user!r}: "
                     f"wrong user or password (MySQL error {code})"
                 ) from None
+            refused = tls.refusal(cfg, orig) if orig is not None else None
+            if refused:
+                raise VitessConnectionError(f"vtgate MySQL at {cfg.mysql_target}: {refused}") from None
             raise VitessConnectionError(
                 f"cannot connect to vtgate MySQL at {cfg.mysql_target}: {orig}"
             ) from None

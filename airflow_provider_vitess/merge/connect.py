@@ -34,7 +34,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+from urllib.parse import unquote
 
 from airflow_provider_vitess.merge.delta_log import log_dir, log_file
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
@@ -49,15 +50,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 15002
+# The Connect server's (and pyspark's) environment variable holding the authentication token.
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+_TOKEN_PARAM = "token"
 Progress = Callable[[int, str, str], None]
 
 
 def server_args(
-    *, port: int = DEFAULT_PORT, local_dir: str | None = None, local: bool = True, s3: bool = False
+    *,
+    port: int = DEFAULT_PORT,
+    local_dir: str | None = None,
+    local: bool = True,
+    s3: bool = False,
+    authenticated: bool = False,
 ) -> list[str]:
     """spark-submit arguments (before ``--class``) of a Connect server the merge can use: Delta
     (and S3A with ``s3``) and the job's session settings. Delta's own Connect plugin is not
-    needed: the job speaks SQL to Delta (:mod:`.apply`)."""
+    needed: the job speaks SQL to Delta (:mod:`.apply`).
+
+    A server for a cluster (not ``local``) listens on every interface, and anyone who reaches
+    it runs code as it: it must require a token (``authenticated``: the server's environment
+    has :data:`TOKEN_ENV`; in the environment, not the arguments, which ``ps`` shows)."""
+    if not local and not authenticated:
+        raise ValueError(
+            "a Spark Connect server for a cluster listens on 0.0.0.0 and must require a token: set "
+            f"{TOKEN_ENV} in its environment (not on its command line) and the same token as the "
+            "password of the spark_connect connection. pyspark sends a token only over TLS "
+            "(except to localhost): put a TLS proxy in front of the server"
+        )
     locations = ["s3a://"] if s3 else []
     conf = {
         **BASE_CONF,
@@ -90,6 +110,28 @@ _mode_users = 0  # blocks of remote_sessions running (threads): the last to end 
 _mode_saved: dict[str, str | None] = {}
 
 
+def split_token(url: str) -> tuple[str, str | None]:
+    """``url`` (``sc://host:port/;k=v;...``) without its ``token`` parameter, and the token
+    URL-decoded (Airflow's Spark Connect hook URL-encodes it). The token then never travels in a
+    URL: pyspark quotes a URL it cannot parse in its error (a token with ``/`` is one), and the
+    URL-encoded form escapes Airflow's secret masker."""
+    base, _, params = url.partition(";")
+    kept, token = [], None
+    for param in params.split(";") if params else []:
+        name, _, value = param.partition("=")
+        if name == _TOKEN_PARAM:
+            token = unquote(value)
+        else:
+            kept.append(param)
+    return ";".join([base, *kept]), token
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a log line: its token replaced."""
+    plain, token = split_token(url)
+    return plain if token is None else f"{plain};{_TOKEN_PARAM}=***"
+
+
 @contextmanager
 def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
@@ -97,7 +139,7 @@ def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     default and active sessions are what they were, and the Connect mark is taken off the
     process's environment once no other block runs (the mark is process-wide: while a block
     runs, this process cannot use classic Spark)."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     global _mode_users
@@ -110,8 +152,16 @@ def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     active = getattr(RemoteSession._active_session, "session", None)
     made: list[SparkSession] = []
 
+    plain, token = split_token(url)
+
     def new() -> SparkSession:
-        session = SparkSession.builder.remote(url).create()
+        # A channel builder given the token apart, not a URL holding it (see split_token); the
+        # Connect mark as SparkSession.builder.remote(url).create() would set it.
+        channel = DefaultChannelBuilder(plain)
+        if token is not None:
+            channel.set(_TOKEN_PARAM, token)
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        session = cast("SparkSession", RemoteSession.builder.channelBuilder(channel).create())
         made.append(session)
         return session
 
@@ -122,7 +172,7 @@ def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
             try:
                 session.stop()
             except Exception as exc:  # a session the server already lost: nothing to release
-                log.warning("could not stop a Spark Connect session on %s: %s", url, exc)
+                log.warning("could not stop a Spark Connect session on %s: %s", redacted(url), exc)
         ours = {id(session) for session in made}
         with _mode_lock:
             if id(RemoteSession._default_session) in ours:
@@ -364,7 +414,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
     merge_cmd.add_argument("plan_file")
     args = p.parse_args(argv)
     if args.command == "server-args":
-        found = server_args(port=args.port, local_dir=args.local_dir, local=not args.cluster, s3=args.s3)
+        try:
+            found = server_args(
+                port=args.port,
+                local_dir=args.local_dir,
+                local=not args.cluster,
+                s3=args.s3,
+                authenticated=bool(os.environ.get(TOKEN_ENV)),
+            )
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print("\n".join(found))
         return 0
     from pathlib import Path

@@ -18,6 +18,10 @@ the checkpoint store recorded when the sync last merged into it (``TableTarget.l
 
 Any mismatch raises :class:`TargetIntegrityError` naming the table, what was expected and found,
 and the remedy: re-snapshot that table (nothing was written; other tables are unaffected).
+
+A snapshot replaces its tables whole, so they are not compared; but a table this sync never
+wrote that holds data and no window of this sync (another sync's, another program's) is not
+replaced: refused, naming it (two syncs pointed at one target are found so).
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
                 f"nothing was written. {STORE_REMEDY}"
             )
         if table in plan.windows[0].replace_tables:
-            continue  # rebuilt whole by the plan's first window (a snapshot): nothing earlier counts
+            # Rebuilt whole by the plan's first window (a snapshot): nothing earlier counts, but
+            # a table this sync never wrote is someone else's, and is not replaced.
+            _refuse_foreign(plan, table, state)
+            continue
         problem = _problem(target, state)
         if problem is not None:
             raise TargetIntegrityError(
@@ -66,6 +73,26 @@ def _ahead(target: TableTarget, state: TableState, last_seq: int) -> str | None:
         f"holds window {state.txn_version} of this sync, ahead of the checkpoint store "
         f"({expected} merged, window {last_seq} to merge now): it was written by a run with "
         "another checkpoint store, or the store was replaced or restored from an older backup"
+    )
+
+
+def _refuse_foreign(plan: MergePlan, table: str, state: TableState) -> None:
+    """A snapshot may replace a table this sync built (a re-snapshot), never one with data that
+    holds no window of it: another sync's (two syncs pointed at one target) or another
+    program's. Replacing it would lose that data silently, and the two writers would then
+    overwrite each other."""
+    target = plan.targets[table]
+    if target.last_merged_seq is not None or not state.exists or state.txn_version is not None:
+        return
+    if state.size is not None and state.size.files == 0:
+        return  # an empty table made ready for the sync: nothing to lose
+    version = "" if state.version is None else f" (Delta version {state.version})"
+    raise TargetIntegrityError(
+        f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} already exists"
+        f"{version} and holds no window of this sync: another sync or program wrote it. Its "
+        "snapshot would replace that table, so nothing was written. Give this sync's table "
+        "another target (target_location, or its entry in targets); or, if that table may be "
+        "replaced, delete it and run the sync again"
     )
 
 

@@ -27,10 +27,23 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.capture.resume import WindowBook
-from airflow_provider_vitess.checkpoints import WINDOW_KEYS, CheckpointStore, Window, WindowKind, WindowState
+from airflow_provider_vitess.checkpoints import (
+    WINDOW_KEYS,
+    CheckpointStore,
+    Window,
+    WindowKind,
+    WindowState,
+    history,
+)
 from airflow_provider_vitess.checkpoints.history import recent_windows
+from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
-from airflow_provider_vitess.exceptions import CheckpointError, CorruptStagedDataError, StagedWindowLostError
+from airflow_provider_vitess.exceptions import (
+    CheckpointError,
+    CorruptStagedDataError,
+    StagedWindowLostError,
+    UnknownSyncError,
+)
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
@@ -191,7 +204,7 @@ class MergeRunner:
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         holder: str,
-        lock_stale_after: timedelta = timedelta(minutes=2),
+        lock_stale_after: timedelta = TASK_STALE_AFTER,
         keep_staged_windows: int = MAX_WINDOWS_BACK,
         keep_window_records: int = KEEP_WINDOW_RECORDS,
         storage_options: Mapping[str, Any] | None = None,
@@ -207,6 +220,8 @@ class MergeRunner:
             windows = self.store.open_windows(self.sync_id)
             before, committed_seq = self.store.committed(self.sync_id)
             if not windows:
+                if history.sync(self.store.engine, self.sync_id) is None:
+                    raise unknown_sync(self.store, self.sync_id)
                 return MergeOutcome(
                     committed_seq, message=f"nothing staged to merge (committed window {committed_seq})"
                 )
@@ -310,3 +325,16 @@ class MergeRunner:
             return
         if pruned:
             log.info("sync %r: deleted the records of %d old window(s)", self.sync_id, len(pruned))
+
+
+def unknown_sync(store: CheckpointStore, sync_id: str) -> UnknownSyncError:
+    """The error of a merge whose store never saw its sync: not "nothing staged"."""
+    where = store.engine.url.render_as_string(hide_password=True)
+    return UnknownSyncError(
+        f"sync {sync_id!r} is unknown to the checkpoint store {where}: no capture task ever "
+        "recorded it there, so this merge has nothing it could merge, and never will. Its capture "
+        "task wrote elsewhere: without checkpoint_conn_id each machine has its own SQLite file "
+        "under AIRFLOW_HOME, so on a deployment with several workers (Celery, Kubernetes) give "
+        "the capture and merge tasks the same checkpoint_conn_id (a shared database); otherwise "
+        "check that both tasks name the same checkpoint_conn_id and sync_id"
+    )

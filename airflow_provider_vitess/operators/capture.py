@@ -125,6 +125,7 @@ class _SyncOperator(BaseOperator):
                 **spec,
             ),
             holder=holder(context),
+            dag_id=self.dag_id,
             emit_progress=self._progress,
         )
         return self._running

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -296,10 +297,16 @@ class VitessMergeOperator(SparkSubmitOperator):
     def _merge_on_connect(self, plan: MergePlan, conn_id: str) -> MergeReport:
         """The job's merge in this process, on the Spark Connect server of the connection."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk.log import mask_secret
 
-        from airflow_provider_vitess.merge.connect import run_merge
+        from airflow_provider_vitess.merge.connect import run_merge, split_token
 
         url = SparkConnectHook(conn_id).get_connection_url()
+        token = split_token(url)[1]
+        if token:
+            # Airflow masks the connection's password as typed; the URL carries it URL-encoded.
+            mask_secret(token)
+            mask_secret(quote(token))
         with log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} on Spark Connect"):
             return run_merge(
                 url,

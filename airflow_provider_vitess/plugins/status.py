@@ -4,7 +4,10 @@ server (``/vitess``) and linking its page from Airflow's navigation (Browse -> V
 Thin by design: the documents come from :mod:`airflow_provider_vitess.status.documents`; this
 module only wires them to HTTP, behind Airflow's own authentication. Airflow mounts plugin apps
 without its auth dependencies, so the app declares them itself: every route needs a user Airflow
-authenticated (bearer token or the UI's session cookie) who may read DAGs.
+authenticated (bearer token or the UI's session cookie) who may read DAGs, and each sync is
+shown only to users who may read one of the DAGs that ran it (its capture tasks record their
+DAG in the store; a sync recorded before they did is shown to users who may read every DAG):
+its errors quote source rows' key values, which a user of other DAGs may not see.
 
 Which stores it reads: ``[vitess] status_checkpoint_conn_ids``, comma-separated connection ids;
 ``default`` stands for the SQLite file under ``AIRFLOW_HOME`` that the operators use when no
@@ -13,11 +16,14 @@ Which stores it reads: ``[vitess] status_checkpoint_conn_ids``, comma-separated 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -68,6 +74,39 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _may_read(user: Any) -> documents.MayRead:
+    """Whether ``user`` may see a sync run by the given DAGs: the auth manager lets the user read
+    one of them (per-DAG permissions included; asked per DAG id, so a DAG not parsed into this
+    metadata database is judged by its permissions too). A sync without recorded DAGs needs
+    every DAG this Airflow knows."""
+    manager = get_auth_manager()
+    answers: dict[str, bool] = {}
+
+    def readable(dag_id: str) -> bool:
+        if dag_id not in answers:
+            answers[dag_id] = manager.is_authorized_dag(
+                method="GET", details=DagDetails(id=dag_id), user=user
+            )
+        return answers[dag_id]
+
+    every: list[bool] = []
+
+    def may_read(dags: Sequence[str]) -> bool:
+        if dags:
+            return any(readable(d) for d in dags)
+        if not every:
+            from airflow.models.dag import DagModel
+            from airflow.utils.session import create_session
+            from sqlalchemy import select
+
+            with create_session() as session:
+                known = list(session.scalars(select(DagModel.dag_id)))
+            every.append(bool(known) and all(readable(d) for d in known))
+        return every[0]
+
+    return may_read
+
+
 app = FastAPI(
     title="Vitess sync status",
     description="Read-only status of the Vitess -> Delta syncs recorded in the checkpoint stores.",
@@ -87,10 +126,11 @@ def openapi() -> dict[str, Any]:
 
 
 @app.get("/api/syncs", response_model=documents.Overview)
-def list_syncs() -> documents.Overview:
-    """Every sync of every configured store, with its latest window and committed position."""
+def list_syncs(user: GetUserDep) -> documents.Overview:
+    """Every sync of every configured store that the user may read (see the module), with its
+    latest window and committed position."""
     stores, errors = _open_stores()
-    result = documents.overview(stores, _now())
+    result = documents.overview(stores, _now(), _may_read(user))
     result.errors.update(errors)
     return result
 
@@ -98,6 +138,7 @@ def list_syncs() -> documents.Overview:
 @app.get("/api/syncs/{sync_id}", response_model=documents.SyncStatus)
 def get_sync(
     sync_id: str,
+    user: GetUserDep,
     store: Annotated[
         str | None, Query(description="the store holding it (default: the first that does)")
     ] = None,
@@ -109,10 +150,12 @@ def get_sync(
         if store not in stores:
             raise HTTPException(404, errors.get(store) or f"no checkpoint store {store!r} is configured")
         stores = {store: stores[store]}
+    may_read = _may_read(user)
     for name, candidate in stores.items():
         if candidate.schema_revision() is None:
             continue
-        status = documents.sync_status(candidate, name, sync_id, _now(), windows)
+        # A sync the user may not read is not found: its existence is not told either.
+        status = documents.sync_status(candidate, name, sync_id, _now(), windows, may_read)
         if status is not None:
             return status
     raise HTTPException(404, f"no sync {sync_id!r} in the checkpoint stores {', '.join(stores) or '(none)'}")

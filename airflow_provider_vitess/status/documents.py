@@ -8,7 +8,7 @@ the store; nothing here writes to it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,8 +19,14 @@ from airflow_provider_vitess.checkpoints.states import TableProgress
 from airflow_provider_vitess.vgtid import Vgtid
 
 DEFAULT_WINDOWS = 20
+# Whether the reader may see a sync run by these DAGs (empty: not recorded).
+MayRead = Callable[[Sequence[str]], bool]
 MAX_WINDOWS = 500
 _FINAL = frozenset({WindowState.COMMITTED, WindowState.FAILED})
+
+
+def _anyone(dags: Sequence[str]) -> bool:
+    return True
 
 
 class ShardPosition(BaseModel):
@@ -92,6 +98,9 @@ class SyncSummary(BaseModel):
     committed_age_seconds: float | None
     latest_window: WindowStatus | None
     running: bool = Field(description="a task holds the sync's lock")
+    dags: list[str] = Field(
+        default_factory=list, description="the DAGs that ran it (who may read them may read this)"
+    )
 
 
 class SyncStatus(SyncSummary):
@@ -174,7 +183,13 @@ def _summary(
         committed_age_seconds=committed.age_seconds if committed else None,
         latest_window=None if latest is None else window_status(latest, now),
         running=running,
+        dags=dags_of(info),
     )
+
+
+def dags_of(info: history.SyncInfo) -> list[str]:
+    """The DAGs that ran the sync, as its capture tasks recorded them (none before they did)."""
+    return [str(d) for d in info.config.get("dags") or ()]
 
 
 def sync_summary(
@@ -187,11 +202,17 @@ def sync_summary(
 
 
 def sync_status(
-    store: CheckpointStore, store_name: str, sync_id: str, now: datetime, windows: int = DEFAULT_WINDOWS
+    store: CheckpointStore,
+    store_name: str,
+    sync_id: str,
+    now: datetime,
+    windows: int = DEFAULT_WINDOWS,
+    may_read: MayRead = _anyone,
 ) -> SyncStatus | None:
-    """Everything the store knows about one sync; None if it has no such sync."""
+    """Everything the store knows about one sync; None if it has no such sync, or if
+    ``may_read`` (given the sync's DAGs) says the reader may not see it."""
     info = history.sync(store.engine, sync_id)
-    if info is None:
+    if info is None or not may_read(dags_of(info)):
         return None
     recent = history.recent_windows(store.engine, sync_id, max(1, min(windows, MAX_WINDOWS)))
     committed = _committed(history.checkpoint(store.engine, sync_id), now)
@@ -213,15 +234,20 @@ def sync_status(
     )  # fmt: skip
 
 
-def overview(stores: Mapping[str, CheckpointStore], now: datetime) -> Overview:
-    """Every sync of every store; a store that cannot be read is named in ``errors``."""
+def overview(stores: Mapping[str, CheckpointStore], now: datetime, may_read: MayRead = _anyone) -> Overview:
+    """Every sync of every store that ``may_read`` (given the sync's DAGs) lets the reader see;
+    a store that cannot be read is named in ``errors``."""
     syncs: list[SyncSummary] = []
     errors: dict[str, str] = {}
     for name, store in stores.items():
         try:
             if store.schema_revision() is None:
                 continue  # no sync ever ran against this store
-            syncs.extend(sync_summary(store, name, info, now) for info in history.syncs(store.engine))
+            syncs.extend(
+                sync_summary(store, name, info, now)
+                for info in history.syncs(store.engine)
+                if may_read(dags_of(info))
+            )
         except Exception as exc:  # one broken store must not hide the others
             errors[name] = f"{type(exc).__name__}: {exc}"
     return Overview(generated_at=now, syncs=syncs, errors=errors)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_vitess.merge.connect import split_token
 from tests.conftest import REPO, LocalVitess, connection_uri_env
 
 BIN = Path(sys.executable).parent
@@ -122,8 +123,10 @@ def make_airflow_env(
         "VITESS_SPARK_IVY": str(IVY_CACHE),
     }
     if spark_connect is not None:
+        # As a user enters it: the server's address, its token as the password.
+        url, token = split_token(spark_connect)
         env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
-            {"conn_type": "spark_connect", "host": spark_connect}
+            {"conn_type": "spark_connect", "host": url.rstrip("/"), "password": token}
         )
     airflow_env = AirflowEnv(home, env)
     airflow_env.airflow("db", "migrate")

@@ -26,7 +26,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,9 +300,13 @@ def airflow_services(
     services: Iterable[str] = SERVICES,
     extra_env: Mapping[str, str] | None = None,
     start_timeout: float = 120,
+    prepare: Callable[[AirflowEnv, str, str], None] | None = None,
 ) -> Iterator[AirflowServices]:
     """Start the api-server and ``services`` for ``airflow``; yield once the API answers with a
     token and every service reports healthy; stop them all on exit.
+
+    ``prepare(airflow, user, password)`` runs once the metadata database is ready, before the
+    services start: e.g. another auth manager's users (the services log in as ``user``).
 
     ``database="postgresql"`` starts a throwaway PostgreSQL, migrates it and points the
     installation at it: ``airflow.env`` is updated in place, so ``airflow.airflow(...)`` CLI calls
@@ -352,6 +356,8 @@ def airflow_services(
         steps["db migrate"] = time.monotonic() - migrating
     elif database != "sqlite":
         raise ValueError(f"database must be 'postgresql' or 'sqlite', not {database!r}")
+    if prepare is not None:
+        prepare(airflow, USER, password)
     running = AirflowServices(airflow, port, log_dir, startup_steps=steps)
     try:
         running.start(

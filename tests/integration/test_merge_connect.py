@@ -217,3 +217,52 @@ def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_t
         assert state() == (True, version, 3, True, size, ["id"])
         crc.unlink()
         assert state() == (True, version, 3, True, None, ["id"])
+
+
+def test_the_token_is_required_and_never_logged(
+    spark_connect: str,
+    hook: VitessHook,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The server refuses a client without its token; a merge through the operator's Connect
+    path (a ``spark_connect`` connection whose password is the token) logs it in no form: as
+    typed, URL-encoded (Airflow's Spark Connect hook puts it in the URL so, and the masker
+    knows only the typed form), or fully URL-encoded."""
+    from urllib.parse import quote
+
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    plain, token = connect.split_token(spark_connect)
+    assert token and "/" in token and "+" in token
+    with connect.remote_sessions(plain) as new_session, pytest.raises(Exception, match="UNAUTHENTICATED"):
+        new_session().range(1).count()
+
+    host = plain.rstrip("/")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SC_TOKEN", json.dumps({"conn_type": "spark_connect", "host": host, "password": token})
+    )
+    caplog.set_level(logging.DEBUG)
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"connect-tok-{uuid.uuid4().hex[:8]}", "commerce", (A,), str(tmp_path / "stage"))
+    delta = tmp_path / "delta"
+    operator = VitessMergeOperator(
+        task_id="merge", sync_id=spec.sync_id, target_location=str(delta), spark_connect_conn_id="sc_token"
+    )
+    try:
+        workload(hook, random.Random(spec.sync_id))
+        CaptureRunner(hook, store, spec, holder="test-token").snapshot()
+        runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-token-merge")
+        assert runner.run(lambda plan: operator._merge_on_connect(plan, "sc_token")).seq == 1
+    finally:
+        store.close()
+    with connect.remote_sessions(spark_connect) as new_session:
+        assert_delta_equals_source(hook, "commerce", (A,), delta, new_session())
+    out, err = capfd.readouterr()
+    logged = "\n".join([caplog.text, out, err])
+    assert "Merge window 1 of sync" in logged  # the capture saw the operator's own lines
+    for form in {token, quote(token), quote(token, safe="")}:
+        assert form not in logged, form

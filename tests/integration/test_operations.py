@@ -301,3 +301,44 @@ def test_a_change_no_window_can_stage_is_left_behind_by_a_resnapshot_of_every_ta
     sync.merge()
     sync.assert_equal()
     store.close()
+
+
+def test_a_snapshot_never_replaces_a_delta_table_another_writer_made(sync: Sync, tmp_path: Path) -> None:
+    """A Delta table at the target that this sync never wrote: another program's, then another
+    sync's (two syncs pointed at one target). The snapshot is refused naming it; the table is
+    left as it was; pointed elsewhere, the sync runs."""
+    spark = spark_session()
+    spark.createDataFrame([(1, "someone else's row")], "id BIGINT, note STRING").write.format("delta").save(
+        str(sync.delta / A)
+    )
+    sync.runner().snapshot()
+    with pytest.raises(TargetIntegrityError) as refused:
+        sync.merge()
+    message = str(refused.value)
+    assert f"table '{A}': the Delta table at {sync.delta / A} already exists (Delta version 0)" in message
+    assert "holds no window of this sync: another sync or program wrote it" in message
+    assert "nothing was written" in message and "another target (target_location" in message
+    assert [c["version"] for c in delta_history(sync.delta / A)] == [0]
+    assert spark.read.format("delta").load(str(sync.delta / A)).collect()[0]["note"] == "someone else's row"
+    assert not (sync.delta / B).exists()  # the plan's other table: not written either
+
+    # A second sync of the same tables pointed at the first one's target, once that one ran.
+    shutil.rmtree(sync.delta / A)
+    assert sync.merge().seq == 1
+    sync.assert_equal()
+    other_spec = replace(
+        sync.spec, sync_id=f"{sync.spec.sync_id}-other", staging_location=str(tmp_path / "s2")
+    )
+    other_store = CheckpointStore(f"sqlite:///{tmp_path / 'other.db'}")
+    other_store.migrate()
+    try:
+        CaptureRunner(sync.hook, other_store, other_spec, holder="test-ops-other").snapshot()
+        versions = {t: [c["version"] for c in delta_history(sync.delta / t)] for t in (A, B)}
+        with pytest.raises(TargetIntegrityError, match=rf"table '{A}': .* another sync or program wrote it"):
+            MergeRunner(other_store, other_spec.sync_id, str(sync.delta), holder="test-ops-other").run(
+                lambda plan: merge(spark_session(), plan)
+            )
+        assert {t: [c["version"] for c in delta_history(sync.delta / t)] for t in (A, B)} == versions
+    finally:
+        other_store.close()
+    sync.assert_equal()

@@ -10,9 +10,26 @@ from airflow_provider_vitess.hooks.connection_config import EXTRA_FIELDS, Vitess
 
 
 def _config(**extra: object) -> VitessConnectionConfig:
+    if "tls" not in extra and not any(k.startswith("tls_") for k in extra):
+        extra.setdefault("plaintext_password", True)
     return VitessConnectionConfig.from_parts(
         host="vtgate", port=None, login="u", password="s3cret", extra=extra
     )
+
+
+def test_a_password_never_goes_to_another_machine_in_clear() -> None:
+    with pytest.raises(
+        VitessConnectionError,
+        match=r"connection to 'vtgate' has a password but no TLS: every gRPC call would carry it "
+        r"in clear\. Set the extra 'tls'.*'plaintext_password': true",
+    ):
+        VitessConnectionConfig.from_parts(host="vtgate", port=None, login="u", password="s3cret", extra={})
+    assert _config(tls=True, plaintext_password=False).tls
+    assert not _config(plaintext_password="yes").tls  # knowingly
+    for local in ("127.0.0.1", "localhost", "::1", "[::1]"):  # it stays on this machine
+        assert VitessConnectionConfig.from_parts(host=local, port=None, login="u", password="p", extra={})
+    # No password, nothing to leak (vtgate without authentication).
+    assert VitessConnectionConfig.from_parts(host="vtgate", port=None, login=None, password=None, extra={})
 
 
 def test_defaults() -> None:

@@ -17,10 +17,14 @@ from airflow_provider_vitess.merge import job
 from airflow_provider_vitess.merge.apply import sql_literal
 from airflow_provider_vitess.merge.connect import (
     MODE_VARIABLES,
+    TOKEN_ENV,
+    _main,
     is_connect,
+    redacted,
     remote_sessions,
     run_merge,
     server_args,
+    split_token,
 )
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import MergeReport
@@ -42,9 +46,34 @@ def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() 
     assert conf["spark.local.dir"] == "/tmp/x"
     assert conf["spark.sql.shuffle.partitions"] == "2"
     assert "spark.driver.extraJavaOptions" not in conf  # a long-lived JVM: C2's code pays back
-    cluster = server_args(local=False, s3=True)
+    cluster = server_args(local=False, s3=True, authenticated=True)
     assert cluster[1] == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}"
     assert "spark.sql.shuffle.partitions" not in conf_of(cluster)
+    assert conf_of(cluster)["spark.connect.grpc.binding.address"] == "0.0.0.0"
+
+
+def test_a_server_off_loopback_requires_a_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"listens on 0\.0\.0\.0 and must require a token: set SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    ):
+        server_args(local=False)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert _main(["server-args", "--cluster"]) == 2
+    assert "must require a token" in capsys.readouterr().err
+    monkeypatch.setenv(TOKEN_ENV, "a-secret-token")
+    assert _main(["server-args", "--cluster"]) == 0
+    printed = capsys.readouterr().out
+    assert "spark.connect.grpc.binding.address=0.0.0.0" in printed and "a-secret-token" not in printed
+
+
+def test_the_token_leaves_the_url_decoded_and_logs_see_it_redacted() -> None:
+    url = "sc://vtgate-spark:15002/;user_id=me;token=ab/c%2Bd%3D;use_ssl=true"
+    assert split_token(url) == ("sc://vtgate-spark:15002/;user_id=me;use_ssl=true", "ab/c+d=")
+    assert redacted(url) == "sc://vtgate-spark:15002/;user_id=me;use_ssl=true;token=***"
+    assert split_token("sc://localhost:15002") == ("sc://localhost:15002", None)
 
 
 @pytest.mark.parametrize(

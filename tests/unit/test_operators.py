@@ -110,6 +110,20 @@ def test_the_factory_builds_snapshot_merge_sense_catch_up_merge() -> None:
     assert snapshot.resnapshot_tables == "{{ params.resnapshot_tables }}"
 
 
+@pytest.mark.parametrize(
+    ("tables", "expected"), [("customer", ["customer"]), ("customer, corder", ["customer", "corder"])]
+)
+def test_the_factory_takes_one_table_name_as_one_table(tables: str, expected: list[str]) -> None:
+    dag = vitess_sync_dag(
+        "sync_s", keyspace="customer", tables=tables, staging_location="/s", target_location="/t"
+    )
+    for task_id in ("snapshot", "catch_up", "wait_for_changes"):
+        assert list(dag.get_task(task_id).tables) == expected, task_id  # type: ignore[union-attr]
+    for task_id in ("merge_snapshot", "merge"):  # each Delta table an outlet
+        assert list(dag.get_task(task_id).table_uris) == expected, task_id  # type: ignore[union-attr]
+    assert dag.params.get_param(RESNAPSHOT_PARAM).schema["items"]["enum"] == expected
+
+
 def test_the_factory_refuses_an_empty_table_list() -> None:
     with pytest.raises(ValueError, match="no tables"):
         vitess_sync_dag("sync_y", keyspace="k", tables=[], staging_location="/s", target_location="/t")
