@@ -116,6 +116,13 @@ class KeyChangedError(KeyChoiceError):
     primary key at the source): the table must be re-snapshotted with the new key."""
 
 
+class KeyConflictError(VitessProviderError):
+    """One key held by two shards at once: the table's key is unique per shard only (it does not
+    include the primary vindex column). Merging would keep one of the two rows, so the merge
+    refuses; the message names table, key value, shards and the remedy (a key that includes the
+    vindex column, then a re-snapshot)."""
+
+
 # Errors no retry can fix: the task fails at once with the message (and its remedy).
 PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     InvalidVgtidError,
@@ -131,6 +138,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     TargetIntegrityError,
     ShardsGoneError,
     UnsupportedDeltaError,
+    KeyConflictError,
 )
 
 

@@ -43,7 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge import conflicts, connect
 from airflow_provider_vitess.merge.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
 from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
@@ -161,11 +161,17 @@ def _key_events(frame: DataFrame, keys: Sequence[str], data: Sequence[str]) -> D
     update that changes the key, the before image's key (a delete)."""
     op = col(A.OP)
     after = frame.where(op != "delete").select(
-        col(A.SEQ), col(_SHARD), F.lit(1).alias("_sub"), F.lit(True).alias(_UP), *[col(c) for c in data]
+        col(A.SEQ),
+        col(A.COMMIT_TS),
+        col(_SHARD),
+        F.lit(1).alias("_sub"),
+        F.lit(True).alias(_UP),
+        *[col(c) for c in data],
     )
     before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
         col(A.SEQ),
+        col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(0).alias("_sub"),
         F.lit(False).alias(_UP),
@@ -186,10 +192,16 @@ def last_per_key(
     data: Sequence[str],
     context: DataFrame | None = None,
     retired: Mapping[str, Sequence[str]] | None = None,
+    *,
+    table: str = "",
+    covered: Mapping[str, int] | None = None,
 ) -> DataFrame:
     """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
-    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring)."""
+    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring).
+    A key two shards hold at once makes the first Spark action on the result fail
+    (:mod:`.conflicts`; ``covered``: per shard, how far in commit seconds a catch-up window read
+    it; None for a snapshot)."""
     events = _key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
     if context is not None:
         events = events.unionByName(_key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
@@ -208,10 +220,11 @@ def last_per_key(
     # A shard holding the row (its last event an upsert) wins, the latest of them; else the latest.
     ranked = shard_last.withColumn(
         "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))
+    ).withColumn(
+        "_guarded",
+        conflicts.guarded_op(keys, table, covered, F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE))),
     )
-    return ranked.where(col("_rank") == 1).select(
-        F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE)).alias(OP), *[col(c) for c in data]
-    )
+    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *[col(c) for c in data])
 
 
 # -- Delta --------------------------------------------------------------------------------------

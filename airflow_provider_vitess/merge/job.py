@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, context, delta_log
+from airflow_provider_vitess.merge import apply, conflicts, context, delta_log
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -245,20 +245,33 @@ def _run(
         tm = manifest.tables[step.table]
         staged = apply.read_window(spark, manifest, tm, step.columns)
         # A replacing window is a consistent copy by itself; a merged one may need earlier events.
-        earlier, retired = None, None
+        earlier, retired, covered = None, None, None
         if step.action is not Action.REPLACE:
             earlier = _context(spark, plan, manifest, step, staged, known)
             retired = _retired_shards(manifest, known)
-        final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier, retired)
-        if step.action is Action.REPLACE:
-            rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
-            mapping = column_mapping or needs_column_mapping(rows.columns)
-            files = apply.files_for(tm.rows, rows_per_file)
-            apply.write_replace(
-                rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
-            )
-        else:
-            changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
+            covered = conflicts.covered(manifest, staged)
+        final = apply.last_per_key(
+            staged,
+            keys,
+            [c.name for c in step.columns.columns],
+            earlier,
+            retired,
+            table=step.table,
+            covered=covered,
+        )
+        try:
+            if step.action is Action.REPLACE:
+                rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
+                mapping = column_mapping or needs_column_mapping(rows.columns)
+                files = apply.files_for(tm.rows, rows_per_file)
+                apply.write_replace(
+                    rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
+                )
+            else:
+                changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
+        except Exception as exc:  # a key two shards hold fails inside Spark: say it plainly
+            conflicts.raise_if_conflict(exc)
+            raise
     commit = delta_log.last_commit(spark, target.path)
     if commit is None and merged:
         raise UnsupportedDeltaError(
