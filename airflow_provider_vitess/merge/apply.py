@@ -200,8 +200,7 @@ def last_per_key(
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
     have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring).
     A key two shards hold at once makes the first Spark action on the result fail
-    (:mod:`.conflicts`; ``covered``: per shard, how far in commit seconds a catch-up window read
-    it; None for a snapshot)."""
+    (:mod:`.conflicts`; ``covered``: per shard, how far in commit seconds the window read it)."""
     events = _key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
     if context is not None:
         events = events.unionByName(_key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
@@ -222,7 +221,9 @@ def last_per_key(
         "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))
     ).withColumn(
         "_guarded",
-        conflicts.guarded_op(keys, table, covered, F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE))),
+        conflicts.guarded_op(
+            keys, table, covered or {}, F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE))
+        ),
     )
     return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *[col(c) for c in data])
 

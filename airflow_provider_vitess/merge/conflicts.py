@@ -11,15 +11,15 @@ When two shards holding one key is a duplicate for sure, and when it may be a ro
 between shards (a move is a DELETE on one shard and an INSERT on the other, two shard commits
 milliseconds apart, see :mod:`.context`):
 
-* a **snapshot** (a replacing window): each shard's copy is followed by its binlog until every
-  shard's copy is over, so both halves of a move are read unless the move commits in the
-  instant the copy ends. Two holders at its end are a conflict.
-* a **catch-up** window: its stop is read shard by shard, so a move's INSERT can be in it and
-  its DELETE in the next window. Two holders are a conflict when the other half of a move would
-  have been read: the earlier holder's shard was read :data:`~.context.CONTEXT_SECONDS` past the
-  latest holder's commit (``covered``: per shard, the latest commit second the window read of
-  it; a shard that reached the window's stop was read up to the newest commit of the window).
-  A duplicate inserted in the window's last seconds is therefore not seen in that window.
+* a window's stop is read shard by shard (a snapshot ends when the last shard's copy is over,
+  each shard's stream live until then), so a move's INSERT can be in it and its DELETE in the
+  next window. Two holders are a conflict when the other half of a move would have been read:
+  the earlier holder's shard was read :data:`~.context.CONTEXT_SECONDS` past the latest
+  holder's commit (``covered``: per shard, the latest commit second the window read of it; a
+  shard that reached the window's stop, and every shard of a snapshot, was read up to the
+  newest commit of the window), or the latest holder's row is a snapshot's copy (commit second
+  0: a shard's copy is a consistent state, and a move after it is in its binlog). A duplicate
+  INSERTed in a window's last seconds is therefore not seen in that window.
 
 Not seen at all: a key whose first row arrived in an earlier window (the snapshot, say) with no
 event of it in this window or its look-back, and whose second row is inserted on another shard
@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.exceptions import KeyConflictError
+from airflow_provider_vitess.exceptions import InvalidVgtidError, KeyConflictError
 from airflow_provider_vitess.merge.context import CONTEXT_SECONDS
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import Manifest
@@ -46,7 +46,6 @@ from airflow_provider_vitess.vgtid import Vgtid
 # The error Spark raises carries the text between these marks (raise_error adds its own words).
 _BEGIN, _END = "<<vitess-key-conflict>>", "<</vitess-key-conflict>>"
 _FOUND = re.compile(re.escape(_BEGIN) + "(.*?)" + re.escape(_END), re.DOTALL)
-_FAR = 1 << 62  # "read to the end": a snapshot's shards
 
 
 def remedy(table: str, keys: Sequence[str]) -> str:
@@ -65,29 +64,28 @@ def remedy(table: str, keys: Sequence[str]) -> str:
 def guarded_op(
     keys: Sequence[str],
     table: str,
-    covered: Mapping[str, int] | None,
+    covered: Mapping[str, int],
     op: Column,
 ) -> Column:
     """``op``, or a Spark error (:func:`raise_if_conflict` turns it into
     :class:`KeyConflictError`) for a key two shards hold at once (module docstring).
     For a frame of each shard's last event per key (``_shard``, ``_up``, ``_ord``,
     ``_commit_ts`` and the key columns); ``covered``: per shard, the latest commit second the
-    window read of it (None: a snapshot, every shard read to its end). Window functions over
-    the key, so the check costs no pass of its own."""
+    window read of it (:func:`covered`). Window functions over the key, so the check costs no
+    pass of its own."""
     by_key = Window.partitionBy(*[F.col(_q(k)) for k in keys])
     up, shard, ts = F.col("_up"), F.col("_shard"), F.col(A.COMMIT_TS)
-    if covered is None:
-        reach = F.lit(_FAR).cast(T.LongType())
-    else:
-        reach = F.lit(None).cast(T.LongType())
-        for s, second in covered.items():
-            reach = F.when(shard == s, F.lit(second)).otherwise(reach)
+    reach = F.lit(None).cast(T.LongType())
+    for s, second in covered.items():
+        reach = F.when(shard == s, F.lit(second)).otherwise(reach)
     latest = F.max(F.when(up, F.struct(ts.alias("ts"), F.col("_ord").alias("ord"), shard.alias("s")))).over(
         by_key
     )
     # A holder other than the latest one, read far enough past the latest holder's commit that
-    # the DELETE half of a move to the latest holder would be in the window.
-    sure = up & (shard != latest["s"]) & (reach >= latest["ts"] + F.lit(CONTEXT_SECONDS))
+    # the DELETE half of a move to the latest holder would be in the window; or the latest
+    # holder's row is a snapshot's copy (commit second 0): not half of a move either.
+    far_enough = (latest["ts"] == 0) | (reach >= latest["ts"] + F.lit(CONTEXT_SECONDS))
+    sure = up & (shard != latest["s"]) & far_enough
     conflict = F.max(sure.cast("int")).over(by_key) == 1
     holders = F.array_join(F.array_sort(F.collect_set(F.when(up, shard)).over(by_key)), ", ")
     values = F.concat_ws(", ", *[F.coalesce(F.col(_q(k)).cast("string"), F.lit("NULL")) for k in keys])
@@ -105,18 +103,25 @@ def guarded_op(
 
 
 def covered(manifest: Manifest, staged: DataFrame) -> dict[str, int]:
-    """Per shard, the latest commit second a catch-up window read of it, as far as its staged
-    rows of the table show (:mod:`.conflicts`): a shard that reached the window's stop was read
-    up to the newest commit of the window (every event in it committed before the stop was
-    read), another one up to its own newest row here."""
+    """Per shard, the latest commit second the window read of it, as far as its staged rows of
+    the table show: a shard that reached the window's stop (every shard, in a snapshot: each
+    one's stream runs until the last copy is over) was read up to the newest commit of the
+    window (every event in it committed before the stop was read), another one up to its own
+    newest row here. One aggregation of two staged columns."""
     rows = staged.groupBy(F.col(A.SHARD)).agg(F.max(F.col(A.COMMIT_TS))).collect()
     newest = {str(r[0]): int(r[1]) for r in rows if r[1] is not None}
     top = max(newest.values(), default=0)
-    out = dict(newest)
     stop = manifest.stop_vgtid
+    if stop is None:
+        return dict.fromkeys(newest, top)
+    out = dict(newest)
     for sg in manifest.end_vgtid.shard_gtids:
-        target = stop.shard(sg.keyspace, sg.shard) if stop is not None else None
-        if target is not None and Vgtid((sg,)).has_reached(Vgtid((target,))):
+        target = stop.shard(sg.keyspace, sg.shard)
+        try:
+            reached = target is not None and Vgtid((sg,)).has_reached(Vgtid((target,)))
+        except InvalidVgtidError:  # not a resolved position: not known to be reached
+            reached = False
+        if reached:
             out[sg.shard] = top
     return out
 

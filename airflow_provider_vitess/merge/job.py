@@ -245,11 +245,10 @@ def _run(
         tm = manifest.tables[step.table]
         staged = apply.read_window(spark, manifest, tm, step.columns)
         # A replacing window is a consistent copy by itself; a merged one may need earlier events.
-        earlier, retired, covered = None, None, None
+        earlier, retired = None, None
         if step.action is not Action.REPLACE:
             earlier = _context(spark, plan, manifest, step, staged, known)
             retired = _retired_shards(manifest, known)
-            covered = conflicts.covered(manifest, staged)
         final = apply.last_per_key(
             staged,
             keys,
@@ -257,7 +256,7 @@ def _run(
             earlier,
             retired,
             table=step.table,
-            covered=covered,
+            covered=conflicts.covered(manifest, staged),
         )
         try:
             if step.action is Action.REPLACE:
