@@ -65,6 +65,18 @@ class ZeroDateError(StagingError):
     is a change of the policy (or of the source row, in a snapshot)."""
 
 
+class PartialRowImageError(StagingError):
+    """A binlog row image the merge cannot apply exactly: a MINIMAL image (columns other than
+    BLOB/TEXT left out, or key columns), or a JSON partial update (PARTIAL_JSON). Names the
+    server setting and the remedy; a retry reads the same binlog again."""
+
+
+class BinlogSettingsError(VitessProviderError):
+    """A tablet's MySQL logs row images the provider cannot apply exactly
+    (``binlog_row_image=MINIMAL``, ``binlog_row_value_options=PARTIAL_JSON``): refused before the
+    sync reads, naming shard, setting and remedy."""
+
+
 class CorruptStagedDataError(StagingError):
     """A staged window whose manifest or part files do not match what was written."""
 
@@ -139,6 +151,8 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     ShardsGoneError,
     UnsupportedDeltaError,
     KeyConflictError,
+    PartialRowImageError,
+    BinlogSettingsError,
 )
 
 

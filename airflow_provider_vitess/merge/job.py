@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, conflicts, context, delta_log
+from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, partial
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -257,6 +257,7 @@ def _run(
             retired,
             table=step.table,
             covered=conflicts.covered(manifest, staged),
+            replace=step.action is Action.REPLACE,
         )
         try:
             if step.action is Action.REPLACE:
@@ -378,8 +379,9 @@ def _merge(
             spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
         )
     types = write_types(step.columns, step.schema)
+    keep = [apply.col(c) for c in final.columns if c.startswith(partial.KEEP)]  # .partial
     rows = apply.persist(
-        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
+        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()], *keep)
     )
     try:
         size = size if size is not None else apply.table_size(spark, path)
@@ -388,7 +390,9 @@ def _merge(
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
         small = size.files <= 1 or rewrite
         prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
+        merged = apply.merge_into(
+            spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite, table=step.table
+        )
     finally:
         rows.unpersist()
     return tuple(ev.changes), merged
