@@ -29,16 +29,31 @@ log = logging.getLogger(__name__)
 
 APPLIED_EXACTLY = ("FULL", "NOBLOB")
 _UNKNOWN_VARIABLE = 1193  # MariaDB has no binlog_row_value_options
+_NO_TABLET = "no healthy tablet available"  # vtgate's words for a tablet type it cannot reach
 
 
 def row_image_settings(hook: VitessClient, keyspace: str, tablet_type: str) -> dict[str, tuple[str, str]]:
-    """Per shard: (binlog_row_image, binlog_row_value_options) of the tablet type streamed from."""
+    """Per shard: (binlog_row_image, binlog_row_value_options) of the tablet type streamed from
+    (its primary's when vtgate serves queries from no tablet of that type: the stream then
+    fails by itself, naming the type)."""
     out = {}
     with hook.connect_sql() as conn:
         try:
             for shard in shards_of(hook, keyspace):
-                conn.exec_driver_sql(f"USE {quote(hook, f'{keyspace}:{shard}@{tablet_type.lower()}')}")
-                image = str(conn.exec_driver_sql("SELECT @@global.binlog_row_image").scalar_one())
+                image = None
+                for kind in dict.fromkeys((tablet_type.lower(), "primary")):
+                    conn.exec_driver_sql(f"USE {quote(hook, f'{keyspace}:{shard}@{kind}')}")
+                    try:
+                        image = str(conn.exec_driver_sql("SELECT @@global.binlog_row_image").scalar_one())
+                        break
+                    except sqlalchemy.exc.DBAPIError as exc:
+                        if _NO_TABLET not in str(exc) or kind == "primary":
+                            raise
+                        log.info(
+                            "%s/%s: no %s tablet serves queries; reading the primary's", keyspace, shard, kind
+                        )
+                        conn.rollback()
+                assert image is not None  # the primary answered, or its error was raised
                 try:
                     options = conn.exec_driver_sql("SELECT @@global.binlog_row_value_options").scalar_one()
                 except sqlalchemy.exc.DBAPIError as exc:
