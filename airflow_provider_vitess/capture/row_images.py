@@ -38,6 +38,9 @@ def row_image_settings(hook: VitessClient, keyspace: str, tablet_type: str) -> d
     fails by itself, naming the type)."""
     out = {}
     with hook.connect_sql() as conn:
+        # Autocommit: vtgate refuses to aim a session inside a transaction at a replica or rdonly
+        # tablet, and a session without autocommit is always inside one.
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         try:
             for shard in shards_of(hook, keyspace):
                 image = None
