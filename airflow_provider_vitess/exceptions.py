@@ -71,6 +71,18 @@ class ZeroDateError(StagingError):
     is a change of the policy (or of the source row, in a snapshot)."""
 
 
+class PartialRowImageError(StagingError):
+    """A binlog row image the merge cannot apply exactly: a MINIMAL image (columns other than
+    BLOB/TEXT left out, or key columns), or a JSON partial update (PARTIAL_JSON). Names the
+    server setting and the remedy; a retry reads the same binlog again."""
+
+
+class BinlogSettingsError(VitessProviderError):
+    """A tablet's MySQL logs row images the provider cannot apply exactly
+    (``binlog_row_image=MINIMAL``, ``binlog_row_value_options=PARTIAL_JSON``): refused before the
+    sync reads, naming shard, setting and remedy."""
+
+
 class CorruptStagedDataError(StagingError):
     """A staged window whose manifest or part files do not match what was written."""
 
@@ -142,6 +154,13 @@ class KeyChangedError(KeyChoiceError):
     primary key at the source): the table must be re-snapshotted with the new key."""
 
 
+class KeyConflictError(VitessProviderError):
+    """One key held by two shards at once: the table's key is unique per shard only (it does not
+    include the primary vindex column). Merging would keep one of the two rows, so the merge
+    refuses; the message names table, key value, shards and the remedy (a key that includes the
+    vindex column, then a re-snapshot)."""
+
+
 # Errors no retry can fix: the task fails at once with the message (and its remedy).
 PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     InvalidVgtidError,
@@ -159,6 +178,9 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     UnsupportedDeltaError,
     TableListChangedError,
     UnknownSyncError,
+    KeyConflictError,
+    PartialRowImageError,
+    BinlogSettingsError,
 )
 
 

@@ -17,6 +17,8 @@
 #                     /var/cache/airflow-provider-vitess as root)
 #   VITESS_STATE_DIR  data, logs and pid of the running cluster
 #                     (default ${TMPDIR:-/tmp}/airflow-provider-vitess-cluster)
+#   VITESS_EXTRA_MY_CNF  my.cnf files (':'-separated) read after dev/vitess/config's, e.g. a
+#                     second cluster whose MariaDB logs binlog_row_image=NOBLOB (a test makes one)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -178,6 +180,7 @@ start() {
         --tablet-refresh-interval 1s \
         --grpc-auth-static-client-creds "$state_dir/auth/grpc_client.json" \
         --mysql-server-version "$vtgate_reported_version" \
+        ${VITESS_EXTRA_MY_CNF:+--extra-my-cnf "$VITESS_EXTRA_MY_CNF"} \
         >"$log_file" 2>&1 </dev/null &
     echo $! >"$pid_file"
     wait_ready

@@ -50,7 +50,7 @@ class TableMove:
     position: str  # that shard's position at the switch (the journal's local_position)
 
 
-def _shards(hook: VitessClient, keyspace: str) -> list[str]:
+def shards_of(hook: VitessClient, keyspace: str) -> list[str]:
     with hook.connect_sql() as conn:
         names = [row[0] for row in conn.execute(sqlalchemy.text("SHOW VITESS_SHARDS"))]
     return [name.split("/", 1)[1] for name in names if name.startswith(f"{keyspace}/")]
@@ -125,7 +125,7 @@ def moves_in(
 def find_moves(hook: VitessClient, keyspace: str, tables: Sequence[str]) -> list[TableMove]:
     """The sync's tables a MoveTables moved out of ``keyspace`` and that were not moved back."""
     found: dict[str, TableMove] = {}
-    for shard, text in _journals(hook, keyspace, _shards(hook, keyspace)):
+    for shard, text in _journals(hook, keyspace, shards_of(hook, keyspace)):
         for move in moves_in(keyspace, tables, shard, parse_journal(text)):
             found.setdefault(move.table, move)
     return [m for m in found.values() if _served_by(hook, m.to_keyspace, m.table)]

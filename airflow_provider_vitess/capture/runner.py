@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import moves, source
+from airflow_provider_vitess.capture import moves, row_images, source
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -156,6 +156,9 @@ class CaptureRunner:
         and each table's key as chosen now."""
         spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
         moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
+        row_images.refuse_inexact_images(
+            self.hook, self.spec.sync_id, self.spec.keyspace, self._target.tablet_type
+        )
         source.validate(self.hook, self.spec.keyspace, list(self.spec.tables))
         self.store.migrate()
         return self.spec.key_choices(self.hook)

@@ -43,7 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge import conflicts, connect, partial
 from airflow_provider_vitess.merge.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
 from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
@@ -103,12 +103,14 @@ def staged_path(manifest: Manifest, relative: str) -> str:
 
 def read_window(spark: SparkSession, manifest: Manifest, tm: TableManifest, wc: WindowColumns) -> DataFrame:
     """The table's staged rows: ``_op``, ``_shard``, ``_commit_ts``, ``_seq``, the unified
-    columns (target names, unified types) and ``_before_<target key>`` for each target key."""
+    columns (target names, unified types), ``_before_<target key>`` for each target key and
+    ``_has_<column>`` for each column a partial row image may leave out (:mod:`.partial`)."""
     index = {s.to_json(): i for i, s in enumerate(tm.schemas)}
     groups: dict[int, list[str]] = {}
     for part in tm.parts:
         groups.setdefault(index[part.schema_json], []).append(staged_path(manifest, part.path))
     key_sources = dict(zip(wc.key_sources, (wc.column(k) for k in _key_names(wc)), strict=True))
+    blobs = partial.candidates(tm, wc)
     frames = []
     for i, paths in sorted(groups.items()):
         version = wc.versions[i]
@@ -122,6 +124,8 @@ def read_window(spark: SparkSession, manifest: Manifest, tm: TableManifest, wc: 
             for s in wc.key_sources
             if by_source[s].conversion != Conversion.NULL
         ]
+        if blobs:
+            fields.append(partial.ABSENT_FIELD)
         df = spark.read.schema(T.StructType(fields)).parquet(*paths)
         out = [col(A.OP), col(A.SHARD), col(A.COMMIT_TS), col(A.SEQ)]
         for c in wc.columns:
@@ -131,10 +135,11 @@ def read_window(spark: SparkSession, manifest: Manifest, tm: TableManifest, wc: 
             out.append(
                 _value(by_source[s], A.BEFORE_PREFIX + s, unified.type).alias(A.BEFORE_PREFIX + unified.name)
             )
-        frames.append(df.select(*out))
+        frames.append(df.select(*out, *partial.has_columns(wc, i, blobs)))
     if not frames:  # a snapshot of an empty table: its schema, no rows
         empty = [*fields_of_meta(), *[T.StructField(c.name, c.type) for c in wc.columns]]
         empty += [T.StructField(A.BEFORE_PREFIX + c.name, c.type) for c in key_sources.values()]
+        empty += [T.StructField(partial.HAS + n, T.BooleanType()) for n in blobs]
         return spark.createDataFrame([], T.StructType(empty))
     return reduce(DataFrame.unionByName, frames)
 
@@ -156,16 +161,26 @@ def _key_names(wc: WindowColumns) -> list[str]:
 # -- the last event per key ------------------------------------------------------------------------
 
 
-def _key_events(frame: DataFrame, keys: Sequence[str], data: Sequence[str]) -> DataFrame:
+def _key_events(
+    frame: DataFrame, keys: Sequence[str], data: Sequence[str], partial_names: Sequence[str] | None = None
+) -> DataFrame:
     """Each staged row as events at its keys: the after image (an upsert) and, for a delete or an
     update that changes the key, the before image's key (a delete)."""
     op = col(A.OP)
+    blobs = partial.in_frame(frame, data) if partial_names is None else partial_names
     after = frame.where(op != "delete").select(
-        col(A.SEQ), col(_SHARD), F.lit(1).alias("_sub"), F.lit(True).alias(_UP), *[col(c) for c in data]
+        col(A.SEQ),
+        col(A.COMMIT_TS),
+        col(_SHARD),
+        F.lit(1).alias("_sub"),
+        F.lit(True).alias(_UP),
+        *[col(c) for c in data],
+        *[partial.has_value(frame, c, after=True) for c in blobs],
     )
     before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
         col(A.SEQ),
+        col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(0).alias("_sub"),
         F.lit(False).alias(_UP),
@@ -175,6 +190,7 @@ def _key_events(frame: DataFrame, keys: Sequence[str], data: Sequence[str]) -> D
             else F.lit(None).cast(frame.schema[c].dataType).alias(c)
             for c in data
         ],
+        *[partial.has_value(frame, c, after=False) for c in blobs],
     )
     # A before-image delete precedes its own row's upsert.
     return after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
@@ -186,17 +202,27 @@ def last_per_key(
     data: Sequence[str],
     context: DataFrame | None = None,
     retired: Mapping[str, Sequence[str]] | None = None,
+    *,
+    table: str = "",
+    covered: Mapping[str, int] | None = None,
+    replace: bool = False,
 ) -> DataFrame:
     """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
-    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring)."""
-    events = _key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
+    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring).
+    A key two shards hold at once makes the first Spark action on the result fail
+    (:mod:`.conflicts`; ``covered``: per shard, how far in commit seconds a catch-up window read
+    it). Columns a partial row image left out take the shard's latest value, else
+    ``_keep_<column>`` (:mod:`.partial`), an error for a ``replace`` (no Delta row to keep)."""
+    blobs = partial.in_frame(staged, data)
+    events = _key_events(staged, keys, data, blobs).withColumn(_CTX, F.lit(False))
     if context is not None:
-        events = events.unionByName(_key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
+        events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
     events = events.withColumn("_touched", touched).where(col("_touched"))
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
+    events = partial.carry(events, blobs, by_shard)
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)
     for old, new in (retired or {}).items():
         superseded = F.max(F.when(col(_SHARD).isin(list(new)), 1).otherwise(0)).over(by_key) == 1
@@ -209,9 +235,12 @@ def last_per_key(
     ranked = shard_last.withColumn(
         "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))
     )
-    return ranked.where(col("_rank") == 1).select(
-        F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE)).alias(OP), *[col(c) for c in data]
-    )
+    op = F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE))
+    if replace:  # no Delta row to keep a left-out value from
+        op = partial.keep_guard(blobs, table, op, col(_UP))
+    ranked = ranked.withColumn("_guarded", conflicts.guarded_op(keys, table, covered or {}, op))
+    keep = [col(partial.KEEP + c) for c in blobs]
+    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *[col(c) for c in data], *keep)
 
 
 # -- Delta --------------------------------------------------------------------------------------
@@ -426,6 +455,7 @@ def merge_into(
     seq: int,
     prune: str | None,
     rewrite_files: bool = False,
+    table: str = "",
 ) -> bool:
     """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq), unless
     the table holds that transaction already (another run committed the window first: Delta
@@ -440,15 +470,17 @@ def merge_into(
     on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
     if prune is not None:
         on = f"({on}) AND ({prune})"
-    values = {q(f.name): f"CAST(s.{q(f.name)} AS {f.dataType.simpleString()})" for f in schema.fields}
+    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
+    values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
+    keep = [n for n in typed if partial.KEEP + n in final.columns]
     is_delete = f"s.{q(OP)} = '{DELETE}'"
     statement = (
         f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
         f"WHEN MATCHED AND {is_delete} THEN DELETE "
         f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET "
-        + ", ".join(f"t.{name} = {value}" for name, value in values.items())
-        + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(values)}) "
-        f"VALUES ({', '.join(values.values())})"
+        + ", ".join(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items())
+        + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(map(q, values))}) "
+        f"VALUES ({', '.join(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items())})"
     )
     final.createOrReplaceTempView(view)
     forget_last_commit(spark)

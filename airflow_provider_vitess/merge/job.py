@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, context, delta_log
+from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, partial
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -249,16 +249,29 @@ def _run(
         if step.action is not Action.REPLACE:
             earlier = _context(spark, plan, manifest, step, staged, known)
             retired = _retired_shards(manifest, known)
-        final = apply.last_per_key(staged, keys, [c.name for c in step.columns.columns], earlier, retired)
-        if step.action is Action.REPLACE:
-            rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
-            mapping = column_mapping or needs_column_mapping(rows.columns)
-            files = apply.files_for(tm.rows, rows_per_file)
-            apply.write_replace(
-                rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
-            )
-        else:
-            changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
+        final = apply.last_per_key(
+            staged,
+            keys,
+            [c.name for c in step.columns.columns],
+            earlier,
+            retired,
+            table=step.table,
+            covered=conflicts.covered(manifest, staged),
+            replace=step.action is Action.REPLACE,
+        )
+        try:
+            if step.action is Action.REPLACE:
+                rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
+                mapping = column_mapping or needs_column_mapping(rows.columns)
+                files = apply.files_for(tm.rows, rows_per_file)
+                apply.write_replace(
+                    rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
+                )
+            else:
+                changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
+        except Exception as exc:  # a key two shards hold fails inside Spark: say it plainly
+            conflicts.raise_if_conflict(exc)
+            raise
     commit = delta_log.last_commit(spark, target.path)
     if commit is None and merged:
         raise UnsupportedDeltaError(
@@ -366,8 +379,9 @@ def _merge(
             spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
         )
     types = write_types(step.columns, step.schema)
+    keep = [apply.col(c) for c in final.columns if c.startswith(partial.KEEP)]  # .partial
     rows = apply.persist(
-        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()])
+        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()], *keep)
     )
     try:
         size = size if size is not None else apply.table_size(spark, path)
@@ -376,7 +390,9 @@ def _merge(
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
         small = size.files <= 1 or rewrite
         prune = None if small else apply.prune_condition(spark, rows, keys[0], types[keys[0]])
-        merged = apply.merge_into(spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite)
+        merged = apply.merge_into(
+            spark, rows, path, keys, step.schema, app_id, step.seq, prune, rewrite, table=step.table
+        )
     finally:
         rows.unpersist()
     return tuple(ev.changes), merged

@@ -147,6 +147,10 @@ SHARD = "_shard"
 COMMIT_TS = "_commit_ts"
 SEQ = "_seq"
 BEFORE_PREFIX = "_before_"
+# Last staged column: the columns a partial row image left out (NULL: a whole image); see
+# staging/row_images.py. Staged files from before it read it as NULL.
+ABSENT = "_absent"
+ABSENT_TYPE = pa.list_(pa.string())
 # Never NULL, hence not nullable: a consumer can rely on them.
 META_FIELDS: tuple[pa.Field, ...] = (
     pa.field(OP, pa.string(), nullable=False),
@@ -158,7 +162,7 @@ META_FIELDS: tuple[pa.Field, ...] = (
 
 
 def staged_schema(table: str, fields: Sequence[query_pb2.Field], key_columns: Sequence[str]) -> pa.Schema:
-    """Metadata columns, then the after image, then ``_before_<key column>``.
+    """Metadata columns, then the after image, then ``_before_<key column>``, then ``_absent``.
 
     Image columns are nullable whatever the source says: a delete has no after image and an
     insert no before image.
@@ -167,12 +171,13 @@ def staged_schema(table: str, fields: Sequence[query_pb2.Field], key_columns: Se
     out = list(META_FIELDS)
     out += [pa.field(f.name, types[f.name]) for f in fields]
     out += [pa.field(BEFORE_PREFIX + k, types[k]) for k in key_columns]
+    out.append(pa.field(ABSENT, ABSENT_TYPE))
     names = [f.name for f in out]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise StagingError(
             f"table {table!r}: column name(s) {dup} clash with the staged layout's own columns "
-            f"({', '.join(f.name for f in META_FIELDS)}, {BEFORE_PREFIX}<key column>)"
+            f"({', '.join(f.name for f in META_FIELDS)}, {BEFORE_PREFIX}<key column>, {ABSENT})"
         )
     return pa.schema(out)
 

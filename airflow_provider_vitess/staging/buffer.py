@@ -42,6 +42,7 @@ from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
 from airflow_provider_vitess.staging.manifest import TableSchema
+from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy
 from airflow_provider_vitess.vstream.events import Operation, RawRows
 from airflow_provider_vitess.vstream.rowwire import LocatedRows, locate_rows
@@ -108,6 +109,8 @@ class RowBuffer:
         # The plan of each staged column (None for the metadata ones), in schema order.
         self._staged_plans = [None] * len(arrow_types.META_FIELDS) + self.plans + [self.plans[j] for j in idx]
         self.flat: list[Any] = []  # W slots per row
+        # Row number in flat -> the columns its partial after image left out (staging/row_images).
+        self.absent: dict[int, list[str]] = {}
         self.blocks: list[RawBlock] = []  # raw rows, in order (see add_block)
         self.raw_bytes = 0
         self.next_check = W  # len(flat) at which add_change calls sample()
@@ -209,6 +212,12 @@ class RowBuffer:
                 arrays.append(arrow_types.to_array(values, f.type, describe, maybe_constant=constant))
             else:
                 arrays.append(plan.to_array(values, describe, maybe_constant=constant))
+        absent, self.absent = self.absent, {}
+        arrays.append(
+            pa.array([absent.get(i) for i in range(n)], arrow_types.ABSENT_TYPE)
+            if absent
+            else pa.nulls(n, arrow_types.ABSENT_TYPE)
+        )
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         op_counts = {ops[0]: n} if ops.count(ops[0]) == n else Counter(ops)
         for op, count in op_counts.items():
@@ -265,8 +274,8 @@ class RowBuffer:
         """A block through the per-row decoder (raises its errors), staged as decoded rows;
         returns the Arrow bytes added. Decoded rows already pending came after this block, so
         they are set aside meanwhile."""
-        pending = (self.flat, self.py_bytes, self._checked)
-        self.flat, self.py_bytes, self._checked = [], 0, 0
+        pending = (self.flat, self.py_bytes, self._checked, self.absent)
+        self.flat, self.py_bytes, self._checked, self.absent = [], 0, 0, {}
         flat = self.flat
         null_after, null_before, key_all, key_of = (
             self.null_after,
@@ -275,8 +284,14 @@ class RowBuffer:
             self.key_of,
         )
         seq = block.first_seq
-        for change in block.rows.decode():
+        for row, change in enumerate(block.rows.decode()):
             before = change.before
+            if change.present_columns is not None or change.json_partial_columns:
+                left_out = absent_columns(
+                    change, self.schema, self.table, self.where(block.keyspace, block.shard, seq)
+                )
+                if left_out:
+                    self.absent[row] = left_out
             flat += (
                 change.operation,
                 block.keyspace,
@@ -290,7 +305,10 @@ class RowBuffer:
         try:
             return self._flat_to_batch()  # py_bytes was 0: the delta is the batch's size
         finally:
-            self.flat, self.py_bytes, self._checked = pending
+            self.flat, self.py_bytes, self._checked, self.absent = pending
+
+    def where(self, keyspace: str, shard: str, seq: int) -> str:
+        return f"table {self.table!r} (keyspace {keyspace!r}, shard {shard!r}, seq {seq})"
 
     def _batch(self, located: LocatedRows, blocks: list[RawBlock]) -> pa.RecordBatch:
         rows = located.rows
@@ -308,6 +326,7 @@ class RowBuffer:
                 arrays.append(
                     plan.convert(column, image.lengths[:, j], functools.partial(describe, plan.name))
                 )
+        arrays.append(pa.nulls(rows, arrow_types.ABSENT_TYPE))  # whole images: the layout proves it
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     def _meta_arrays(self, located: LocatedRows, blocks: list[RawBlock], counts: Any) -> list[pa.Array]:
@@ -380,7 +399,7 @@ class RowBuffer:
         self.keyspaces = {}
 
     def clear(self) -> None:
-        self.flat, self.batches, self.blocks = [], [], []
+        self.flat, self.batches, self.blocks, self.absent = [], [], [], {}
         self.py_bytes = self.arrow_bytes = self.raw_bytes = self._checked = 0
         self.next_check = W
 

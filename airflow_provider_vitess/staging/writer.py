@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
-from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer
+from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer, W
 from airflow_provider_vitess.staging.files import (
     MANIFEST_NAME,
     HashingSink,
@@ -52,6 +52,7 @@ from airflow_provider_vitess.staging.manifest import (
     TableManifest,
     TableSchema,
 )
+from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.events import Operation, RawRows, RowChange
@@ -182,13 +183,17 @@ class WindowStager:
         seq: int,
         before: tuple[Any, ...] | None,
         after: tuple[Any, ...] | None,
+        absent: list[str] | None = None,
     ) -> None:
-        """Buffer one row change; ``seq`` orders it in the window (strictly increasing)."""
+        """Buffer one row change; ``seq`` orders it in the window (strictly increasing).
+        ``absent``: the columns a partial after image left out (:mod:`.row_images`)."""
         try:
             buf = self._routes[table][keyspace][shard]
         except KeyError:
             buf = self._route(keyspace, shard, table)
         flat = buf.flat
+        if absent:
+            buf.absent[len(flat) // W] = absent
         flat += (
             op,
             keyspace,
@@ -218,8 +223,22 @@ class WindowStager:
         """
         if not isinstance(changes, RawRows):
             for seq, change in enumerate(changes, first_seq):
+                absent = None
+                if change.present_columns is not None or change.json_partial_columns:
+                    buf = self._routes.get(table, {}).get(keyspace, {}).get(shard) or self._route(
+                        keyspace, shard, table
+                    )
+                    absent = absent_columns(change, buf.schema, table, buf.where(keyspace, shard, seq))
                 self.add_change(
-                    keyspace, table, shard, change.operation, commit_ts, seq, change.before, change.after
+                    keyspace,
+                    table,
+                    shard,
+                    change.operation,
+                    commit_ts,
+                    seq,
+                    change.before,
+                    change.after,
+                    absent,
                 )
             return
         if not changes.n_rows:

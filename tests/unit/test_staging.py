@@ -300,14 +300,15 @@ def test_layout_ops_seq_and_before_image(tmp_path: Path) -> None:
         "id",
         "email",
         "_before_id",
+        "_absent",
     ]
     assert table.to_pylist() == [
         {"_op": "insert", "_keyspace": KS, "_shard": "-80", "_commit_ts": 100, "_seq": 1,
-         "id": 1, "email": "a@x", "_before_id": None},
+         "id": 1, "email": "a@x", "_before_id": None, "_absent": None},
         {"_op": "update", "_keyspace": KS, "_shard": "-80", "_commit_ts": 101, "_seq": 2,
-         "id": 2, "email": "b@x", "_before_id": 1},
+         "id": 2, "email": "b@x", "_before_id": 1, "_absent": None},
         {"_op": "delete", "_keyspace": KS, "_shard": "80-", "_commit_ts": 102, "_seq": 3,
-         "id": None, "email": None, "_before_id": 5},
+         "id": None, "email": None, "_before_id": 5, "_absent": None},
     ]  # fmt: skip
     assert manifest.tables["c"].op_counts == {"delete": 1, "insert": 1, "update": 1}
     assert manifest.tables["c"].key_columns == ("id",)
@@ -324,13 +325,13 @@ def test_before_image_composite_and_default_keys(tmp_path: Path) -> None:
         s.add_change(KS, t, "0", INS, 1, 2, None, (9, "z", 9))
     m = finish(s)
     k2 = read_table(m, "k2")
-    assert k2.column_names[-2:] == ["_before_b", "_before_a"]
+    assert k2.column_names[-3:] == ["_before_b", "_before_a", "_absent"]
     assert k2.select(["_before_b", "_before_a"]).to_pylist() == [
         {"_before_b": "x", "_before_a": 1},
         {"_before_b": None, "_before_a": None},
     ]
     nokey = read_table(m, "nokey")
-    assert nokey.column_names[-3:] == ["_before_a", "_before_b", "_before_c"]
+    assert nokey.column_names[-4:] == ["_before_a", "_before_b", "_before_c", "_absent"]
     assert nokey.slice(0, 1).select(["_before_a", "_before_b", "_before_c"]).to_pylist() == [
         {"_before_a": 1, "_before_b": "x", "_before_c": 3}
     ]
@@ -456,6 +457,7 @@ def test_table_with_schema_but_no_rows(tmp_path: Path) -> None:
         "_seq",
         "id",
         "_before_id",
+        "_absent",
     ]
 
 
