@@ -335,14 +335,14 @@ def _max_txn(
 
 
 def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None) -> TableState:
-    """:func:`airflow_provider_vitess.merge.apply.table_state` over Spark Connect.
+    """:func:`airflow_provider_vitess.merge.delta_state.table_state` over Spark Connect.
 
     What the version's checksum file says (:mod:`.checksum`: properties, the transaction
     versions, files and bytes) is read from it: one small read, where asking the table costs a
     metadata query, a read of log files and a rebuild of the version's file list (``DESCRIBE
     DETAIL``, ~1.4 s a table on 2 cores); what it leaves out is asked of the table."""
-    from airflow_provider_vitess.merge.apply import restores
     from airflow_provider_vitess.merge.checksum import read_checksum
+    from airflow_provider_vitess.merge.delta_state import restores
     from airflow_provider_vitess.merge.steps import TableState
 
     version = table_version(spark, path)

@@ -60,7 +60,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, partial
+from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, delta_state, partial
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -145,7 +145,7 @@ def merge(
 
     def read_state(session: SparkSession, table: str) -> TableState:
         target = plan.targets[table]
-        return apply.table_state(
+        return delta_state.table_state(
             session, target.path, plan.txn_app_id(table), restores_after=target.last_delta_version
         )
 
@@ -384,7 +384,7 @@ def _merge(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()], *keep)
     )
     try:
-        size = size if size is not None else apply.table_size(spark, path)
+        size = size if size is not None else delta_state.table_size(spark, path)
         # One file, or a table small enough to rewrite (so to scan whole): the files the key
         # ranges would skip cost less than the job that computes them.
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
