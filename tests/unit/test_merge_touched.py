@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.exceptions import TargetIntegrityError
-from airflow_provider_vitess.merge import apply, job
+from airflow_provider_vitess.merge import delta_state, job
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.steps import TableState, touched_tables
@@ -60,7 +60,7 @@ def read(monkeypatch: pytest.MonkeyPatch) -> dict[str, TableState]:
         seen[path] = TableState(exists=True, txn_version=2, version=7)
         return seen[path]
 
-    monkeypatch.setattr(apply, "table_state", table_state)
+    monkeypatch.setattr(delta_state, "table_state", table_state)
     return seen
 
 
