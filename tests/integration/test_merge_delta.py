@@ -281,7 +281,8 @@ def test_a_replace_delta_skips_is_already_applied_and_commits_nothing(
     def read_before_the_snapshot_committed(
         session: SparkSession, path: str, app_id: str, restores_after: Any = None
     ) -> Any:
-        return replace(read(session, path, app_id, restores_after), txn_version=None)
+        # Before the snapshot committed, its table did not exist yet.
+        return replace(read(session, path, app_id, restores_after), exists=False, txn_version=None)
 
     monkeypatch.setattr(delta_state, "table_state", read_before_the_snapshot_committed)
     version = history_versions(spark, merged.root / wl.ORDERS)

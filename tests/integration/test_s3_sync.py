@@ -161,9 +161,11 @@ def test_the_readme_dag_syncs_through_s3_with_the_connections_credentials(
 
     # The objects are in the bucket, served by the S3 server (its posix backend holds them).
     objects = fs.find(f"{BUCKET}/")
-    for window in (1, 2):
-        manifest = f"{BUCKET}/staging/{SYNC}/window={window:010d}/_manifest.json"
-        assert manifest in objects, sorted(objects)[:20]
+    staged = sorted(o for o in objects if o.startswith(f"{BUCKET}/staging/"))
+    assert f"{BUCKET}/staging/{SYNC}/window=0000000002/_manifest.json" in staged, staged
+    # Retention reached the bucket with the connection's credentials: the snapshot's staged copy
+    # goes once a later window is committed (it used to stay: the merge's retention had no keys).
+    assert not [o for o in staged if f"/{SYNC}/window=0000000001/" in o], staged
     for table in TABLES:
         log = [o for o in objects if o.startswith(f"{BUCKET}/delta/customer/{table}/_delta_log/")]
         assert len([o for o in log if o.endswith(".json")]) >= 2, log  # the snapshot and the catch-up
