@@ -478,7 +478,7 @@ def test_a_syncs_records_stay_bounded_per_window_over_chains_and_time(tmp_path: 
             end = _end(100 + seq)
             store.mark_staged("s1", seq, end, _manifest(tmp_path, seq), {"keys": keys})
         outcome = runner.run(submit)
-        assert [w.seq for w in outcome.report.windows] == list(outcome.seqs) if outcome.report else False
+        assert outcome.report is not None and [w.seq for w in outcome.report.windows] == list(outcome.seqs)
         kept_sizes += [len(json.dumps(store.window("s1", s).stats)) for s in outcome.seqs]
         counts.append((rows(WindowRow), rows(TableProgressRow), rows(WindowPartRow)))
     # Each window keeps its own results: the same size in a chain of three as alone.
