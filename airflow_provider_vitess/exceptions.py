@@ -77,6 +77,12 @@ class PartialRowImageError(StagingError):
     server setting and the remedy; a retry reads the same binlog again."""
 
 
+class UnnamedColumnsError(StagingError):
+    """vtgate sent a table's binlog rows with columns named ``@1``, ``@2``...: they were logged
+    before a DDL that changed the table's column types, and vttablet (without schema history)
+    cannot name them. Every retry reads the same events; a re-snapshot of the table skips them."""
+
+
 class BinlogSettingsError(VitessProviderError):
     """A tablet's MySQL logs row images the provider cannot apply exactly
     (``binlog_row_image=MINIMAL``, ``binlog_row_value_options=PARTIAL_JSON``): refused before the

@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_vitess.capture import moves, row_images, source
+from airflow_provider_vitess.capture.copy_positions import copy_positions
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -38,6 +39,7 @@ from airflow_provider_vitess.checkpoints import (
     WindowKind,
     WindowState,
 )
+from airflow_provider_vitess.checkpoints.committed import COPIED_AT
 from airflow_provider_vitess.checkpoints.history import sync as sync_info
 from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.exceptions import (
@@ -105,6 +107,7 @@ class CaptureRunner:
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
+        self._copied_at: dict[str, Vgtid] = {}  # re-copied tables' copy positions (copy_positions)
         self._writer_id: str | None = None
         self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
         # For cancel(): the lock held and the stream open now (one at a time per run).
@@ -193,6 +196,9 @@ class CaptureRunner:
                     seq,
                 )
         self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
+        self._copied_at = copy_positions(
+            config.get(COPIED_AT), self.spec.tables, self.store.committed(self.spec.sync_id)[0]
+        )
         self.store.ensure_sync(
             self.spec.sync_id,
             self.spec.keyspace,
@@ -203,6 +209,7 @@ class CaptureRunner:
                 # The source's name in lineage (the merge task has no Vitess connection).
                 "vtgate": self.hook.config.grpc_target,
                 REMOVED_TABLES: change.after_snapshot_of(snapshot_of),
+                COPIED_AT: {t: v.to_json() for t, v in self._copied_at.items()},
                 # Who may read its status: users of these DAGs (plugins/status.py).
                 "dags": sorted(set(config.get("dags") or ()) | ({self.dag_id} if self.dag_id else set())),
             },
@@ -463,7 +470,13 @@ class CaptureRunner:
                 heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
             )
             reader = self._reader(
-                stager, spec.tables, start, stop, flags=flags, bounds=bounds or ReadBounds()
+                stager,
+                spec.tables,
+                start,
+                stop,
+                flags=flags,
+                bounds=bounds or ReadBounds(),
+                copied_at=self._copied_at,
             )
             return self._stage(seq, WindowKind.CATCHUP, window is not None, reader, stager, start, stop)
 

@@ -73,3 +73,18 @@ def target_versions(conn: Connection, sync_id: str) -> dict[str, TargetVersion]:
     """Per table, the last window merged into its Delta table and that commit's version."""
     rows = conn.execute(select(_TARGET).where(_TARGET.c.sync_id == sync_id))
     return {r.table_name: TargetVersion(r.table_name, r.merged_seq, r.delta_version) for r in rows}
+
+
+COPIED_AT = "copied_at"  # sync config: table -> the VGTID its latest re-snapshot copied it at
+
+
+def record_copy(conn: Connection, sync_id: str, seq: int, end: str) -> None:
+    """A re-snapshot of some tables commits without moving the position: each copied table
+    notes where its copy was taken, so the catch-ups that read the stretch again skip its
+    changes up to there (``capture/copy_positions``)."""
+    tables = conn.execute(
+        select(_PROGRESS.c.table_name).where(_PROGRESS.c.sync_id == sync_id, _PROGRESS.c.seq == seq)
+    ).scalars()
+    config = dict(conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).scalar() or {})
+    config[COPIED_AT] = {**dict(config.get(COPIED_AT) or {}), **{t: end for t in tables}}
+    conn.execute(update(_SYNC).where(_SYNC.c.sync_id == sync_id).values(config=config))

@@ -361,11 +361,11 @@ class CheckpointStore:
                 and not committed_rows.covers_every_table(conn, sync_id, seq)
             ):
                 # A re-snapshot of some tables while the sync already streams: the other tables
-                # are only at the committed position, so the stream resumes there. Replaying the
-                # changes between it and the re-snapshot's end onto the re-copied tables is
-                # harmless: the merge keeps each key's last change, which is the copied state or
-                # newer. (A re-snapshot of every table is a new start: the stream resumes at its
-                # end, past any change that could not be staged.)
+                # are only at the committed position, so the stream resumes there, and the
+                # re-copied tables skip the changes their copy holds (capture/copy_positions).
+                # A re-snapshot of every table is a new start: the stream resumes at its end.
+                if changed:
+                    committed_rows.record_copy(conn, sync_id, seq, end)
                 end = position
             if changed:
                 committed_rows.advance(conn, self._clock(), sync_id, seq, end)

@@ -10,9 +10,11 @@ they say which shard still holds a key the window deletes. The look-back ends at
 the table (a copy decides every key it has).
 
 How far back to look is decided from what the staged files record, without reading rows: a
-Parquet footer's min/max of ``_commit_ts`` per part, and each manifest's ``created_at`` (every
-event of a window committed before its manifest was written, so once a window was written
-before the cut-off, no earlier window can hold an event after it).
+Parquet footer's min/max of ``_commit_ts`` per part, and the newest source time each window's
+read saw (its stats' ``source_ts_max``: commits and heartbeats, the tablets' clocks). Every event
+of a window, and of every window before it, committed before that time, so once a window's is
+before the cut-off, no earlier window can hold an event after it. (Manifests written before that
+stat existed are bounded by their ``created_at``, the capturing worker's clock.)
 
 Pure selection logic plus two small readers of staged metadata; the Spark side is in ``job.py``.
 """
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 
 # The two commits of a move are milliseconds apart; seconds leave room for a slow commit.
 CONTEXT_SECONDS = 5
-# created_at is the capturing worker's clock, _commit_ts the MySQL server's: allow them to differ.
+# The shards' MySQL servers (and, for an old manifest's created_at, the capturing worker) keep
+# clocks of their own: allow them to differ.
 CLOCK_SKEW_SECONDS = 60
 # Bounds the look-back when windows are tiny (each one costs a manifest and some footers).
 MAX_WINDOWS_BACK = 20
@@ -63,6 +66,13 @@ def created_epoch(manifest: Manifest) -> float | None:
     if created.tzinfo is None:
         created = created.replace(tzinfo=datetime.timezone.utc)
     return created.timestamp()
+
+
+def read_by_epoch(manifest: Manifest) -> float | None:
+    """When, at the latest, every event of the window (and of the windows before it) committed:
+    the newest source time its read saw; for an older manifest, when it was written."""
+    source = manifest.source_ts_max
+    return float(source) if source is not None else created_epoch(manifest)
 
 
 def commit_ts_range(manifest: Manifest, table: str) -> tuple[int, int] | None:
@@ -115,8 +125,8 @@ def context_windows(
             # Discarded, or a snapshot deleted once the window after it committed (retention).
             log.info("table %s: window %d has no staged files; looking further back", table, seq)
             continue
-        created = created_epoch(earlier)
-        if created is not None and created < since - CLOCK_SKEW_SECONDS:
+        read_by = read_by_epoch(earlier)
+        if read_by is not None and read_by < since - CLOCK_SKEW_SECONDS:
             break  # written before the cut-off: it and every earlier window end before it
         if earlier.stop_vgtid is not None and earlier.end_vgtid != expected:
             log.info("table %s: window %d is not one the merges built on (discarded): skipped", table, seq)

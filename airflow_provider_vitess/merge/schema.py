@@ -39,7 +39,7 @@ integer -> a DECIMAL that holds it, DECIMAL(p,s) -> DECIMAL(p+k, s+j) with k >= 
 TINYINT/SMALLINT/INT -> DOUBLE). A narrower incoming type is written into the wider column.
 Anything else (VARCHAR -> INT, DATETIME -> TIMESTAMP, DECIMAL(30,2) -> DECIMAL(40,2) which
 becomes text) is refused with :class:`MergeSchemaError` naming the table and column, before
-anything is written; re-snapshotting the table (``replace_tables``) takes the new type.
+anything is written; re-snapshotting the table (``resnapshot_tables``) takes the new type.
 New source columns are added at the end (NULL in older rows).
 
 A column the source dropped is dropped from the Delta table too, for every row at once: when a
@@ -229,7 +229,8 @@ def _incompatible(table: str, column: str, old: str, new: TargetColumn) -> Merge
         f"table {table!r} column {column!r}: the staged type {new.type.simpleString()}{source} cannot "
         f"be written to {old}: "
         "Delta can only widen a column in place (e.g. INT -> BIGINT, DECIMAL(10,2) -> "
-        "DECIMAL(12,2)); nothing was written. Re-snapshot the table (replace_tables) to take the new type."
+        "DECIMAL(12,2)); nothing was written. Re-snapshot the table to take the new type: trigger the "
+        f'DAG with {{"resnapshot_tables": ["{table}"]}} (its changes from before the copy are skipped)'
     )
 
 

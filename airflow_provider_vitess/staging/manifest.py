@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
@@ -21,13 +22,16 @@ import pyarrow.parquet as pq
 from pydantic import AfterValidator, Field, PlainSerializer, PlainValidator
 
 from airflow_provider_vitess._proto import query_pb2
-from airflow_provider_vitess.exceptions import CorruptStagedDataError, StagingError
+from airflow_provider_vitess.exceptions import CorruptStagedDataError, StagingError, UnnamedColumnsError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.files import MANIFEST_NAME, open_location, sha256_of, window_dir
 from airflow_provider_vitess.utils.jsondoc import JsonDocument, adapter
 from airflow_provider_vitess.vgtid import Vgtid
 
 FORMAT_VERSION = 1
+
+# How vttablet names the columns of a binlog row it cannot match to the table's schema.
+_POSITIONAL = re.compile(r"@\d+")
 
 
 # -- schema records ----------------------------------------------------------------------------
@@ -85,6 +89,14 @@ class TableSchema(JsonDocument):
     ) -> TableSchema:
         columns = tuple(ColumnSchema.from_field(f) for f in fields)
         names = [c.name for c in columns]
+        if names and all(_POSITIONAL.fullmatch(n) for n in names):
+            raise UnnamedColumnsError(
+                f"table {table!r}: vtgate sent its rows with columns named {names}: they were logged "
+                "before a DDL that changed the table's column types, and vttablet has no schema "
+                "history to name them (its --track_schema_versions is off). Nothing was staged. "
+                f'Remedy: re-snapshot the table (trigger the DAG with {{"resnapshot_tables": ["{table}"]}}): '
+                "its changes from before the copy are then skipped"
+            )
         keys = tuple(key_columns) if key_columns else tuple(names)
         missing = [k for k in keys if k not in names]
         if missing:
@@ -179,6 +191,13 @@ class Manifest:
     @property
     def rows(self) -> int:
         return sum(t.rows for t in self.tables.values())
+
+    @property
+    def source_ts_max(self) -> int | None:
+        """The newest source time (seconds, the tablets' clocks) the window's read saw, if
+        recorded (``WindowReader``'s ``source_ts_max`` stat; see ``merge/context.py``)."""
+        value = self.stats.get("source_ts_max")
+        return int(value) if value else None
 
     @property
     def path(self) -> str:

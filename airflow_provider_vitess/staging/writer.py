@@ -64,6 +64,12 @@ _PY_BATCH_MAX = 16 << 20  # decoded Python rows held before they become an Arrow
 _RAW_BATCH_MAX = 4 << 20
 
 
+def utc_now() -> datetime.datetime:
+    """This worker's clock, for a manifest's ``created_at`` (for people; merges go by
+    ``source_ts_max``, the source's clocks)."""
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 @dataclass
 class _OpenPart:
     path: str  # relative to the window directory
@@ -402,7 +408,7 @@ class WindowStager:
             tables=self._table_manifests(list(listed.values())),
             ddls=(*ddls, *self._ddls),
             stats=dict(stats or {}),
-            created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            created_at=utc_now().isoformat(),
             location=self.location,
             storage_options=self._storage_options,
         )

@@ -24,15 +24,18 @@ its tables one at a time, in sorted order (``uvstreamer.buildTablePlan``, ``copy
 on its own: a shard whose entry names table X in copy is past every table sorted before X, and a
 table it named and names no more is over there. A shard that has sent no position yet, or one
 that names no table, has copied nothing this tells of, however far the other shards are.
+
+After a re-snapshot of some tables, the catch-ups that read the stretch before their copy again
+skip those tables' changes the copy holds (``CopyPositions``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
-from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vgtid import Vgtid, position_contains
 from airflow_provider_vitess.vstream.ordering import ShardKey
 
 log = logging.getLogger(__name__)
@@ -137,3 +140,24 @@ class CopiedTables:
                 here |= {t for t in self._copying if t < furthest}
             over = frozenset(here) if over is None else over & here
         return self._copied | (over or frozenset())
+
+
+class CopyPositions:
+    """Where tables re-snapshotted while the others kept the sync's position were copied: their
+    changes up to there are in their copy already, and may not even be stageable (rows logged
+    before an incompatible DDL), so a catch-up skips them, for those tables only."""
+
+    def __init__(self, positions: Mapping[str, Vgtid]) -> None:
+        self._positions = dict(positions)
+
+    def holding(self, keyspace: str, shard: str, position: binlogdata_pb2.ShardGtid | None) -> frozenset[str]:
+        """The tables whose copy holds a unit that left ``shard`` at ``position``."""
+        if not self._positions or position is None:
+            return frozenset()
+        return frozenset(
+            table
+            for table, copied in self._positions.items()
+            if (at := copied.shard(keyspace, shard)) is not None
+            and at.gtid
+            and position_contains(at.gtid, position.gtid)
+        )

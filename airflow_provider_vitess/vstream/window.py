@@ -1,43 +1,30 @@
 """A bounded read of VStream: from a start VGTID to a stop position, into a stager.
 
-Two kinds of reads share this loop:
+* **catch-up window**: from the committed VGTID until every shard has reached the stop captured
+  when the window was planned (or earlier, at a unit boundary: ``max_events``/``max_seconds``).
+  Units are merged across shards in a deterministic order (:mod:`.ordering`): a re-read stages
+  the same rows with the same sequence numbers.
+* **snapshot**: the copy phase from an empty position until every shard's copy is complete
+  (counted here, across reconnects: :mod:`.copy_state`), checkpointed regularly with the VGTID
+  and its table last-PKs so a killed snapshot resumes.
 
-* **catch-up window**: from the committed VGTID until every shard has reached the stop position
-  captured when the window was planned (or earlier, at a unit boundary, when ``max_events`` /
-  ``max_seconds`` says so). Units are merged across shards in deterministic order
-  (:mod:`.ordering`), so re-reading the window from the same start stages the same rows with the
-  same sequence numbers. A shard's units past its stop are left for the next window.
-* **snapshot**: the VStream copy phase from an empty position, until every shard's copy is
-  complete (counted here across reconnects, not left to vtgate: :mod:`.copy_state`). Rows are
-  staged in arrival order (each shard keeps its own order; copied keys are disjoint across
-  shards), and the stager is checkpointed regularly together with the VGTID and
-  its table last-PKs, so a killed snapshot resumes where it was instead of starting over.
-
-Only VGTID events are resume points, and only positions of units already handed to the stager
-are ever reported (:meth:`ShardMerger.released_positions`).
-
-**Resharding.** The read asks vtgate for its reshard JOURNAL events. A JOURNAL is the last unit of
-each old shard (a *participant*); once every participant has sent it, vtgate streams the new
-shards from the positions the journal names. The window follows: units of the new shards are held
-back until the journal is staged (so they are never staged before the old shards' last units),
-and once it is staged the old shards leave the position and the new shards join it at the
-journal's positions. A window's stop may name the old shards (planned before the switch: the
-new shards then are not read in this window, their journal positions carry over) or the new ones
-(planned after it: the old shards are read to their journal, then the new ones to the stop).
+Only positions of units already handed to the stager are ever reported. A reshard's JOURNAL ends
+its old shards; the new shards' units wait until it is staged, then join the position at the
+journal's positions (docs/design.md, "Resharding").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
-from airflow_provider_vitess.vstream.copy_state import CopyState
+from airflow_provider_vitess.vstream.copy_state import CopyPositions, CopyState
 from airflow_provider_vitess.vstream.events import (
     CopyCompletedEvent,
     DdlEvent,
@@ -65,6 +52,9 @@ from airflow_provider_vitess.vstream.spill import MemoryLimits
 __all__ = ["ReadBounds", "ReadResult", "Stager", "WindowReader", "capture_stop_position", "table_filter"]
 
 log = logging.getLogger(__name__)
+
+# ReadResult.stats: the newest source time (seconds) the read saw (``Manifest.source_ts_max``).
+SOURCE_TS_MAX = "source_ts_max"
 
 # A snapshot whose copying shards have sent nothing but (unthrottled) heartbeats for this long is
 # stuck, not slow: the read fails, naming them, and the task's rerun resumes from the checkpoint.
@@ -110,6 +100,7 @@ class ReadResult:
     stopped_early: str | None = None  # why a catch-up window ended before its stop position
     journals: int = 0  # reshard JOURNAL events staged
     retired_shards: list[str] = field(default_factory=list)  # "keyspace/shard" left by a journal
+    rows_behind_copy: int = 0  # changes of re-snapshotted tables their copy holds: skipped
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -136,8 +127,15 @@ class WindowReader:
         clock: Callable[[], float] = time.monotonic,
         reset_connection: Callable[[], None] | None = None,
         copy_stall_seconds: float = COPY_STALL_SECONDS,
+        copied_at: Mapping[str, Vgtid] | None = None,
     ) -> None:
         self._snapshot = stop is None
+        # Re-snapshotted tables' units their copy holds are skipped, for those tables only.
+        self._copied_at = CopyPositions(copied_at or {})
+        self._held_fields: dict[tuple[str, str, str], FieldEvent] = {}
+        # The newest source time the read saw (commits and heartbeats, the tablets' clocks): a
+        # merge's look-back bounds earlier windows by it, never by a worker's clock.
+        self._source_ts_max = 0
         self._keyspace, self._tables = keyspace, tuple(tables)
         self._start, self._stop, self._bounds = start, stop, bounds
         self._stager = stager
@@ -230,6 +228,7 @@ class WindowReader:
         events = self._reader.events()
         try:
             for event in events:
+                self._source_ts_max = max(self._source_ts_max, event.timestamp)
                 for item in self._assembler.push(event):
                     if isinstance(item, HeartbeatEvent):
                         self._stage(self._merger.heartbeat(item.timestamp, self._assembler.open_shards()))
@@ -387,15 +386,30 @@ class WindowReader:
             if unit is None:
                 return
             self._result.units += 1
+            behind = self._copied_at.holding(unit.keyspace, unit.shard, unit.position)
             for event in unit.events:
                 if isinstance(event, FieldEvent):
-                    if not event.is_internal_table:
-                        # Per shard: during a DDL, shards switch schema at different moments.
-                        self._stager.set_schema(event.keyspace, event.table, event.fields, shard=event.shard)
+                    if event.is_internal_table:
+                        continue
+                    where = (event.keyspace, event.table, event.shard)
+                    if event.table in behind:
+                        # vtgate sends a table's fields once, before its first row: kept for a
+                        # later row of this shard that no new field event precedes.
+                        self._held_fields[where] = event
+                        continue
+                    self._held_fields.pop(where, None)
+                    # Per shard: during a DDL, shards switch schema at different moments.
+                    self._stager.set_schema(event.keyspace, event.table, event.fields, shard=event.shard)
                 elif isinstance(event, RowEvent):
                     if event.is_internal_table:
                         continue
                     n = len(event.changes)
+                    if event.table in behind:
+                        self._result.rows_behind_copy += n
+                        continue
+                    held = self._held_fields.pop((event.keyspace, event.table, event.shard), None)
+                    if held is not None:
+                        self._stager.set_schema(held.keyspace, held.table, held.fields, shard=held.shard)
                     # The whole event at once: its rows stay serialized until staged (RawRows).
                     self._stager.add_rows(
                         event.keyspace, event.table, event.shard, unit.commit_ts, self._seq + 1, event.changes
@@ -444,6 +458,8 @@ class WindowReader:
             "reconnects": self._reader.reconnects,
             "partial_rows_discarded": self._assembler.discarded_rows,
             "spilled_transactions": self._assembler.spilled_transactions,
+            "rows_behind_copy": self._result.rows_behind_copy,
+            SOURCE_TS_MAX: self._source_ts_max or None,
         }
         return self._result
 

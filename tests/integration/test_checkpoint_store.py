@@ -282,12 +282,19 @@ def test_a_resnapshot_keeps_the_sync_position_and_catch_up_resumes_there(store: 
     store.mark_merged(SYNC, 1)
     assert store.commit(SYNC, 1) == END_1
     # Re-snapshot of some tables: it ends later (END_2), but the other tables are at END_1.
+    store.ensure_sync(SYNC, "customer", TABLES, {"staging": "s3://lake/staging"})
     assert store.plan_window(SYNC, WindowKind.SNAPSHOT, SNAPSHOT_START) == 2
+    store.update_progress(SYNC, 2, "customer", phase="copied")
     store.mark_staged(SYNC, 2, END_2, "m2.json")
     store.mark_merged(SYNC, 2)
     assert store.commit(SYNC, 2) == END_1
     assert store.commit(SYNC, 2) == END_1  # idempotent repeat
     assert store.committed(SYNC) == (END_1, 2)
+    # ...and the re-copied table's copy position, for the catch-ups that read END_1..END_2 again.
+    assert store.sync_config(SYNC) == {
+        "staging": "s3://lake/staging",
+        "copied_at": {"customer": END_2.to_json()},
+    }
     assert store.window(SYNC, 2).end_vgtid == END_2  # the window itself keeps what it read
     assert store.plan_window(SYNC, WindowKind.CATCHUP, END_1, END_2) == 3
 

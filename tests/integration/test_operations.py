@@ -28,6 +28,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, Win
 from airflow_provider_vitess.exceptions import (
     KeyChangedError,
     TargetIntegrityError,
+    UnnamedColumnsError,
     VStreamError,
     ZeroDateError,
 )
@@ -300,6 +301,68 @@ def test_a_change_no_window_can_stage_is_left_behind_by_a_resnapshot_of_every_ta
     sync.runner().catch_up()  # from the copy's end: the zero date is behind it
     sync.merge()
     sync.assert_equal()
+    store.close()
+
+
+def test_a_resnapshot_after_an_incompatible_type_change_heals_the_table(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    """VARCHAR -> INT while the sync streams, with changes on both sides of the DDL: the catch-up
+    is refused naming the remedy, and a re-snapshot of that table alone heals it. The
+    other table keeps its position, so the next catch-up reads the typed table's pre-DDL
+    changes again: they are behind its copy and must not reach it (they did, every run)."""
+    table = "ops_typed"
+    execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{table}",
+        f"CREATE TABLE commerce.{table} (id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(16))",
+        f"INSERT INTO commerce.{table} VALUES (1, '10'), (2, '20'), (3, '30')",
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"typed-{uuid.uuid4().hex[:8]}", "commerce", (table, B), str(tmp_path / "stage"))
+    sync = Sync(hook, tmp_path, spec, store, random.Random(spec.sync_id))
+    sync.runner().snapshot()
+    sync.merge()
+    before_ddl = [
+        f"UPDATE commerce.{table} SET v = '11' WHERE id = 1",
+        f"INSERT INTO commerce.{table} VALUES (4, '40')",
+        f"DELETE FROM commerce.{table} WHERE id = 3",
+        f"INSERT INTO commerce.{B} (id, note) VALUES ({sync.rng.randrange(1, 2**40)}, 'before')",
+    ]
+    execute(hook, *before_ddl)
+    execute(
+        hook,
+        f"ALTER TABLE commerce.{table} MODIFY v INT",
+        f"UPDATE commerce.{table} SET v = v + 1 WHERE id = 2",
+        f"INSERT INTO commerce.{table} VALUES (5, 50)",
+        f"INSERT INTO commerce.{B} (id, note) VALUES ({sync.rng.randrange(1, 2**40)}, 'after')",
+    )
+    # Without schema history, vttablet cannot name the columns of rows logged before the DDL.
+    for _ in range(2):  # the same error, run after run: only the remedy moves it
+        with pytest.raises(UnnamedColumnsError) as refused:
+            sync.runner().catch_up()
+        message = str(refused.value)
+        assert f"table '{table}': vtgate sent its rows with columns named ['@1', '@2']" in message
+        assert f'{{"resnapshot_tables": ["{table}"]}}' in message and "Nothing was staged" in message
+
+    sync.runner().snapshot(tables=[table])  # the remedy the error names
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    execute(
+        hook,
+        f"UPDATE commerce.{table} SET v = 99 WHERE id = 4",
+        f"INSERT INTO commerce.{B} (id, note) VALUES ({sync.rng.randrange(1, 2**40)}, 'later')",
+    )
+    caught_up = sync.runner().catch_up()
+    # The typed table's changes behind its copy were read again and left out; its later one was not.
+    assert {t: tm.rows for t, tm in caught_up.manifest.tables.items()} == {table: 1, B: 3}
+    sync.merge()
+    sync.assert_equal()
+    execute(hook, f"UPDATE commerce.{table} SET v = 7 WHERE id = 5")
+    sync.runner().catch_up()
+    sync.merge()
+    sync.assert_equal()
+    assert store.sync_config(spec.sync_id).get("copied_at", {}) == {}  # the copy is behind the position now
     store.close()
 
 

@@ -79,12 +79,14 @@ class Windows:
         rows: bool = True,
         start: Vgtid = V,
         end: Vgtid = V,
+        source: int | None = None,
     ) -> None:
         tables = self.template.tables if rows else {}
         self.by_seq[seq] = dataclasses.replace(
             self.template,
             window_seq=seq,
             tables=tables,
+            stats={} if source is None else {"source_ts_max": source},
             created_at=at(high + 1 if created is None else created),
             start_vgtid=start,
             stop_vgtid=None if snapshot else end,
@@ -169,3 +171,16 @@ def test_look_back_is_bounded(tmp_path: Path) -> None:
     for seq in range(1, 40):
         w.add(seq, 1000, 1000, created=1000)
     assert len(w.pick(39, first=1000)) == context.MAX_WINDOWS_BACK
+
+
+def test_the_look_back_goes_by_the_sources_clocks_not_the_workers(tmp_path: Path) -> None:
+    w = Windows(tmp_path)
+    w.add(1, 0, 0, snapshot=True, created=0, source=0)
+    # The capturing worker's clock is 10 minutes behind MySQL's: by it, window 2 was written long
+    # before window 3's first commit. The newest source time its read saw says otherwise.
+    w.add(2, 1000, 1003, created=1003 - 600, source=1004)
+    w.add(3, 1003, 1010, source=1011)
+    assert w.pick(3, first=1003) == [(2, 998)]
+    # And a worker clock far ahead does not drag the look-back past a window read long before.
+    w.add(2, 100, 103, created=1003 + 600, source=104)
+    assert w.pick(3, first=1003) == []
