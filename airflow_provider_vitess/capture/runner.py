@@ -107,6 +107,7 @@ class CaptureRunner:
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
+        self._checked: dict[str, KeyChoice] | None = None  # _check_source's, once per run
         self._copied_at: dict[str, Vgtid] = {}  # re-copied tables' copy positions (copy_positions)
         self._writer_id: str | None = None
         self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
@@ -156,7 +157,13 @@ class CaptureRunner:
 
     def _check_source(self) -> dict[str, KeyChoice]:
         """Before the lock: no table was moved to another keyspace, the keyspace and tables exist,
-        and each table's key as chosen now."""
+        and each table's key as chosen now. Once per run: a backlog's later windows (the same
+        runner) reuse it, rather than ask information_schema again for every table."""
+        if self._checked is None:
+            self._checked = self._read_source()
+        return self._checked
+
+    def _read_source(self) -> dict[str, KeyChoice]:
         spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
         moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
         row_images.refuse_inexact_images(
