@@ -1,7 +1,7 @@
 """Operators for the read side: a snapshot, and one bounded catch-up window.
 
 Thin by design: they render their arguments, open the checkpoint store named by an Airflow
-connection, run :class:`~airflow_provider_vitess.capture.runner.CaptureRunner`, log progress in
+connection, run their job (``capture/snapshot.py``, ``capture/catch_up.py``), log progress in
 collapsible groups, emit metrics and return a small JSON-able summary (the XCom value). All the
 state lives in the checkpoint store, so clearing and rerunning a task resumes its window.
 """
@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_vitess.capture.backlog import catch_up_backlog
+from airflow_provider_vitess.capture.catch_up import CatchUpRun
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import TableProgress
-from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner
+from airflow_provider_vitess.capture.run import SyncRun
+from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
 from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -33,6 +34,8 @@ from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
 
+Run = TypeVar("Run", bound=SyncRun)
+
 _SYNC_FIELDS = (
     "sync_id",
     "keyspace",
@@ -46,9 +49,10 @@ _SYNC_FIELDS = (
 )
 
 
-class _SyncOperator(BaseOperator):
+class _SyncOperator(BaseOperator, Generic[Run]):
     """Arguments every capture operator takes; see the subclasses."""
 
+    job: ClassVar[type[SyncRun]]  # the run each subclass drives
     ui_color = "#f0e4ff"
     template_fields_renderers = {  # noqa: RUF012
         "storage_options": "json",
@@ -95,42 +99,46 @@ class _SyncOperator(BaseOperator):
         self.zero_date_policies = dict(zero_date_policies or {})
         self.spill_dir = spill_dir
         self._lineage: CaptureLineage | None = None
-        self._running: CaptureRunner | None = None
+        self._running: SyncRun | None = None
 
     def on_kill(self) -> None:
         """A killed task cancels its open stream and releases the sync's lock at once."""
         if self._running is not None:
             self._running.cancel()
 
-    def _runner(self, context: Any, **spec: Any) -> CaptureRunner:
+    def _runner(self, context: Any, **spec: Any) -> Run:
         # Credentials join the options here, at run time: never in a (rendered) operator field.
         s3 = s3_settings(self.aws_conn_id)
         options = {**(s3.storage_options() if s3 else {}), **dict(self.storage_options or {})}
-        self._running = CaptureRunner(
-            VitessHook(self.vitess_conn_id),
-            open_store(self.checkpoint_conn_id),
-            sync_spec(
-                sync_id=self.sync_id,
-                keyspace=self.keyspace,
-                tables=as_tables(self.tables),
-                staging_location=self.staging_location,
-                storage_options=options or None,
-                key_columns=dict(self.key_columns or {}),
-                key_overrides=self.key_overrides,
-                allow_all_columns_key=self.allow_all_columns_key,
-                heartbeat_interval=self.heartbeat_interval,
-                zero_date_policy=self.zero_date_policy,
-                zero_date_policies=self.zero_date_policies,
-                memory=memory_limits(self.spill_dir),
-                **spec,
+        run = cast(
+            Run,
+            self.job(
+                VitessHook(self.vitess_conn_id),
+                open_store(self.checkpoint_conn_id),
+                sync_spec(
+                    sync_id=self.sync_id,
+                    keyspace=self.keyspace,
+                    tables=as_tables(self.tables),
+                    staging_location=self.staging_location,
+                    storage_options=options or None,
+                    key_columns=dict(self.key_columns or {}),
+                    key_overrides=self.key_overrides,
+                    allow_all_columns_key=self.allow_all_columns_key,
+                    heartbeat_interval=self.heartbeat_interval,
+                    zero_date_policy=self.zero_date_policy,
+                    zero_date_policies=self.zero_date_policies,
+                    memory=memory_limits(self.spill_dir),
+                    **spec,
+                ),
+                holder=holder(context),
+                dag_id=self.dag_id,
+                emit_progress=self._progress,
             ),
-            holder=holder(context),
-            dag_id=self.dag_id,
-            emit_progress=self._progress,
         )
-        return self._running
+        self._running = run
+        return run
 
-    def _staged(self, runner: CaptureRunner, outcome: WindowOutcome) -> dict[str, Any]:
+    def _staged(self, runner: SyncRun, outcome: WindowOutcome) -> dict[str, Any]:
         """The task's summary; remembers what was read for OpenLineage."""
         spec = runner.spec
         self._lineage = CaptureLineage(
@@ -150,7 +158,7 @@ class _SyncOperator(BaseOperator):
         emit_metrics("snapshot", self.sync_id, values)
 
 
-class VitessSnapshotOperator(_SyncOperator):
+class VitessSnapshotOperator(_SyncOperator[SnapshotRun]):
     """Snapshot the sync's tables (the first run), or re-snapshot chosen ones.
 
     :param sync_id: names the sync: its checkpoint, staging directory and Delta transaction ids.
@@ -176,6 +184,8 @@ class VitessSnapshotOperator(_SyncOperator):
 
     Returns (XCom) the staged window's summary, or ``{"snapshot": "not needed", ...}``.
     """
+
+    job = SnapshotRun
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "resnapshot_tables")
 
@@ -233,16 +243,18 @@ class VitessSnapshotOperator(_SyncOperator):
         return result
 
 
-class VitessCatchUpOperator(_SyncOperator):
+class VitessCatchUpOperator(_SyncOperator[CatchUpRun]):
     """Read the sync's backlog in bounded catch-up windows: from the committed VGTID to the
     position the keyspace had when the run started, each window staged as Parquet with a
     manifest. A window ends at a transaction boundary after ``max_events`` row changes; the
     next one starts there, until the backlog is read or ``max_seconds`` (the whole run's read
-    time) are spent; the merge task merges them all (see ``capture/backlog.py``).
+    time) are spent; the merge task merges them all (see ``capture/catch_up.py``).
 
     Returns (XCom) the last window's summary (manifest path, per table counts, end VGTID, lag)
     with ``windows``: the seqs of every window of the run, and ``rows_all_windows``.
     """
+
+    job = CatchUpRun
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "max_events", "max_seconds")
 
@@ -272,7 +284,7 @@ class VitessCatchUpOperator(_SyncOperator):
         )
         started = time.monotonic()
         with log_group(f"Vitess catch-up of {settings.keyspace} (sync {settings.sync_id})"):
-            backlog = catch_up_backlog(runner, bounds)
+            backlog = runner.backlog(bounds)
         elapsed = time.monotonic() - started
         outcome = backlog.last
         result = {**self._staged(runner, outcome), "windows": [w.seq for w in backlog.windows]}

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from airflow_provider_vitess.capture import runner as capture_runner
+from airflow_provider_vitess.capture import run as capture_run
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import (
@@ -239,7 +239,7 @@ def test_every_read_uses_the_connections_tablet_type(
     # vtgate holds a REPLICA stream open waiting for a tablet that never comes: the probe's 60 s
     # default (for a slow link) would only make each refused read wait longer to fail the same.
     monkeypatch.setattr(
-        capture_runner,
+        capture_run,
         "capture_stop_position",
         functools.partial(capture_stop_position, timeout=PROBE_TIMEOUT),
     )

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_vitess.capture.backlog import catch_up_backlog
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -93,7 +92,7 @@ def test_a_backlog_is_staged_as_a_chain_and_a_lost_window_in_it_is_read_again_wi
         faults._insert(hook, rng, range(first, first + 10))
         time.sleep(1.1)  # (units of one second may be released together, past max_events)
 
-    chain = catch_up_backlog(runner, ReadBounds(max_events=10))
+    chain = runner.backlog(ReadBounds(max_events=10))
     assert chain.stopped == "caught up"
     assert len(chain.windows) >= 2, [w.manifest.rows for w in chain.windows]
     ends = [w.manifest.end_vgtid for w in chain.windows[:-1]]
@@ -107,7 +106,7 @@ def test_a_backlog_is_staged_as_a_chain_and_a_lost_window_in_it_is_read_again_wi
     # on are discarded (they start where it ends) and read again from the committed position.
     # (catch_up checks only the latest STAGED window: the backlog run rechecks the others.)
     (tmp_path / "staging" / "chain" / f"window={seqs[0]:010d}" / "_manifest.json").unlink()
-    again = catch_up_backlog(runner, ReadBounds(max_events=10))
+    again = runner.backlog(ReadBounds(max_events=10))
     assert [store.window(spec.sync_id, s).state for s in seqs] == [WindowState.FAILED] * len(seqs)
     assert again.windows[0].seq == seqs[-1] + 1 and again.windows[0].result is not None
     assert again.windows[0].manifest.start_vgtid == chain.windows[0].manifest.start_vgtid

@@ -1,0 +1,177 @@
+"""The snapshot job: copy a sync's tables (all, or some: a re-snapshot) as one window.
+
+The VStream copy phase from an empty position on every shard, checkpointed every
+``checkpoint_every_rows`` rows or 256 MiB (staged parts + VGTID with table last-PKs, one
+transaction), so a killed snapshot resumes where it was. Vitess v0.23 copies *every* filtered
+table absent from the VGTID's table last-PKs when a copy resumes (finished ones included), so a
+resume passes ``tables_to_copy`` = the tables not yet copied on every shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
+from airflow_provider_vitess.capture.progress import ProgressTracker
+from airflow_provider_vitess.capture.run import SyncRun
+from airflow_provider_vitess.checkpoints import Part, Phase, WindowKind
+from airflow_provider_vitess.exceptions import UnknownTableError
+from airflow_provider_vitess.staging import PartInfo, WindowStager
+from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream.copy_state import CopiedTables
+
+log = logging.getLogger(__name__)
+
+# Rows between two snapshot checkpoints. Each checkpoint closes the open parts and records them
+# with the copy's position in the store (a few commits); at 50,000 rows that was ~10% of a
+# copy's wall time once the copy ran near stream speed. A kill recopies at most this many rows
+# (plus the copy batch in flight, ~4,000): a second or two of copying.
+CHECKPOINT_EVERY_ROWS = 250_000
+# ... or this many bytes of rows, whichever comes first: 250,000 rows of 64 KiB would be 16 GB
+# to recopy after a kill (and one part file as large). Small rows never reach it.
+CHECKPOINT_EVERY_BYTES = 256 << 20
+
+
+def _store_part(p: PartInfo) -> Part:
+    return Part(path=p.path, table=p.table, rows=p.rows, bytes=p.bytes, sha256=p.sha256, detail=p.to_dict())
+
+
+def _staged_part(p: Part) -> PartInfo:
+    return PartInfo.from_dict(p.detail)
+
+
+class SnapshotRun(SyncRun):
+    """The snapshot task's run: whether there is work, and the copy."""
+
+    def snapshot_need(self, requested: Sequence[str] = (), *, only_if_needed: bool = True) -> SnapshotNeed:
+        """Does a snapshot task have work? Yes for a new sync, a resumed snapshot, ``requested``
+        tables (a re-snapshot) or ``only_if_needed=False``; no for a sync that already streams."""
+        committed, seq = self.store.committed(self.spec.sync_id)
+        window = self.store.open_window(self.spec.sync_id)
+        resuming = window is not None and window.kind is WindowKind.SNAPSHOT
+        # Tables that joined the list since the last run are copied on their own first.
+        joined = () if committed is None else self._table_list_change(self._config()).to_snapshot
+        needed = committed is None or bool(requested) or bool(joined) or resuming or not only_if_needed
+        # A resumed snapshot keeps its own tables, whatever is asked now (see snapshot()).
+        tables = tuple(dict.fromkeys((*requested, *joined))) or self.spec.tables
+        return SnapshotNeed(needed, tables, resnapshot=committed is not None, committed_seq=seq)
+
+    def snapshot(
+        self, *, tables: Sequence[str] | None = None, checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS
+    ) -> WindowOutcome:
+        """Copy ``tables`` (default: all the sync's tables) and stage them as one window.
+
+        Once the sync streams, this is a re-snapshot of those tables: committing it leaves the
+        sync's position where the other tables are (see ``CheckpointStore.commit``). A killed
+        snapshot resumes with the tables it was started with, whatever ``tables`` says now.
+        """
+        spec = self.spec
+        chosen = tuple(tables) if tables else spec.tables
+        unknown = sorted(set(chosen) - set(spec.tables))
+        if unknown:
+            raise UnknownTableError(
+                f"sync {spec.sync_id!r} cannot snapshot {unknown}: not among its tables {list(spec.tables)}"
+            )
+        chosen_keys = self._check_source()
+        with self._locked():
+            found = self._window_to_read(
+                WindowKind.SNAPSHOT, chosen_keys, lambda: self._plan_snapshot(chosen), snapshot_of=chosen
+            )
+            if isinstance(found, WindowOutcome):
+                return found
+            window, resumed = found
+            if resumed:
+                recorded = {p.table for p in self.store.progress(spec.sync_id, window.seq)}
+                chosen = tuple(t for t in spec.tables if t in recorded) or spec.tables
+            self._check_keyspace(window.start_vgtid, "the snapshot start")
+            return self._run_snapshot(window.seq, window.start_vgtid, resumed, checkpoint_every_rows, chosen)
+
+    def _plan_snapshot(self, tables: Sequence[str]) -> int:
+        """A new snapshot window from an empty position on every shard, with its tables (what a
+        resume copies: a kill before this copies every table)."""
+        stop = self._stop_position()
+        start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
+        seq = self.store.plan_window(self.spec.sync_id, WindowKind.SNAPSHOT, start, None)
+        for table in tables:
+            self.store.update_progress(self.spec.sync_id, seq, table, phase=Phase.COPYING)
+        return seq
+
+    def _run_snapshot(
+        self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...]
+    ) -> WindowOutcome:
+        spec = self.spec
+        kept = self.store.parts(spec.sync_id, seq)
+        WindowStager.discard_uncommitted(
+            spec.staging_location,
+            spec.sync_id,
+            seq,
+            [p.path for p in kept],
+            storage_options=spec.storage_options,
+        )
+        position = self.store.resume_vgtid(spec.sync_id, seq) or start
+        previous = {p.table: p for p in self.store.progress(spec.sync_id, seq)}
+        remaining = [t for t in tables if t not in previous or previous[t].phase is not Phase.COPIED]
+        tracker = ProgressTracker(tables, emit=self._emit, interval=self._progress_interval)
+        for table, p in previous.items():
+            if table in tracker.tables:
+                tracker.tables[table].rows_copied = p.rows_copied or 0
+                tracker.tables[table].rows_known = p.rows_known
+        counter = threading.Thread(target=self._count_rows, args=(seq, tracker), daemon=True)
+        counter.start()
+
+        stager = self._stager(seq, tables)
+        flags = self._target.flags(heartbeat_interval=spec.heartbeat_interval)
+        if resumed:
+            # See the module docstring: without this, Vitess recopies finished tables.
+            flags.tables_to_copy.extend(remaining)
+        # A table is COPIED only once the checkpointed position shows it copied on every shard:
+        # a rerun leaves it out of tables_to_copy, on all shards at once.
+        copied_tables = CopiedTables(remaining, copied=set(tables) - set(remaining))
+
+        def on_checkpoint(resume_at: Vgtid) -> None:
+            parts = stager.checkpoint()
+            self.store.record_parts(spec.sync_id, seq, [_store_part(p) for p in parts], resume_at)
+            copied = copied_tables.at(resume_at)
+            for table, progress in tracker.tables.items():
+                self.store.update_progress(
+                    spec.sync_id,
+                    seq,
+                    table,
+                    rows_copied=progress.rows_copied,
+                    phase=Phase.COPIED if table in copied else Phase.COPYING,
+                )
+
+        def copied() -> None:
+            tracker.report()
+            for table, progress in tracker.tables.items():
+                self.store.update_progress(
+                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED
+                )
+
+        reader = self._reader(
+            stager,
+            tables,
+            position,
+            None,
+            flags=flags,
+            checkpoint_every_rows=every,
+            checkpoint_every_bytes=CHECKPOINT_EVERY_BYTES,
+            on_checkpoint=on_checkpoint,
+            on_rows=tracker.add_copied,
+        )
+        parts = [_staged_part(p) for p in kept]
+        return self._stage(seq, WindowKind.SNAPSHOT, resumed, reader, stager, start, None, parts, copied)
+
+    def _count_rows(self, seq: int, tracker: ProgressTracker) -> None:
+        """``rows_known`` per table, concurrently with the copy (it may take a while)."""
+        for table in tracker.tables:
+            try:
+                rows = source.count_rows(self.hook, self.spec.keyspace, table)
+            except Exception as exc:  # progress is best effort: the copy goes on without a percent
+                log.warning("count(*) of %s.%s failed: %s", self.spec.keyspace, table, exc)
+                continue
+            tracker.set_known(table, rows)
+            self.store.update_progress(self.spec.sync_id, seq, table, rows_known=rows)
