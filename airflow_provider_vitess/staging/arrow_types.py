@@ -29,7 +29,7 @@ Why these choices:
   0.10000000149011612.
 * TIMESTAMP values are naive UTC datetimes (vttablet streams in UTC): Arrow takes a naive value
   given to a tz-aware type as UTC, so the stored instant is right.
-* Text versus bytes follows :func:`airflow_provider_vitess.vstream.values.converter_for`, not
+* Text versus bytes follows :func:`airflow_provider_vitess.decoding.values.converter_for`, not
   the type name alone: Vitess types ``_bin``-collated text columns (``CHAR(4) COLLATE
   utf8mb4_bin``, MariaDB's JSON) as BINARY/VARBINARY/BLOB, and the decoder returns ``str`` for
   them, like pymysql. The column type here must be the type of the values the decoder yields.

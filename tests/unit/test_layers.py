@@ -15,6 +15,8 @@ import pytest
         "airflow_provider_vitess.vstream.window",
         "airflow_provider_vitess.vstream.changes",
         "airflow_provider_vitess.vstream.position",
+        "airflow_provider_vitess.decoding.copyrows",
+        "airflow_provider_vitess.decoding.events",
     ],
 )
 def test_a_lower_layer_imports_no_airflow_module(module: str) -> None:

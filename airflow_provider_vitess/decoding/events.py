@@ -27,10 +27,10 @@ from typing import Any, TypedDict, overload
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.values import RowDecoder, Value
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.values import RowDecoder, Value
 
 E = binlogdata_pb2.VEventType
 
@@ -392,7 +392,7 @@ class EventDecoder:
     def _row(self, ev: binlogdata_pb2.VEvent) -> RowEvent:
         raw: bytes | None = None
         re_: Any = ev.row_event
-        if isinstance(re_, bytes):  # a view event (vstream/wire.py): the RowEvent as vtgate sent it
+        if isinstance(re_, bytes):  # a view event (decoding/wire.py): the RowEvent as vtgate sent it
             raw = re_
             try:
                 re_ = wire.parse_row_event_header(raw)

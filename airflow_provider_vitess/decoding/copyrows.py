@@ -43,8 +43,8 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.rowwire import varint_at
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.rowwire import varint_at
 
 _ROW = binlogdata_pb2.VEventType.ROW
 # VEvent: field 1 (type, varint) = ROW, then field 5 (row_event, length-delimited). A timestamp
