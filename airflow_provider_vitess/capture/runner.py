@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import moves, row_images, source
+from airflow_provider_vitess.capture import row_images, source
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -52,6 +52,7 @@ from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream import moves
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.spill import spill_directory

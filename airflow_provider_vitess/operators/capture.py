@@ -25,7 +25,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
 from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
-from airflow_provider_vitess.operators.links import VitessSyncStatusLink
+from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group

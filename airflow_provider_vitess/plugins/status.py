@@ -1,7 +1,7 @@
 """The sync status page: an Airflow 3 plugin mounting a small read-only FastAPI app in the API
 server (``/vitess``) and linking its page from Airflow's navigation (Browse -> Vitess syncs).
 
-Thin by design: the documents come from :mod:`airflow_provider_vitess.status.documents`; this
+Thin by design: the documents come from :mod:`.documents`; this
 module only wires them to HTTP, behind Airflow's own authentication. Airflow mounts plugin apps
 without its auth dependencies, so the app declares them itself: every route needs a user Airflow
 authenticated (bearer token or the UI's session cookie) who may read DAGs, and each sync is
@@ -32,9 +32,9 @@ from fastapi.responses import FileResponse
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
-from airflow_provider_vitess.status import STATUS_PAGE_PATH, URL_PREFIX, documents
+from airflow_provider_vitess.plugins import STATUS_PAGE_PATH, URL_PREFIX, documents
 
-PAGE = Path(__file__).resolve().parents[1] / "status" / "page"
+PAGE = Path(__file__).resolve().parent / "page"
 DEFAULT_STORE = "default"
 _ASSETS = {"status.js": "text/javascript", "status.css": "text/css"}
 

@@ -46,11 +46,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_provider_vitess.capture.moves import refuse_moved
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.operators.links import VitessSyncStatusLink
+from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import airflow_conf
@@ -65,6 +64,7 @@ from airflow_provider_vitess.vstream.changes import (
     start_verdict,
     unscanned_verdict,
 )
+from airflow_provider_vitess.vstream.moves import refuse_moved
 from airflow_provider_vitess.vstream.position import capture_stop_position
 from airflow_provider_vitess.vstream.request import StreamTarget
 

@@ -28,9 +28,8 @@ import sqlalchemy
 from google.protobuf import text_format
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.capture.source import quote
 from airflow_provider_vitess.exceptions import TablesMovedError
-from airflow_provider_vitess.hooks.protocol import VitessClient
+from airflow_provider_vitess.hooks.protocol import VitessClient, quote
 
 log = logging.getLogger(__name__)
 
