@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow_provider_vitess.capture import row_images, source
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, shard_lag
-from airflow_provider_vitess.capture.progress import ProgressTracker, TableProgress
+from airflow_provider_vitess.capture.progress import LiveCopyProgress, ProgressTracker
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.capture.spec import SyncSpec
 from airflow_provider_vitess.capture.table_list import REMOVED_TABLES, TableListChange, table_list_change
@@ -96,7 +96,7 @@ class CaptureRunner:
         *,
         holder: str,
         dag_id: str | None = None,
-        emit_progress: Callable[[TableProgress], None] | None = None,
+        emit_progress: Callable[[LiveCopyProgress], None] | None = None,
         progress_interval: float = 10.0,
         lock_stale_after: timedelta = TASK_STALE_AFTER,
     ) -> None:

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.backlog import catch_up_backlog
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
-from airflow_provider_vitess.capture.progress import TableProgress
+from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.runner import CHECKPOINT_EVERY_ROWS, CaptureRunner
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
 from airflow_provider_vitess.connections import open_store, s3_settings
@@ -46,8 +46,8 @@ _SYNC_FIELDS = (
 )
 
 
-class _SyncOperator(BaseOperator):
-    """Arguments every capture operator takes; see the subclasses."""
+class _CaptureOperatorBase(BaseOperator):
+    """The capture operators' base (snapshot, catch-up): the arguments they all take."""
 
     ui_color = "#f0e4ff"
     template_fields_renderers = {  # noqa: RUF012
@@ -142,7 +142,7 @@ class _SyncOperator(BaseOperator):
         """OpenLineage: the Vitess tables read, with the staged schemas (see ``lineage``)."""
         return capture_facets(self._lineage)
 
-    def _progress(self, p: TableProgress) -> None:
+    def _progress(self, p: LiveCopyProgress) -> None:
         self.log.info("progress %s", p.line())
         values: dict[str, float] = {f"{p.table}.rows_copied": p.rows_copied}
         if p.rows_known is not None:
@@ -150,7 +150,7 @@ class _SyncOperator(BaseOperator):
         emit_metrics("snapshot", self.sync_id, values)
 
 
-class VitessSnapshotOperator(_SyncOperator):
+class VitessSnapshotOperator(_CaptureOperatorBase):
     """Snapshot the sync's tables (the first run), or re-snapshot chosen ones.
 
     :param sync_id: names the sync: its checkpoint, staging directory and Delta transaction ids.
@@ -233,7 +233,7 @@ class VitessSnapshotOperator(_SyncOperator):
         return result
 
 
-class VitessCatchUpOperator(_SyncOperator):
+class VitessCatchUpOperator(_CaptureOperatorBase):
     """Read the sync's backlog in bounded catch-up windows: from the committed VGTID to the
     position the keyspace had when the run started, each window staged as Parquet with a
     manifest. A window ends at a transaction boundary after ``max_events`` row changes; the
