@@ -1,20 +1,7 @@
-"""Typed events out of ``binlogdata.VEvent``: what a VStream consumer acts on.
-
-Every event carries ``keyspace``, ``shard``, ``timestamp`` (the binlog event's time, seconds
-since the epoch; 0 when unknown) and ``current_time`` (the sender's clock, nanoseconds; 0 when
-not sent), so lag is ``current_time / 1e9 - timestamp``.
-
-Semantics kept from vtgate (v0.23):
-
-* FIELD and ROW table names are prefixed with the keyspace (``customer.customer``) unless the
-  request set ``exclude_keyspace_from_table_name``. Events here always carry the bare table
-  name and the keyspace separately.
-* GTID and LASTPK events of the tablets are turned into VGTID events by vtgate, so clients see
-  VGTID events (the whole stream's position, the only safe resume point) and, during the copy
-  phase, VGTID events whose shard entries carry the tables' last copied primary keys.
-* COPY_COMPLETED comes once per shard (keyspace/shard set) when that shard's copy is done, and
-  once more, with empty keyspace and shard, when every shard of the stream is done.
-* HEARTBEAT events from vtgate itself (``heartbeat_interval``) have no keyspace or shard.
+"""Typed events out of ``binlogdata.VEvent`` (or a :mod:`.wire` view event): what a VStream
+consumer acts on. Each carries ``keyspace``, ``shard``, ``timestamp`` (binlog seconds) and
+``current_time`` (sender's nanoseconds); the vtgate semantics they keep (bare table names,
+VGTID as the only resume point, COPY_COMPLETED per shard): ``docs/design.md``, Decoding.
 """
 
 from __future__ import annotations
