@@ -41,9 +41,9 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "Vitess", "python-modules": ["airflow_provider_vitess.triggers.changes"]}
         ],
         "extra-links": [
-            "airflow_provider_vitess.operators.links.VitessSyncStatusLink",
-            "airflow_provider_vitess.operators.links.DeltaTableLink",
-            "airflow_provider_vitess.operators.links.SparkUILink",
+            "airflow_provider_vitess.plugins.links.VitessSyncStatusLink",
+            "airflow_provider_vitess.plugins.links.DeltaTableLink",
+            "airflow_provider_vitess.plugins.links.SparkUILink",
         ],
         "plugins": [
             {

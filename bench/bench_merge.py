@@ -38,13 +38,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.merge import apply, delta_log
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.spark_conf import spark_conf
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 
 # The job is a script of the repository, not of the installed package.
 _JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "merge_cdc.py"

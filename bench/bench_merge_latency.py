@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge import connect, jar_cache
 from airflow_provider_vitess.merge.job import TIMING_PREFIX
@@ -52,7 +53,6 @@ from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 
 _HERE = Path(__file__).resolve().parent
 # bench_submit's spark-submit of the job (and bench_merge's table, through it).

@@ -22,7 +22,7 @@ Lines:
   events, COMMIT, VGTID in responses of ~60 events), through ``WindowReader`` from an in-memory
   stream: the event decoder, transaction assembler, shard merger and stager of a real window;
 * ``read+stage raw``: the same, the responses given as bytes, as ``VitessHook.open_vstream_raw``
-  hands them to the capture runner (read through ``vstream/wire.py``'s views).
+  hands them to the capture runner (read through ``decoding/wire.py``'s views).
 
 Every staged value of the pool is read back and compared with the per-row decoder's.
 """
@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
+from airflow_provider_vitess.decoding.events import EventDecoder, FieldEvent, Operation, RowEvent
+from airflow_provider_vitess.decoding.values import RowDecoder
 from airflow_provider_vitess.staging import WindowStager, load_manifest, read_table
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import EventDecoder, FieldEvent, Operation, RowEvent
-from airflow_provider_vitess.vstream.values import RowDecoder
 from airflow_provider_vitess.vstream.window import WindowReader
 
 T = query_pb2.Type

@@ -106,7 +106,7 @@ def connect() -> VitessHook:
 
 def open_stream(hook: VitessHook, responses: str = "bytes") -> Callable[[vtgate_pb2.VStreamRequest], Any]:
     """The reader's stream: response bytes, as the capture runner opens it, or, with
-    ``--reader-responses parsed``, messages parsed by gRPC (the path before vstream/wire.py)."""
+    ``--reader-responses parsed``, messages parsed by gRPC (the path before decoding/wire.py)."""
     if responses == "parsed":
         return lambda request: hook.open_vstream(request, timeout=STREAM_TIMEOUT)
     return lambda request: hook.open_vstream_raw(request, timeout=STREAM_TIMEOUT)

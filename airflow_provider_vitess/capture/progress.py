@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 
 @dataclass
-class TableProgress:
+class LiveCopyProgress:
+    """One table's copy as a running snapshot counts it, for the task log (what the store keeps
+    per table is :class:`~airflow_provider_vitess.checkpoints.TableProgress`)."""
+
     table: str
     rows_known: int | None = None
     rows_copied: int = 0
@@ -39,11 +42,11 @@ class ProgressTracker:
         self,
         tables: Iterable[str],
         *,
-        emit: Callable[[TableProgress], None],
+        emit: Callable[[LiveCopyProgress], None],
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.tables = {t: TableProgress(t) for t in tables}
+        self.tables = {t: LiveCopyProgress(t) for t in tables}
         self._emit, self._interval, self._clock = emit, interval, clock
         self._last = clock()
 

@@ -19,11 +19,11 @@ import logging
 
 import sqlalchemy
 
-from airflow_provider_vitess.capture.moves import shards_of
 from airflow_provider_vitess.capture.source import quote
 from airflow_provider_vitess.exceptions import BinlogSettingsError
 from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.staging.row_images import REMEDY
+from airflow_provider_vitess.vstream.moves import shards_of
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import moves, row_images, source
+from airflow_provider_vitess.capture import row_images, source
 from airflow_provider_vitess.capture.copy_positions import copy_positions
 from airflow_provider_vitess.capture.outcome import WindowOutcome, shard_lag
-from airflow_provider_vitess.capture.progress import TableProgress
+from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.capture.spec import SyncSpec
 from airflow_provider_vitess.capture.table_list import REMOVED_TABLES, TableListChange, table_list_change
@@ -44,6 +44,7 @@ from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream import moves
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.spill import spill_directory
 from airflow_provider_vitess.vstream.window import ReadResult, WindowReader, capture_stop_position
@@ -67,7 +68,7 @@ class SyncRun:
         *,
         holder: str,
         dag_id: str | None = None,
-        emit_progress: Callable[[TableProgress], None] | None = None,
+        emit_progress: Callable[[LiveCopyProgress], None] | None = None,
         progress_interval: float = 10.0,
         lock_stale_after: timedelta = TASK_STALE_AFTER,
     ) -> None:

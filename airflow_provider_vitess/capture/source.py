@@ -11,7 +11,7 @@ import difflib
 import sqlalchemy
 
 from airflow_provider_vitess.exceptions import UnknownKeyspaceError, UnknownTableError
-from airflow_provider_vitess.hooks.protocol import VitessClient
+from airflow_provider_vitess.hooks.protocol import VitessClient, quote
 
 _SYSTEM_SCHEMAS = {"information_schema", "mysql", "performance_schema", "sys", "_vt"}
 
@@ -19,10 +19,6 @@ _SYSTEM_SCHEMAS = {"information_schema", "mysql", "performance_schema", "sys", "
 def _hint(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
-
-
-def quote(hook: VitessClient, identifier: str) -> str:
-    return str(hook.engine.dialect.identifier_preparer.quote_identifier(identifier))
 
 
 def list_keyspaces(hook: VitessClient) -> list[str]:

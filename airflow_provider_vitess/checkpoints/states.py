@@ -168,6 +168,8 @@ class Window:
 
 @dataclass(frozen=True)
 class TableProgress:
+    """A table's snapshot copy as the store records it (phase, rows, the key it was copied by)."""
+
     sync_id: str
     seq: int
     table: str

@@ -33,3 +33,8 @@ class VitessClient(Protocol):
     ) -> Iterator[bytes]: ...
 
     def reset_channel(self) -> None: ...
+
+
+def quote(hook: VitessClient, identifier: str) -> str:
+    """``identifier`` quoted for SQL text in the client's dialect (names never go in unquoted)."""
+    return str(hook.engine.dialect.identifier_preparer.quote_identifier(identifier))

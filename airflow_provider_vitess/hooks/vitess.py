@@ -130,7 +130,7 @@ class VitessHook(BaseHook):
         self, request: vtgate_pb2.VStreamRequest, timeout: float | None = None
     ) -> Iterator[bytes]:
         """:meth:`open_vstream`, but each response is left serialized (``VStreamReader`` reads
-        them through views that do not parse rows: see ``vstream/wire.py``)."""
+        them through views that do not parse rows: see ``decoding/wire.py``)."""
         # No response deserializer: gRPC hands over the bytes.
         return cast(Iterator[bytes], self._vstream_call(request, timeout, None))
 

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
-from airflow_provider_vitess.capture.progress import TableProgress
+from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
@@ -26,7 +26,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
 from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
-from airflow_provider_vitess.operators.links import VitessSyncStatusLink
+from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
@@ -49,8 +49,8 @@ _SYNC_FIELDS = (
 )
 
 
-class _SyncOperator(BaseOperator, Generic[Run]):
-    """Arguments every capture operator takes; see the subclasses."""
+class _CaptureOperatorBase(BaseOperator, Generic[Run]):
+    """The capture operators' base (snapshot, catch-up): the arguments they all take."""
 
     job: ClassVar[type[SyncRun]]  # the run each subclass drives
     ui_color = "#f0e4ff"
@@ -150,7 +150,7 @@ class _SyncOperator(BaseOperator, Generic[Run]):
         """OpenLineage: the Vitess tables read, with the staged schemas (see ``lineage``)."""
         return capture_facets(self._lineage)
 
-    def _progress(self, p: TableProgress) -> None:
+    def _progress(self, p: LiveCopyProgress) -> None:
         self.log.info("progress %s", p.line())
         values: dict[str, float] = {f"{p.table}.rows_copied": p.rows_copied}
         if p.rows_known is not None:
@@ -158,7 +158,7 @@ class _SyncOperator(BaseOperator, Generic[Run]):
         emit_metrics("snapshot", self.sync_id, values)
 
 
-class VitessSnapshotOperator(_SyncOperator[SnapshotRun]):
+class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
     """Snapshot the sync's tables (the first run), or re-snapshot chosen ones.
 
     :param sync_id: names the sync: its checkpoint, staging directory and Delta transaction ids.
@@ -243,7 +243,7 @@ class VitessSnapshotOperator(_SyncOperator[SnapshotRun]):
         return result
 
 
-class VitessCatchUpOperator(_SyncOperator[CatchUpRun]):
+class VitessCatchUpOperator(_CaptureOperatorBase[CatchUpRun]):
     """Read the sync's backlog in bounded catch-up windows: from the committed VGTID to the
     position the keyspace had when the run started, each window staged as Parquet with a
     manifest. A window ends at a transaction boundary after ``max_events`` row changes; the

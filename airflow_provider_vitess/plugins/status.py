@@ -1,17 +1,10 @@
 """The sync status page: an Airflow 3 plugin mounting a small read-only FastAPI app in the API
-server (``/vitess``) and linking its page from Airflow's navigation (Browse -> Vitess syncs).
+server (``/vitess``, linked as Browse -> Vitess syncs) that serves :mod:`.documents` over HTTP.
 
-Thin by design: the documents come from :mod:`airflow_provider_vitess.status.documents`; this
-module only wires them to HTTP, behind Airflow's own authentication. Airflow mounts plugin apps
-without its auth dependencies, so the app declares them itself: every route needs a user Airflow
-authenticated (bearer token or the UI's session cookie) who may read DAGs, and each sync is
-shown only to users who may read one of the DAGs that ran it (its capture tasks record their
-DAG in the store; a sync recorded before they did is shown to users who may read every DAG):
-its errors quote source rows' key values, which a user of other DAGs may not see.
-
-Which stores it reads: ``[vitess] status_checkpoint_conn_ids``, comma-separated connection ids;
-``default`` stands for the SQLite file under ``AIRFLOW_HOME`` that the operators use when no
-``checkpoint_conn_id`` is given (the default value).
+Airflow mounts plugin apps without its auth dependencies, so every route declares them: a user
+Airflow authenticated who may read DAGs, and each sync only for users who may read one of its
+DAGs (its errors quote source rows' key values). The stores it reads:
+``[vitess] status_checkpoint_conn_ids`` (``docs/status-page.md``).
 """
 
 from __future__ import annotations
@@ -32,9 +25,9 @@ from fastapi.responses import FileResponse
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
-from airflow_provider_vitess.status import STATUS_PAGE_PATH, URL_PREFIX, documents
+from airflow_provider_vitess.plugins import STATUS_PAGE_PATH, URL_PREFIX, documents
 
-PAGE = Path(__file__).resolve().parents[1] / "status" / "page"
+PAGE = Path(__file__).resolve().parent / "page"
 DEFAULT_STORE = "default"
 _ASSETS = {"status.js": "text/javascript", "status.css": "text/css"}
 

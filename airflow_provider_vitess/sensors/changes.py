@@ -1,39 +1,11 @@
 """``VitessChangesSensor``: wait until a sync's tables have changes past its committed VGTID.
 
-Put it in front of a sync's catch-up so a scheduled run with nothing to do ends in seconds
-instead of planning, staging and merging an empty window. "Changes" means changes of the
-sync's tables, found by streaming from the committed VGTID with the sync's table filter
-(:mod:`..vstream.changes`); a GTID position comparison alone would see every write to the
-server, whatever table or keyspace it touched.
-
-* Deferrable (the DAG factory's choice; alone, the sensor follows Airflow's
-  ``[operators] default_deferrable``): the task defers at once to :class:`VitessChangesTrigger`,
-  which holds one idle VStream in the triggerer and fires on the first change; the task resumes
-  and succeeds with a summary of that change.
-* Not deferrable: each poke captures the current position, then reads the stream from the
-  committed VGTID until that position (or a change, or ``poke_read_seconds``). A poke that
-  read part of the way remembers where, so the next poke of the same task goes on from there.
-
-Either way it succeeds at once when there is no committed VGTID yet (never snapshotted: the
-snapshot must run) or the committed VGTID is still in its copy phase.
-
-"No change" needs a read that reached the keyspace's position at the start of the wait (the
-first poke's, or the trigger's): a wait whose read the timeout cut before that (other tables'
-traffic on the shard takes longer to scan than the timeout) succeeds with reason
-``scan_unfinished`` instead, so the run goes on and its catch-up reads the rest. (The simpler of
-the two exact answers: the sensor keeps no position of its own between runs.)
-
-Only "no change within ``timeout``" may end the wait without success: with
-``skip_on_timeout=True`` (what ``vitess_sync_dag`` sets) the task is then skipped, and so is the
-rest of the run. Every other outcome (vtgate unreachable, refused credentials, a position vtgate
-no longer has) fails the task; permanent errors fail it without retries. Do not use
-``soft_fail`` for this: Airflow turns *any* failure of a soft-failing sensor into a skip, so an
-outage would look like "no changes" forever.
-
-The summary (the task's XCom ``return_value``) is small: ``reason`` (``row``, ``ddl``,
-``field``, ``journal``, ``lag``, ``no_checkpoint``, ``copy_unfinished``, ``scan_unfinished``)
-and, for a change, ``keyspace``, ``table``, ``shard``, ``commit_ts`` and ``commit_time`` of the
-first change seen.
+"Changes" means changes of the sync's tables, found by streaming from the committed VGTID with
+the sync's table filter (:mod:`..vstream.changes`). Deferrable, it waits in the triggerer
+(:class:`VitessChangesTrigger`); otherwise each poke reads on from where the last one stopped.
+Only "no change within ``timeout``" may end the wait without success (skipped with
+``skip_on_timeout``); every other outcome fails the task. Arguments, reasons and the summary it
+returns: ``docs/reference.md``.
 """
 
 from __future__ import annotations
@@ -46,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_provider_vitess.capture.moves import refuse_moved
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.operators.links import VitessSyncStatusLink
+from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import airflow_conf
@@ -65,6 +36,7 @@ from airflow_provider_vitess.vstream.changes import (
     start_verdict,
     unscanned_verdict,
 )
+from airflow_provider_vitess.vstream.moves import refuse_moved
 from airflow_provider_vitess.vstream.position import capture_stop_position
 from airflow_provider_vitess.vstream.request import StreamTarget
 

@@ -1,46 +1,8 @@
-"""``query.Field`` → Arrow type, and decoded Python values → Arrow arrays (pure, no I/O).
+"""``query.Field`` -> Arrow type, and decoded Python values -> Arrow arrays (pure, no I/O).
 
-The mapping (the Parquet column type each Vitess type is staged as):
-
-===========================================  ===============================================
-query.Type                                   Arrow type
-===========================================  ===============================================
-INT8 / INT16 / INT24 / INT32 / INT64         int8 / int16 / int32 / int32 / int64
-UINT8 / UINT16 / UINT24 / UINT32 / UINT64    uint8 / uint16 / uint32 / uint32 / uint64
-YEAR                                         int16
-DECIMAL(p,s)                                 decimal128(p,s) if p <= 38 else decimal256(p,s)
-FLOAT32, FLOAT64                             float64
-DATE                                         date32
-DATETIME                                     timestamp('us')
-TIMESTAMP                                    timestamp('us', tz='UTC')
-TIME                                         duration('us')
-CHAR / VARCHAR / TEXT                        string (binary when the charset is 63 = binary)
-JSON / ENUM / SET / EXPRESSION               string
-BINARY / VARBINARY / BLOB                    binary (string when the charset is a text one)
-BIT / GEOMETRY / HEXNUM / HEXVAL / BITNUM    binary
-NULL_TYPE                                    null
-anything else (newer types)                  binary
-===========================================  ===============================================
-
-Why these choices:
-
-* FLOAT32 is float64: the decoder yields the Python float that ``SELECT`` returns (the float32
-  rounded the way the server prints it, e.g. 0.1); storing it as float32 would turn it back into
-  0.10000000149011612.
-* TIMESTAMP values are naive UTC datetimes (vttablet streams in UTC): Arrow takes a naive value
-  given to a tz-aware type as UTC, so the stored instant is right.
-* Text versus bytes follows :func:`airflow_provider_vitess.vstream.values.converter_for`, not
-  the type name alone: Vitess types ``_bin``-collated text columns (``CHAR(4) COLLATE
-  utf8mb4_bin``, MariaDB's JSON) as BINARY/VARBINARY/BLOB, and the decoder returns ``str`` for
-  them, like pymysql. The column type here must be the type of the values the decoder yields.
-* DECIMAL's precision is not in ``query.Field`` (v0.23 has no precision field): it is parsed from
-  ``column_type`` (``decimal(65,30)``, filled from information_schema in FIELD events), else
-  derived from ``column_length``, which MySQL sets to precision + 1 for the sign (unless
-  UNSIGNED) + 1 for the point (if scale > 0).
-
-Values the Arrow type cannot hold (an integer out of range) raise :class:`StagingError` naming
-the table, column and value. The decoder's ``str`` for a zero or invalid date (``0000-00-00``)
-is first handed to the column's ``repair`` (the zero-date policy, :mod:`.zero_dates`).
+The mapping and why each type is staged as it is: ``docs/types.md``. A value the Arrow type
+cannot hold raises :class:`StagingError` naming the table, column and value; a zero or invalid
+date goes through the column's zero-date policy (:mod:`.zero_dates`) first.
 """
 
 from __future__ import annotations

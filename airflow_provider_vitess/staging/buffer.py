@@ -3,9 +3,9 @@
 Rows arrive in two forms:
 
 * **raw** (the capture path): whole ROW events still serialized
-  (:class:`~airflow_provider_vitess.vstream.events.RawRows`), added by the stager's
+  (:class:`~airflow_provider_vitess.decoding.events.RawRows`), added by the stager's
   ``add_rows``. :meth:`RowBuffer.to_batch` locates every row's values in a batch of them at once
-  (:func:`~airflow_provider_vitess.vstream.rowwire.locate_rows`) and builds each column with
+  (:func:`~airflow_provider_vitess.decoding.rowwire.locate_rows`) and builds each column with
   vectorised, exactness-checked casts (:mod:`.columnar`): no Python object per row or value. An
   event whose layout cannot be proven, or a column whose text is not of a shape a cast reads
   exactly, takes the per-row decoder instead, for that event or column only.
@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from airflow_provider_vitess.decoding.events import Operation, RawRows
+from airflow_provider_vitess.decoding.rowwire import LocatedRows, locate_rows
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
 from airflow_provider_vitess.staging.manifest import TableSchema
 from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy
-from airflow_provider_vitess.vstream.events import Operation, RawRows
-from airflow_provider_vitess.vstream.rowwire import LocatedRows, locate_rows
 
 W = 7  # slots per row in the flat buffer: op, keyspace, shard, commit_ts, seq, after, before
 _CHECK_MAX_ROWS = 4096  # rows between two footprint samples, at most

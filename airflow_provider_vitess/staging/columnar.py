@@ -1,6 +1,6 @@
 """Arrow columns straight from the bytes of VStream rows (pure, no I/O).
 
-:func:`airflow_provider_vitess.vstream.rowwire.locate_rows` says where each row's values lie
+:func:`airflow_provider_vitess.decoding.rowwire.locate_rows` says where each row's values lie
 in a buffer of serialized ROW events. Here that buffer becomes one Arrow binary array whose
 elements are, row after row, the bytes between two rows' values (never read) and then each
 column's value: built zero-copy (``pa.Array.from_buffers``, offsets by ``cumsum``, validity
@@ -8,7 +8,7 @@ from ``length >= 0``). One ``take`` per column gathers that column's values, and
 cast turns the text into the staged Arrow type.
 
 A cast is used only where its result is *exactly* what the per-row decoder
-(:func:`airflow_provider_vitess.vstream.values.converter_for`) followed by ``pa.array`` gives:
+(:func:`airflow_provider_vitess.decoding.values.converter_for`) followed by ``pa.array`` gives:
 
 * integers: text of ASCII digits and ``-`` only (Arrow would also read ``0x1f``, which ``int()``
   refuses, and ``int()`` reads `` 7`` and ``+7``, which Arrow refuses);
@@ -22,7 +22,7 @@ A cast is used only where its result is *exactly* what the per-row decoder
 
 Anything else (other types, or a value outside those shapes, or a cast Arrow refuses) converts
 that column of the batch with the per-row converters, so values and errors stay those of
-:mod:`airflow_provider_vitess.vstream.values`; a zero or invalid date (the decoder's text) then
+:mod:`airflow_provider_vitess.decoding.values`; a zero or invalid date (the decoder's text) then
 becomes what the table's zero-date policy says (:mod:`.zero_dates`), in :meth:`ColumnPlan.to_array`,
 which the decoded-rows path (:mod:`.buffer`) calls too.
 """
@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding import values
+from airflow_provider_vitess.decoding.rowwire import Images
 from airflow_provider_vitess.exceptions import ValueDecodeError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy, replace_invalid
-from airflow_provider_vitess.vstream import values
-from airflow_provider_vitess.vstream.rowwire import Images
 
 Describe = Callable[[int], str]
 

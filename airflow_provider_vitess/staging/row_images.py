@@ -18,9 +18,9 @@ them on its own.
 
 from __future__ import annotations
 
+from airflow_provider_vitess.decoding.events import RowChange
 from airflow_provider_vitess.exceptions import PartialRowImageError
 from airflow_provider_vitess.staging.manifest import TableSchema
-from airflow_provider_vitess.vstream.events import RowChange
 
 # query.Type names of the columns NOBLOB may leave out.
 BLOB_TYPES = frozenset({"TEXT", "BLOB", "JSON", "GEOMETRY"})

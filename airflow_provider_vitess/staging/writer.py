@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.events import Operation, RawRows, RowChange
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer, W
@@ -55,7 +56,6 @@ from airflow_provider_vitess.staging.manifest import (
 from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation, RawRows, RowChange
 
 _PY_BATCH_MAX = 16 << 20  # decoded Python rows held before they become an Arrow batch
 # Serialized rows held before they become one: their conversion allocates a few times their
@@ -223,7 +223,7 @@ class WindowStager:
     ) -> None:
         """Buffer the row changes of one ROW event; their seqs are ``first_seq``, +1, +2...
 
-        A :class:`~airflow_provider_vitess.vstream.events.RawRows` (what the reader produces)
+        A :class:`~airflow_provider_vitess.decoding.events.RawRows` (what the reader produces)
         stays serialized until its batch is converted, column by column; other sequences are
         added row by row, as ``add_change`` does.
         """

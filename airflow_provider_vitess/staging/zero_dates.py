@@ -4,7 +4,7 @@ With a permissive ``sql_mode`` MySQL and MariaDB store DATE/DATETIME/TIMESTAMP v
 no calendar value: ``0000-00-00``, ``0000-00-00 00:00:00``, dates with a zero part
 (``2020-00-15``, ``2020-05-00``) and, with ``ALLOW_INVALID_DATES``, days past the month's end
 (``2020-02-30``). The decoder keeps them as MySQL's text, as pymysql does
-(:mod:`airflow_provider_vitess.vstream.values`); Parquet's date and timestamp types cannot
+(:mod:`airflow_provider_vitess.decoding.values`); Parquet's date and timestamp types cannot
 hold them. Such a row may reach the binlog at any time, and a binlog event cannot be fixed at
 the source, so refusing it would stop the sync for good. The policy, per sync with per-table
 overrides, says what to stage instead:

@@ -31,6 +31,7 @@ import grpc.aio
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_vitess._proto import vtgate_pb2
+from airflow_provider_vitess.decoding.events import EventDecoder
 from airflow_provider_vitess.exceptions import (
     VitessProviderError,
     VStreamError,
@@ -46,7 +47,6 @@ from airflow_provider_vitess.vstream.changes import (
     start_verdict,
     unscanned_verdict,
 )
-from airflow_provider_vitess.vstream.events import EventDecoder
 from airflow_provider_vitess.vstream.position import current_position
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.retry import Reconnects, RetryPolicy

@@ -3,7 +3,7 @@
 The staging manifest, the merge plan and report and the recorded key choices stay plain
 frozen dataclasses (positional, cheap to build, compared by value, ``dataclasses.replace``);
 :class:`JsonDocument` gives them their one way to and from JSON: pydantic's ``TypeAdapter`` of
-the class checks every field's type on the way in (``status/documents.py`` serves its models
+the class checks every field's type on the way in (``plugins/documents.py`` serves its models
 with the same library), and :func:`problems` says what is wrong field by field, e.g.
 ``tables.orders.parts.0.rows: Input should be a valid integer, got string``.
 """

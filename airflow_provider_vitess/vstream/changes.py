@@ -34,9 +34,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.exceptions import InvalidVgtidError
-from airflow_provider_vitess.vgtid import CURRENT, Vgtid, transactions_missing
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding.events import (
     DdlEvent,
     Event,
     FieldEvent,
@@ -44,6 +42,8 @@ from airflow_provider_vitess.vstream.events import (
     RowEvent,
     VgtidEvent,
 )
+from airflow_provider_vitess.exceptions import InvalidVgtidError
+from airflow_provider_vitess.vgtid import CURRENT, Vgtid, transactions_missing
 from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
 from airflow_provider_vitess.vstream.request import StreamTarget, table_filter
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding.events import (
     BeginEvent,
     CommitEvent,
     CopyCompletedEvent,
@@ -52,7 +52,7 @@ _DECODED_ROW_BYTES = 200  # a decoded row's tuples and values, roughly (tests' e
 
 def event_bytes(event: VStreamEvent) -> int:
     """What a buffered event holds in memory: its rows' serialized bytes (what the reader
-    keeps, :class:`~.events.RawRows`) plus its objects. Cheap: no per-row work."""
+    keeps, :class:`~..decoding.events.RawRows`) plus its objects. Cheap: no per-row work."""
     if isinstance(event, RowEvent):
         changes = event.changes
         if isinstance(changes, RawRows):

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import grpc
 
 from airflow_provider_vitess._proto import vtgate_pb2
+from airflow_provider_vitess.decoding.events import EventDecoder, VgtidEvent
 from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid
-from airflow_provider_vitess.vstream.events import EventDecoder, VgtidEvent
 from airflow_provider_vitess.vstream.reader import OpenStream, RetryPolicy, VStreamReader
 from airflow_provider_vitess.vstream.request import StreamTarget
 

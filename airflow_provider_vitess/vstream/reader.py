@@ -2,7 +2,7 @@
 
 The reader does no I/O of its own: ``open_stream(request)`` (``VitessHook.open_vstream_raw``:
 the channel and credentials) returns an iterator of responses, each a serialized
-``VStreamResponse`` (read through :mod:`.wire`'s views, so no row is parsed here) or an already
+``VStreamResponse`` (read through :mod:`..decoding.wire`'s views, so no row is parsed here) or an already
 parsed one (``VitessHook.open_vstream``; unit tests pass a generator function of either).
 
 Delivery is **at-least-once**. The only safe resume point is the latest VGTID event
@@ -42,10 +42,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
+from airflow_provider_vitess.decoding import copyrows
+from airflow_provider_vitess.decoding.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
 from airflow_provider_vitess.exceptions import VStreamDeadlineError, VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import copyrows
-from airflow_provider_vitess.vstream.events import Event, EventDecoder, HeartbeatEvent, VgtidEvent
 from airflow_provider_vitess.vstream.request import vstream_request
 from airflow_provider_vitess.vstream.retry import (
     SC,
@@ -119,6 +119,7 @@ class VStreamReader:
         filter: binlogdata_pb2.Filter | None = None,
         flags: vtgate_pb2.VStreamFlags | None = None,
         tablet_type: int | str = "PRIMARY",
+        reshard_journals: bool = False,
         retry: RetryPolicy | None = None,
         idle_timeout: float | None = None,
         deadline: float | None = None,
@@ -136,7 +137,9 @@ class VStreamReader:
         if not self._start.shard_gtids:
             raise ValueError("the start vgtid names no keyspace/shard")
         self._open_stream = open_stream
-        self._template = vstream_request(tablet_type=tablet_type, filter=filter, flags=flags)
+        self._template = vstream_request(
+            tablet_type=tablet_type, filter=filter, flags=flags, reshard_journals=reshard_journals
+        )
         self._policy = retry or RetryPolicy()
         heartbeat = self._template.flags.heartbeat_interval
         if idle_timeout is None and heartbeat:
@@ -250,7 +253,7 @@ class VStreamReader:
                     cancel()
 
     def _parse(self, data: bytes) -> Sequence[Any]:
-        """The response's view events, copy-phase rows gathered in blocks (:mod:`.copyrows`)."""
+        """The response's view events, copy-phase rows gathered in blocks (:mod:`..decoding.copyrows`)."""
         try:
             return copyrows.gather(data)
         except DecodeError as err:

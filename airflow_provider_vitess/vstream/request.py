@@ -51,8 +51,12 @@ def vstream_request(
     tablet_type: int | str = "PRIMARY",
     filter: binlogdata_pb2.Filter | None = None,
     flags: vtgate_pb2.VStreamFlags | None = None,
+    reshard_journals: bool = False,
 ) -> vtgate_pb2.VStreamRequest:
-    """A ``VStreamRequest`` (``vgtid`` None: a template a reader completes per call)."""
+    """A ``VStreamRequest`` (``vgtid`` None: a template a reader completes per call).
+
+    ``reshard_journals`` asks vtgate for its reshard JOURNAL events (whatever ``flags`` say):
+    without them vtgate moves a stream to the new shards silently."""
     request = vtgate_pb2.VStreamRequest(tablet_type=tablet_type_of(tablet_type))
     if vgtid is not None:
         request.vgtid.CopyFrom(vgtid.to_proto() if isinstance(vgtid, Vgtid) else vgtid)
@@ -60,6 +64,8 @@ def vstream_request(
         request.filter.CopyFrom(filter)
     if flags is not None:
         request.flags.CopyFrom(flags)
+    if reshard_journals:
+        request.flags.include_reshard_journal_events = True
     return request
 
 

@@ -22,10 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_vitess._proto import binlogdata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VStreamError
-from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
-from airflow_provider_vitess.vstream.copy_state import CopyPositions, CopyState
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding.events import (
     CopyCompletedEvent,
     DdlEvent,
     FieldEvent,
@@ -36,6 +33,9 @@ from airflow_provider_vitess.vstream.events import (
     VgtidEvent,
     VStreamEvent,
 )
+from airflow_provider_vitess.exceptions import VStreamError
+from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
+from airflow_provider_vitess.vstream.copy_state import CopyPositions, CopyState
 from airflow_provider_vitess.vstream.ordering import (
     ShardKey,
     ShardMerger,
@@ -76,7 +76,7 @@ class Stager(Protocol):
         changes: Sequence[RowChange],
     ) -> None:
         """The changes of one ROW event, seqs ``first_seq``, +1... (``changes`` is usually
-        :class:`~.events.RawRows`, still serialized)."""
+        :class:`~..decoding.events.RawRows`, still serialized)."""
         ...
 
     def add_ddl(self, keyspace: str, shard: str, statement: str, commit_ts: int) -> None: ...
@@ -144,12 +144,6 @@ class WindowReader:
         self._checkpoint_every = checkpoint_every_rows
         self._checkpoint_every_bytes = checkpoint_every_bytes
         self._on_checkpoint, self._on_rows, self._clock = on_checkpoint, on_rows, clock
-        # Without this flag vtgate switches to the new shards silently, and the checkpoint would
-        # keep the old shards forever (see the module docstring).
-        request_flags = vtgate_pb2.VStreamFlags()
-        if flags is not None:
-            request_flags.CopyFrom(flags)
-        request_flags.include_reshard_journal_events = True
         # A snapshot's copy is over when each copying shard says so, counted across reconnects
         # (vtgate's stream-wide COPY_COMPLETED never comes after a reconnect: see copy_state).
         self._copy = CopyState(self._tables) if self._snapshot else None
@@ -159,8 +153,11 @@ class WindowReader:
             open_stream,
             vgtid=start,
             filter=table_filter(tables),
-            flags=request_flags,
+            flags=flags,
             tablet_type=tablet_type,
+            # Without journals vtgate switches to the new shards silently, and the checkpoint
+            # would keep the old shards forever (see the module docstring).
+            reshard_journals=True,
             reset_connection=reset_connection,
             on_open=self._copy.opening if self._copy is not None else None,
         )

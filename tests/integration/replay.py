@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.keyrange import successors
-from airflow_provider_vitess.vstream.events import Operation
 
 Key = tuple[Any, ...]
 Row = tuple[Any, ...]

@@ -15,6 +15,7 @@ import sqlalchemy
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import (
     CorruptStagedDataError,
     InvalidVgtidError,
@@ -24,7 +25,6 @@ from airflow_provider_vitess.exceptions import (
 )
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, load_manifest, read_table, verify
-from airflow_provider_vitess.vstream.events import Operation
 from airflow_provider_vitess.vstream.window import WindowReader
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import capture_child

@@ -1,4 +1,4 @@
-"""Copy-phase rows gathered into blocks (vstream/copyrows.py) against the real vtgate.
+"""Copy-phase rows gathered into blocks (decoding/copyrows.py) against the real vtgate.
 
 The premise of the blocks is how vtgate sends a copy: one row per ROW event, without a
 timestamp. If a Vitess upgrade changed that, snapshots would still be right (nothing is
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import sqlalchemy
 
+from airflow_provider_vitess.decoding.events import CopyCompletedEvent, RowChange, RowEvent
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
-from airflow_provider_vitess.vstream.events import CopyCompletedEvent, RowChange, RowEvent
 from airflow_provider_vitess.vstream.reader import VStreamReader
 from airflow_provider_vitess.vstream.window import capture_stop_position, table_filter
 

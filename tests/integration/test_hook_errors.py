@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.decoding.events import VgtidEvent
 from airflow_provider_vitess.exceptions import InvalidVgtidError, VitessConnectionError, VStreamError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import VgtidEvent
 from airflow_provider_vitess.vstream.reader import VStreamReader
 from tests.conftest import LocalVitess, connection_uri_env
 

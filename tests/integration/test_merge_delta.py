@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import CorruptStagedDataError, UnsupportedDeltaError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge import apply, delta_log, delta_state
@@ -47,7 +48,6 @@ from airflow_provider_vitess.merge.schema import MergeSchemaError
 from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 from spark_jobs.merge_cdc import main, merge
 from tests.conftest import REPO, LocalVitess, pyspark_home, spark_env
 from tests.integration import merge_workload as wl

@@ -40,9 +40,9 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from airflow_provider_vitess.capture.moves import parse_journal
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job import merge
@@ -53,7 +53,7 @@ from airflow_provider_vitess.staging import Manifest, read_table, verify
 from airflow_provider_vitess.triggers import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.changes import JOURNAL
-from airflow_provider_vitess.vstream.events import Operation
+from airflow_provider_vitess.vstream.moves import parse_journal
 from tests.conftest import connection_uri_env
 from tests.integration import capture_child
 from tests.integration import merge_workload as wl

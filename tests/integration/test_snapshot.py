@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.capture import source
-from airflow_provider_vitess.capture.progress import TableProgress
+from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -123,7 +123,7 @@ def test_snapshot_of_three_tables_in_two_keyspaces_with_progress(
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     lines: list[str] = []
 
-    def emit(p: TableProgress) -> None:
+    def emit(p: LiveCopyProgress) -> None:
         lines.append(p.line())
         logging.getLogger("snapshot").info("progress %s", p.line())
 

@@ -24,10 +24,7 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.staging import WindowStager, read_table
-from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding.events import (
     CopyCompletedEvent,
     Event,
     FieldEvent,
@@ -35,6 +32,9 @@ from airflow_provider_vitess.vstream.events import (
     RowEvent,
     VgtidEvent,
 )
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.staging import WindowStager, read_table
+from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.decoding.events import Operation, RowChange, RowEvent, VgtidEvent, VStreamEvent
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation, RowChange, RowEvent, VgtidEvent, VStreamEvent
 from airflow_provider_vitess.vstream.reader import VStreamReader
 
 pytestmark = pytest.mark.integration

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.decoding.events import Event, EventDecoder
 from airflow_provider_vitess.exceptions import InvalidVgtidError
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.changes import (
@@ -26,7 +27,6 @@ from airflow_provider_vitess.vstream.changes import (
     start_verdict,
     unscanned_verdict,
 )
-from airflow_provider_vitess.vstream.events import Event, EventDecoder
 
 E = binlogdata_pb2.VEventType
 KS = "customer"

@@ -20,12 +20,12 @@ from airflow.sdk.exceptions import (
     TaskDeferred,
 )
 
-from airflow_provider_vitess.capture import moves
-from airflow_provider_vitess.capture.moves import TableMove
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.triggers import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream import moves
+from airflow_provider_vitess.vstream.moves import TableMove
 
 START = Vgtid.from_json(
     '[{"keyspace":"customer","shard":"-80","gtid":"MariaDB/0-1-5","table_p_ks":[]},'

@@ -1,8 +1,8 @@
 """The columnar staging path against the per-row decoder, value for value.
 
 Every vectorised conversion (``staging/columnar.py``) must give exactly what the per-row
-decoder (``vstream/values.py``) followed by ``pa.array`` gives, or fall back to it; and the
-layout proof (``vstream/rowwire.py``) must refuse what it cannot read. The tests compare the
+decoder (``decoding/values.py``) followed by ``pa.array`` gives, or fall back to it; and the
+layout proof (``decoding/rowwire.py``) must refuse what it cannot read. The tests compare the
 two paths on edge values, and check that the fast path really was taken where it should be.
 """
 
@@ -19,14 +19,14 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.decoding.events import EventDecoder, FieldEvent, Operation, RawRows, RowEvent
+from airflow_provider_vitess.decoding.rowwire import locate_rows
+from airflow_provider_vitess.decoding.values import RowDecoder, converter_for
 from airflow_provider_vitess.exceptions import StagingError, ValueDecodeError
 from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.staging.columnar import ColumnPlan
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import EventDecoder, FieldEvent, Operation, RawRows, RowEvent
-from airflow_provider_vitess.vstream.rowwire import locate_rows
 from airflow_provider_vitess.vstream.spill import SpillableEvents
-from airflow_provider_vitess.vstream.values import RowDecoder, converter_for
 
 T = query_pb2.Type
 E = binlogdata_pb2.VEventType

@@ -1,4 +1,4 @@
-"""Copy-phase ROW events gathered into blocks (vstream/copyrows.py), on real protobuf messages.
+"""Copy-phase ROW events gathered into blocks (decoding/copyrows.py), on real protobuf messages.
 
 Every test builds ``vtgate.VStreamResponse`` messages as vtgate sends them in a copy phase
 (BEGIN, FIELD, one row per ROW event without a timestamp, VGTID with the table's last PK,
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
+from airflow_provider_vitess.decoding import copyrows, wire
+from airflow_provider_vitess.decoding.copyrows import RowBlock
+from airflow_provider_vitess.decoding.events import Event, FieldEvent, RowChange, RowEvent, VgtidEvent
+from airflow_provider_vitess.decoding.rowwire import locate_rows
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import copyrows, wire
-from airflow_provider_vitess.vstream.copyrows import RowBlock
-from airflow_provider_vitess.vstream.events import Event, FieldEvent, RowChange, RowEvent, VgtidEvent
 from airflow_provider_vitess.vstream.reader import VStreamReader
-from airflow_provider_vitess.vstream.rowwire import locate_rows
 
 E = binlogdata_pb2.VEventType
 T = query_pb2.Type

@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.merge import context
 from airflow_provider_vitess.merge.context import CONTEXT_SECONDS, context_windows
 from airflow_provider_vitess.staging import Manifest, WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 
 FIELDS = [
     query_pb2.Field(name="k", type=query_pb2.INT64, column_type="bigint", flags=1),

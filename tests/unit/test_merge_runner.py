@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     CorruptStagedDataError,
@@ -37,7 +38,6 @@ from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 
 START = Vgtid.for_keyspace("customer", "")
 END = Vgtid.from_json('[{"keyspace":"customer","shard":"0","gtid":"MariaDB/0-1-5","table_p_ks":[]}]')

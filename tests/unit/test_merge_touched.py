@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import TargetIntegrityError
 from airflow_provider_vitess.merge import delta_state, job
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
@@ -19,7 +20,6 @@ from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.steps import TableState, touched_tables
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
 
 FIELDS = [
     query_pb2.Field(name="id", type=query_pb2.INT64, column_type="bigint", flags=1),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_vitess.capture.moves import TableMove, _first_keyspace, moves_in, parse_journal
 from airflow_provider_vitess.exceptions import TablesMovedError, is_permanent
+from airflow_provider_vitess.vstream.moves import TableMove, _first_keyspace, moves_in, parse_journal
 
 MOVETABLES = (
     'id:6740760173349126720 tables:"corder" tables:"customer" local_position:"MariaDB/0-88243896-37" '

@@ -10,7 +10,8 @@ import pytest
 
 from airflow_provider_vitess.get_provider_info import get_provider_info
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
-from airflow_provider_vitess.operators.links import (
+from airflow_provider_vitess.operators.merge import VitessMergeOperator
+from airflow_provider_vitess.plugins.links import (
     DeltaTableLink,
     SparkUILink,
     VitessSyncStatusLink,
@@ -18,7 +19,6 @@ from airflow_provider_vitess.operators.links import (
     spark_history_url,
     status_page_url,
 )
-from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
 
 SYNC: dict[str, Any] = {

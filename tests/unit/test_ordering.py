@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding.events import (
     BeginEvent,
     CommitEvent,
     HeartbeatEvent,
@@ -154,7 +154,7 @@ def test_times_are_made_monotone_per_shard_and_skew_is_reported() -> None:
 
 def test_spilled_events_with_protobuf_fields_read_back_equal() -> None:
     from airflow_provider_vitess._proto import query_pb2
-    from airflow_provider_vitess.vstream.events import FieldEvent
+    from airflow_provider_vitess.decoding.events import FieldEvent
 
     field = FieldEvent(
         **common(A, 1),

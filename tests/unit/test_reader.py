@@ -12,10 +12,8 @@ import grpc
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, topodata_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError, VStreamError
-from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.events import (
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.events import (
     BeginEvent,
     CommitEvent,
     CopyCompletedEvent,
@@ -31,6 +29,8 @@ from airflow_provider_vitess.vstream.events import (
     RowEvent,
     VgtidEvent,
 )
+from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError, VStreamError
+from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.reader import RetryPolicy, VStreamReader
 
 E = binlogdata_pb2.VEventType
@@ -490,7 +490,7 @@ def test_exclude_keyspace_flag_keeps_table_names() -> None:
 
 class Decoder(EventDecoder):
     """EventDecoder fed the way the reader feeds it: the VEvent itself, or, on response bytes,
-    its view (``vstream/wire.py``), which must decode to the same event."""
+    its view (``decoding/wire.py``), which must decode to the same event."""
 
     def decode(self, ev: binlogdata_pb2.VEvent) -> Event:
         if FakeStream.serialized:

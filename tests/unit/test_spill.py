@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
+from airflow_provider_vitess.decoding.events import BeginEvent, CommitEvent, RowEvent
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import BeginEvent, CommitEvent, RowEvent
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction, TransactionAssembler
 from airflow_provider_vitess.vstream.spill import MemoryLimits, SpillableEvents, spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
@@ -159,7 +159,7 @@ def common(shard: str, ts: int) -> dict[str, Any]:
 
 
 def wide_event(ts: int) -> RowEvent:
-    from airflow_provider_vitess.vstream.events import RawRows
+    from airflow_provider_vitess.decoding.events import RawRows
 
     re_ = row(A, ts, 1).row_event
     return RowEvent(

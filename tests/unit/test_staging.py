@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.events import Operation
+from airflow_provider_vitess.decoding.values import RowDecoder
 from airflow_provider_vitess.exceptions import CorruptStagedDataError, StagingError
 from airflow_provider_vitess.staging import (
     PartInfo,
@@ -28,8 +30,6 @@ from airflow_provider_vitess.staging.arrow_types import decimal_precision_scale
 from airflow_provider_vitess.staging.files import fsync_dirs, is_local, write_atomically
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import Operation
-from airflow_provider_vitess.vstream.values import RowDecoder
 
 T = query_pb2.Type
 UTF8MB4 = 45

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind
-from airflow_provider_vitess.status import documents
+from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)

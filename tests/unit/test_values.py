@@ -12,9 +12,9 @@ import pytest
 from pymysql import converters as pymysql_converters
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding import values as values_module
+from airflow_provider_vitess.decoding.values import RowDecoder, decode_row, decode_value
 from airflow_provider_vitess.exceptions import ValueDecodeError
-from airflow_provider_vitess.vstream import values as values_module
-from airflow_provider_vitess.vstream.values import RowDecoder, decode_row, decode_value
 
 T = query_pb2.Type
 UTF8MB4_GENERAL_CI = 45

@@ -212,3 +212,14 @@ def test_a_position_naming_deleted_shards_is_a_clear_error() -> None:
     ) as err:
         reader.run()
     assert "snapshot the sync again" in str(err.value)
+
+
+def test_the_request_builder_adds_journals_to_the_callers_flags() -> None:
+    from airflow_provider_vitess.vstream.request import vstream_request
+
+    given = vtgate_pb2.VStreamFlags(heartbeat_interval=3, cells="zone1")
+    request = vstream_request(flags=given, reshard_journals=True)
+    assert (request.flags.heartbeat_interval, request.flags.cells) == (3, "zone1")
+    assert request.flags.include_reshard_journal_events is True
+    assert given.include_reshard_journal_events is False  # the caller's flags are left as they were
+    assert vstream_request(flags=given).flags.include_reshard_journal_events is False

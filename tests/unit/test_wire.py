@@ -1,4 +1,4 @@
-"""Response bytes read through vstream/wire.py's views: same events as parsed responses, ROW
+"""Response bytes read through decoding/wire.py's views: same events as parsed responses, ROW
 events kept exactly as sent, and clear errors for bytes that are not what they claim."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.events import EventDecoder, FieldEvent, RawRows, RowEvent
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.staging.manifest import read_table
 from airflow_provider_vitess.staging.writer import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.events import EventDecoder, FieldEvent, RawRows, RowEvent
 from airflow_provider_vitess.vstream.reader import VStreamReader
 from tests.unit.test_reader import KS, E, ev, ev_field, ev_row, ev_vgtid, qrow, resp, vgtid
 

@@ -1,7 +1,7 @@
 """Zero and invalid MySQL dates under each zero-date policy, through both staging paths.
 
-The columnar path (serialized ROW events: ``add_rows``, ``vstream/rowwire.py`` and
-``staging/columnar.py``) and the decoded-rows path (``add_change``, ``vstream/values.py``) must
+The columnar path (serialized ROW events: ``add_rows``, ``decoding/rowwire.py`` and
+``staging/columnar.py``) and the decoded-rows path (``add_change``, ``decoding/values.py``) must
 stage the same values: NULL by default, 1970-01-01 under ``epoch``, and under ``error`` a
 message naming the table, column, the row's key, the value and the remedy. Inserts stand for
 the copy phase, updates and deletes (before images) for the binlog phase.
@@ -20,6 +20,8 @@ import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
+from airflow_provider_vitess.decoding.events import EventDecoder, FieldEvent, RawRows, RowEvent
+from airflow_provider_vitess.decoding.rowwire import locate_rows
 from airflow_provider_vitess.exceptions import VitessProviderError, ZeroDateError
 from airflow_provider_vitess.operators._sync import sync_spec
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
@@ -27,8 +29,6 @@ from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.staging.columnar import ColumnPlan
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.events import EventDecoder, FieldEvent, RawRows, RowEvent
-from airflow_provider_vitess.vstream.rowwire import locate_rows
 
 T = query_pb2.Type
 E = binlogdata_pb2.VEventType

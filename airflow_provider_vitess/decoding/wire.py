@@ -1,22 +1,7 @@
-"""``VStreamResponse`` bytes read without building a protobuf object per row (pure).
-
-gRPC's deserializer turns every response into a full ``vtgate.VStreamResponse``: each row of
-each ROW event becomes a ``RowChange`` and a ``query.Row`` in protobuf's arena, and the reader
-then serialized every ROW event again to keep it as bytes (:class:`~.events.RawRows`, which the
-columnar stager converts in batches). A ROW event is most of a catch-up window, so the reader
-can take the response bytes from gRPC instead (``VitessHook.open_vstream_raw``) and parse them
-through *views*: messages with the upstream field numbers in which
-
-* ``VEvent.row_event`` is ``bytes``: the serialized ``binlogdata.RowEvent``, exactly as vtgate
-  sent it, which is what ``RawRows`` keeps; every other field keeps its real type
-  (``binlogdata.VGtid``, ``binlogdata.FieldEvent``...), so the rest of the reader is unchanged;
-* ``RowEvent.row_changes`` is ``repeated bytes``: the header of a ROW event (table, keyspace,
-  shard, flags, row count) without parsing any row.
-
-Both parse the same bytes as the real messages (a length-delimited field is a message or bytes
-only in how it is read). The views live in protobuf's default pool next to ``binlogdata.proto``
-so their message fields are the generated classes; they are an implementation detail of the
-reader, not part of the Vitess protocol subset in ``protos/``.
+"""``VStreamResponse`` bytes read through *views* (pure): messages with the upstream field numbers
+in which ``VEvent.row_event`` is the serialized ``RowEvent`` as vtgate sent it and
+``RowEvent.row_changes`` is ``repeated bytes``, so no row is parsed (``docs/design.md``,
+Decoding).
 """
 
 from __future__ import annotations

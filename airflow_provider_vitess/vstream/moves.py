@@ -1,19 +1,9 @@
 """Tables a MoveTables took away from a sync's keyspace, found before a run reads anything.
 
-vtgate follows a Reshard for a VStream client (reshard JOURNAL events, new shards) but drops a
-MoveTables journal (Vitess v0.23 ``vstream_manager.go``: table migrations are not supported). A
-sync of the *source* keyspace therefore keeps streaming that keyspace after ``SwitchTraffic``:
-with reverse replication it reads the changes VReplication copies back, until ``complete``
-drops the tables; without it, or after ``complete --keep-data``, it reads nothing of them again,
-and no error says why.
-
-What a client *can* see through vtgate: ``SwitchTraffic`` writes the journal (a
-``binlogdata.Journal`` in text form: the moved tables, the target keyspace, the source position)
-into ``_vt.resharding_journal`` on the primary of every source shard, and Vitess never deletes
-it. A session targeted at one shard (``USE `keyspace:shard@primary```) reads it like any table.
-A journal outlives a ``ReverseTraffic``, so it counts only while vtgate sends the target
-keyspace's table to the target keyspace itself (``VEXPLAIN PLAN``): after a reverse, the
-routing rules send it back to the source.
+vtgate sends no journal for a MoveTables (it follows a Reshard), so a sync would go on reading
+the source keyspace silently. Each run reads ``_vt.resharding_journal`` of the keyspace's shards
+through vtgate and refuses (:class:`TablesMovedError`) when a journal names one of its tables
+and vtgate routes that table to the target keyspace (``docs/design.md``, Event order).
 """
 
 from __future__ import annotations
@@ -28,9 +18,8 @@ import sqlalchemy
 from google.protobuf import text_format
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.capture.source import quote
 from airflow_provider_vitess.exceptions import TablesMovedError
-from airflow_provider_vitess.hooks.protocol import VitessClient
+from airflow_provider_vitess.hooks.protocol import VitessClient, quote
 
 log = logging.getLogger(__name__)
 

@@ -1,37 +1,7 @@
-"""Copy-phase ROW events gathered into blocks, at the bytes level (pure).
-
-In the copy phase vtgate sends **one row per ROW event** (a response holds ~4,000 of them
-between a BEGIN and the VGTID that carries the table's last copied key), while a catch-up
-window's ROW events hold ~200 rows each. Every event costs the reader, the assembler, the
-merger and the stager their per-event Python work, so a copy ran at a fraction of the raw
-drain. Here each run of consecutive copy-phase ROW events of one table and shard in a response
-becomes one *block*: an event that reads like a ``binlogdata.VEvent`` view (:mod:`.wire`) whose
-``row_event`` is one serialized ``RowEvent`` holding every row of the run, in order. Everything
-after it (decoder, :class:`~.events.RawRows`, the columnar stager) then works per block.
-
-Why this is exact. Parsing concatenated protobuf messages merges them: repeated fields append,
-singular fields take the last value. A block is ``H + r1 + ... + rn + T`` where every event of
-the run was ``H + ri + T`` (``H`` the table name field, ``ri`` its row changes, ``T`` its
-keyspace, shard and flags): the same message as merging the events, i.e. their rows one after
-the other under the same table, keyspace and shard. The run's events are proven to share ``H``
-and ``T`` byte for byte, and their VEvent fields around the row event (type ROW with no
-timestamp, GTID or statement before it; keyspace, shard, current time... after it) too, so the
-block's VEvent fields are each event's.
-
-What makes an event "copy-phase": type ROW and no timestamp. Rows of the copy itself come from a
-``SELECT``, not from the binlog, and vtgate sends them without one; every binlog event (catch-up,
-also the catch-up steps inside a copy) has its commit time. Such events, and any other event
-(BEGIN, VGTID, LASTPK, FIELD, ...), end a run and pass through unchanged, so positions, schema
-changes and checkpoints fall between blocks exactly where they fell between events.
-
-Fields in number order are assumed, as every protobuf runtime (vtgate's Go one included) writes
-them; ``rowwire`` assumes the same, and proves the rows' layout again when it stages a block.
-
-Cost: the response is parsed once as its events' bytes (one C-level parse) instead of as view
-events, and only the events outside the runs (BEGIN, VGTID, ...) and each run's first are
-parsed as views; then numpy passes over the response's own bytes at every event's offset (the
-shape checks) and one join of the rows' slices; no Python code per row (~0.4 µs a row in all,
-against ~20 µs of per-event work it saves).
+"""Copy-phase ROW events (one row each) gathered into blocks at the bytes level (pure): each run
+of them of one table and shard in a response becomes one :mod:`.wire` view event holding all
+its rows, proven byte for byte to equal the events merged; every other event passes through
+(why this is exact: ``docs/design.md``, Decoding).
 """
 
 from __future__ import annotations
@@ -43,8 +13,8 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.rowwire import varint_at
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.rowwire import varint_at
 
 _ROW = binlogdata_pb2.VEventType.ROW
 # VEvent: field 1 (type, varint) = ROW, then field 5 (row_event, length-delimited). A timestamp

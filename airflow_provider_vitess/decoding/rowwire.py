@@ -1,26 +1,7 @@
-"""Where the row values lie in serialized ``binlogdata.RowEvent`` messages, without a Python loop
-per row (pure: bytes in, numpy arrays out).
-
-Decoding a ``query.Row`` through the protobuf runtime costs ~0.4 µs a row before any value is
-looked at: every ``row_change``, ``after`` and ``lengths`` access builds a Python object. The
-columnar staging path (:mod:`airflow_provider_vitess.staging.columnar`) wants, for a batch of
-ROW events of one table version, each row's column lengths and the position of its values in
-one buffer. This module finds them with a fixed number of C-level calls per event and numpy
-passes per batch:
-
-1. The serialized event is parsed once more with a *view* message in which ``row_changes`` is a
-   singular field: protobuf merges repeated occurrences of a singular message, so every row's
-   packed ``lengths`` come out concatenated, one byte string per image kind (before, after).
-2. Those varints are decoded with numpy, assuming each present image has exactly ``columns``
-   lengths; that gives each row's values size and the exact size of its serialized RowChange.
-3. The assumption is then *proven* against the original bytes: at every predicted position the
-   tag and length of the record, of the image, of its packed lengths and of its values must be
-   the ones predicted, and the records must fill the event's ``row_changes`` exactly. A row of
-   another width, values that do not add up to the lengths, partial-image bitmaps, or an
-   event mixing inserts, updates and deletes all fail this proof.
-
-A batch that fails is not guessed at: :func:`locate_rows` returns None and the caller decodes
-those events with the per-row decoder, which raises its precise errors on malformed rows.
+"""Where the row values lie in serialized ``binlogdata.RowEvent`` messages, found with numpy
+passes per batch instead of a Python loop per row (pure: bytes in, numpy arrays out). The
+layout is proven against the bytes; a batch that fails the proof gets None and goes to the
+per-row decoder (``docs/design.md``, Decoding).
 """
 
 from __future__ import annotations

@@ -1,39 +1,7 @@
-"""Row values of a VStream ``query.Row``, decoded to Python per ``query.Type``.
-
-A row arrives packed: ``lengths[i]`` is the byte length of column ``i`` (-1 for NULL) and
-``values`` is every non-NULL value's bytes concatenated. Vitess sends every value as MySQL's
-*text* form (numbers in decimal, dates as ``YYYY-MM-DD``...), in both the copy phase and the
-binlog phase.
-
-The contract: a decoded value ``==`` what pymysql (default conversions) returns for ``SELECT``
-of the same column through vtgate's MySQL protocol (vtgate on MariaDB 10.11), so stream rows
-compare directly with source rows. Hence the pymysql quirks kept on purpose:
-
-* DATE/DATETIME/TIMESTAMP that are not real calendar values (``0000-00-00``, ``2020-00-00``,
-  zero datetimes with their fraction digits) come back as the text ``str``, like pymysql.
-* TIME is a ``timedelta`` (it is a duration in MySQL, -838:59:59..838:59:59).
-* FLOAT is rounded the way MariaDB prints it: 6 significant digits, or the column's fixed
-  decimals for ``FLOAT(M,D)``. The stream carries the exact float32, the server prints it
-  rounded, and pymysql parses the rounded text; we round the same way so both sides agree.
-  DOUBLE(M,D) likewise; a plain DOUBLE is printed shortest-round-trip, i.e. exact.
-* TIMESTAMP is naive UTC: vttablet streams in UTC (binlog) and copies with
-  ``time_zone='+00:00'``; a pymysql session must use UTC too for the values to compare equal.
-
-Text versus bytes follows the type, as pymysql does with the charset: TEXT/VARCHAR/CHAR and
-ENUM/SET/JSON are ``str``; BLOB/VARBINARY/BINARY/BIT/GEOMETRY are ``bytes`` (0x00 kept). A
-text column whose ``Field.charset`` is 63 (``binary``) is ``bytes`` too, which is pymysql's rule;
-and, by the same rule, BLOB/VARBINARY/BINARY with a text charset are ``str``: Vitess gives those
-types to columns of ``_bin`` collations (``utf8mb4_bin``, so MariaDB's JSON), pymysql text.
-``Field.charset`` in FIELD events is the column's collation id. UTF-8/utf8mb3/ascii columns
-(and unknown collation ids) decode as strict UTF-8. latin1 columns are special: the copy phase
-reads them through a utf8mb4 connection, but the binlog phase carries the stored latin1 bytes;
-so they decode as UTF-8 and, when that fails, as MySQL's latin1 (cp1252). Other non-UTF-8
-charsets are decoded as UTF-8 and fail loudly (``ValueDecodeError``) if they are not.
-
-Speed matters (millions of rows): :class:`RowDecoder` builds one converter per column once per
-FIELD event, and its ``decode`` is a loop unrolled for the table's column count (compiled once
-per count); integer, text and bytes converters are builtins, and DATE/DATETIME/TIMESTAMP/TIME
-use ``fromisoformat`` on text of exactly vtgate's shape, the pymysql-shaped regexes otherwise.
+"""Row values of a VStream ``query.Row`` decoded to Python per ``query.Type``: each value equals
+what pymysql returns for ``SELECT`` of the column through vtgate (zero dates as text, TIME as
+``timedelta``, FLOAT rounded as the server prints it, text versus bytes by charset). The rules
+and why: ``docs/types.md``. :class:`RowDecoder` compiles one loop per column count.
 """
 
 from __future__ import annotations

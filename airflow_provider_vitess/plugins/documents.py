@@ -46,7 +46,9 @@ class Committed(BaseModel):
     shards: list[ShardPosition]
 
 
-class TableStatus(BaseModel):
+class TableSummary(BaseModel):
+    """One table of a sync on the status page: its merge key and its latest snapshot copy."""
+
     table: str
     key_columns: list[str] = Field(description="the unique key the merge matches rows on")
     key_reason: str | None = Field(default=None, description="why that key was chosen")
@@ -104,7 +106,7 @@ class SyncSummary(BaseModel):
 
 
 class SyncStatus(SyncSummary):
-    table_status: list[TableStatus]
+    table_status: list[TableSummary]
     committed: Committed | None
     windows: list[WindowStatus] = Field(description="the last windows, newest first")
     lock: LockStatus | None
@@ -142,10 +144,10 @@ def window_status(window: Window, now: datetime) -> WindowStatus:
     )
 
 
-def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableStatus:
+def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableSummary:
     choice = dict(dict(config.get("keys") or {}).get(table) or {})
     key = list(choice.get("target_columns") or (copied.key_columns if copied else None) or [])
-    status = TableStatus(table=table, key_columns=key, key_reason=choice.get("reason"))
+    status = TableSummary(table=table, key_columns=key, key_reason=choice.get("reason"))
     if copied is not None:
         status.snapshot_seq = copied.seq
         status.phase = copied.phase.value

@@ -1,20 +1,7 @@
-"""Typed events out of ``binlogdata.VEvent``: what a VStream consumer acts on.
-
-Every event carries ``keyspace``, ``shard``, ``timestamp`` (the binlog event's time, seconds
-since the epoch; 0 when unknown) and ``current_time`` (the sender's clock, nanoseconds; 0 when
-not sent), so lag is ``current_time / 1e9 - timestamp``.
-
-Semantics kept from vtgate (v0.23):
-
-* FIELD and ROW table names are prefixed with the keyspace (``customer.customer``) unless the
-  request set ``exclude_keyspace_from_table_name``. Events here always carry the bare table
-  name and the keyspace separately.
-* GTID and LASTPK events of the tablets are turned into VGTID events by vtgate, so clients see
-  VGTID events (the whole stream's position, the only safe resume point) and, during the copy
-  phase, VGTID events whose shard entries carry the tables' last copied primary keys.
-* COPY_COMPLETED comes once per shard (keyspace/shard set) when that shard's copy is done, and
-  once more, with empty keyspace and shard, when every shard of the stream is done.
-* HEARTBEAT events from vtgate itself (``heartbeat_interval``) have no keyspace or shard.
+"""Typed events out of ``binlogdata.VEvent`` (or a :mod:`.wire` view event): what a VStream
+consumer acts on. Each carries ``keyspace``, ``shard``, ``timestamp`` (binlog seconds) and
+``current_time`` (sender's nanoseconds); the vtgate semantics they keep (bare table names,
+VGTID as the only resume point, COPY_COMPLETED per shard): ``docs/design.md``, Decoding.
 """
 
 from __future__ import annotations
@@ -27,10 +14,10 @@ from typing import Any, TypedDict, overload
 from google.protobuf.message import DecodeError
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
+from airflow_provider_vitess.decoding import wire
+from airflow_provider_vitess.decoding.values import RowDecoder, Value
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream import wire
-from airflow_provider_vitess.vstream.values import RowDecoder, Value
 
 E = binlogdata_pb2.VEventType
 
@@ -392,7 +379,7 @@ class EventDecoder:
     def _row(self, ev: binlogdata_pb2.VEvent) -> RowEvent:
         raw: bytes | None = None
         re_: Any = ev.row_event
-        if isinstance(re_, bytes):  # a view event (vstream/wire.py): the RowEvent as vtgate sent it
+        if isinstance(re_, bytes):  # a view event (decoding/wire.py): the RowEvent as vtgate sent it
             raw = re_
             try:
                 re_ = wire.parse_row_event_header(raw)
