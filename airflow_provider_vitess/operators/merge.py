@@ -3,7 +3,7 @@ a long-running Spark Connect server (``spark_connect_conn_id``).
 
 Thin: :class:`~airflow_provider_vitess.merge.runner.MergeRunner` drives the window state
 machine on the apply side (under the sync's lock: STAGED -> merged by the Spark job -> MERGED
--> COMMITTED); this operator gives it the spark-submit of ``merge/job.py`` with a
+-> COMMITTED); this operator gives it the spark-submit of ``merge/job/main.py`` with a
 :class:`MergePlan`, and turns the job's outcome into the task's: the report as XCom, the
 committed VGTID under the key ``committed_vgtid``, a refused plan or staged input as a failure
 without retries (see ``exceptions.is_permanent``).
@@ -48,7 +48,7 @@ PLAN_ARG = "--plan-file"
 
 def default_application() -> str:
     """The merge job's file, inside the installed provider (what spark-submit runs)."""
-    return str(Path(__file__).resolve().parents[1] / "merge" / "job.py")
+    return str(Path(__file__).resolve().parents[1] / "merge" / "job" / "main.py")
 
 
 def _default_spark_binary() -> str | None:
@@ -74,7 +74,7 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param spark_connect_conn_id: a ``spark_connect`` connection (the Spark provider's
         ``SparkConnectHook``): the merge then runs in the task's process against that server
         (``sc://``), with no spark-submit and no JVM per window (see
-        :mod:`airflow_provider_vitess.merge.connect`; ``dev/spark_connect.sh`` starts one). The
+        :mod:`airflow_provider_vitess.merge.job.connect`; ``dev/spark_connect.sh`` starts one). The
         server reads ``s3a://`` with S3A settings of its own; ``aws_conn_id`` then serves the
         task's reads of the manifests.
     :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
@@ -299,7 +299,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.sdk.log import mask_secret
 
-        from airflow_provider_vitess.merge.connect import run_merge, split_token
+        from airflow_provider_vitess.merge.job.connect import run_merge, split_token
 
         url = SparkConnectHook(conn_id).get_connection_url()
         token = split_token(url)[1]

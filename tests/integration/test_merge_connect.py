@@ -21,11 +21,11 @@ from pyspark.sql.utils import is_remote
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge.job import connect, connect_tables
+from airflow_provider_vitess.merge.job.steps import TableSize
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
-from airflow_provider_vitess.merge.steps import TableSize
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 from tests.integration.merge_workload import execute
@@ -117,7 +117,12 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
                 app_id = submitted[0].txn_app_id(table)
                 assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
                 path = str(delta / table)
-                assert connect.txn_version(reader, path, app_id, connect.table_version(reader, path)) == 2
+                assert (
+                    connect_tables.txn_version(
+                        reader, path, app_id, connect_tables.table_version(reader, path)
+                    )
+                    == 2
+                )
 
             # A merge killed after its Delta commits but before MERGED was recorded is run
             # again: through the Connect path too, the transaction ids make it commit nothing.
@@ -137,7 +142,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
 def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
     spark_connect: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``connect.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
+    """``connect_tables.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
     every file of the log (a commit per window for 30 days): a stray older checkpoint file that
     Delta never reads is not read either (reading the whole log failed on it). Without the
     checkpoint at the interval it takes the newest one listed; with a V2 checkpoint (files not
@@ -153,12 +158,12 @@ def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
             writer.option("txnAppId", app).option("txnVersion", v if v <= 12 else v - 12).save(table)
         log_dir = Path(table) / "_delta_log"
         assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 20
-        version = connect.table_version(spark, table)
+        version = connect_tables.table_version(spark, table)
         assert version == 24
 
         def txns() -> tuple[int | None, ...]:
             return tuple(
-                connect.txn_version(spark, table, app, version) for app in ("app-x", "app-y", "app-z")
+                connect_tables.txn_version(spark, table, app, version) for app in ("app-x", "app-y", "app-z")
             )
 
         stray = log_dir / f"{5:020d}.checkpoint.parquet"
@@ -194,7 +199,7 @@ def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_t
         detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()
         assert detail is not None and detail["numFiles"] >= 4  # four appends
         size = TableSize(detail["numFiles"], detail["sizeInBytes"])
-        version = connect.table_version(spark, table)
+        version = connect_tables.table_version(spark, table)
         crc = Path(table) / "_delta_log" / f"{version:020d}.crc"
         written = json.loads(crc.read_text())
 
@@ -204,7 +209,7 @@ def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_t
             crc.with_name(f".{crc.name}.crc").unlink(missing_ok=True)
 
         def state(app: str = "app-x") -> tuple[Any, ...]:
-            s = connect.table_state(spark, table, app, None)
+            s = connect_tables.table_state(spark, table, app, None)
             return s.exists, s.version, s.txn_version, s.column_mapping, s.size, s.schema.names
 
         assert state() == (True, version, 3, True, size, ["id"])

@@ -14,7 +14,8 @@ Parquet footer's min/max of ``_commit_ts`` per part, and each manifest's ``creat
 event of a window committed before its manifest was written, so once a window was written
 before the cut-off, no earlier window can hold an event after it).
 
-Pure selection logic plus two small readers of staged metadata; the Spark side is in ``job.py``.
+Pure selection logic plus two small readers of staged metadata; the Spark side is in :mod:`.run`.
+(:data:`MAX_WINDOWS_BACK` is staging's: retention keeps that many windows for this look-back.)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,6 @@ log = logging.getLogger(__name__)
 CONTEXT_SECONDS = 5
 # created_at is the capturing worker's clock, _commit_ts the MySQL server's: allow them to differ.
 CLOCK_SKEW_SECONDS = 60
-# Bounds the look-back when windows are tiny (each one costs a manifest and some footers).
-MAX_WINDOWS_BACK = 20
 # _seq of context events is shifted below the window's own: k windows back, k * this much lower.
 SEQ_SHIFT = 1 << 40
 
