@@ -261,7 +261,8 @@ def test_the_token_is_required_and_never_logged(
         workload(hook, random.Random(spec.sync_id))
         CaptureRunner(hook, store, spec, holder="test-token").snapshot()
         runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-token-merge")
-        assert runner.run(lambda plan: operator._merge_on_connect(plan, "sc_token")).seq == 1
+        backend = operator._make_backend()
+        assert runner.run(lambda plan: backend.submit(plan, {})).seq == 1
     finally:
         store.close()
     with connect.remote_sessions(spark_connect) as new_session:
