@@ -155,6 +155,12 @@ class UnsupportedDeltaError(VitessProviderError):
     skip, so it stops rather than report a write as ``already_applied``."""
 
 
+class MergeInterruptedError(VitessProviderError):
+    """The merge task was killed while its merge ran on Spark Connect: its operations were
+    interrupted, nothing more was committed, and the window stays STAGED for the next run (the
+    Delta transaction ids skip whatever a table committed before the kill)."""
+
+
 class KeyChangedError(KeyChoiceError):
     """A table's key is not the one its Delta table was built with (a new override, a new
     primary key at the source): the table must be re-snapshotted with the new key."""

@@ -19,7 +19,7 @@ do (``bench_window.connect``). Then:
    is staged whose stop falls between the two halves of ``--split-moves`` moves
    (``Sync.capture_split``, as ``test_merge_straddle.py`` does): for half of them the INSERT is in
    that window and the DELETE in the next one, for the other half the other way round.
-2. **Our merge**: each window in turn through ``merge.job.merge`` into a Delta table (as the
+2. **Our merge**: each window in turn through ``merge.job.run.merge`` into a Delta table (as the
    integration tests do), in a local[2] SparkSession with Delta.
 3. **Auto CDC**: each window in turn is put in the directory a streaming source reads, then one
    triggered run of a pipeline whose Auto CDC flow applies it to a streaming table (one pipeline
@@ -80,8 +80,8 @@ from pyspark.sql import types as T  # noqa: E402
 
 from airflow_provider_vitess.checkpoints import CheckpointStore  # noqa: E402
 from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
-from airflow_provider_vitess.merge.apply import staged_path  # noqa: E402
-from airflow_provider_vitess.merge.job import merge  # noqa: E402
+from airflow_provider_vitess.merge.job.apply import staged_path  # noqa: E402
+from airflow_provider_vitess.merge.job.run import merge  # noqa: E402
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge  # noqa: E402
 from airflow_provider_vitess.merge.spark_conf import SCALA_BINARY_VERSION, SPARK_VERSION, spark_conf  # noqa: E402
 from airflow_provider_vitess.staging import Manifest, read_table  # noqa: E402

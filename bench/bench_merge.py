@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation
-from airflow_provider_vitess.merge import apply, delta_log
+from airflow_provider_vitess.merge.job import apply, delta_log, tables
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.spark_conf import spark_conf
@@ -216,7 +216,7 @@ def main() -> None:
                 result = report.windows[0].table(TABLE)
                 assert result.status is TableStatus.WRITTEN, result
                 times[size].append(took)
-                commit = delta_log.last_commit(spark, target.path)
+                commit = delta_log.last_commit(spark, target.path, tables.read_log_file)
                 assert commit is not None, "the window's MERGE committed nothing"
                 m = commit.metrics
                 print(

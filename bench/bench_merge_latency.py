@@ -5,9 +5,9 @@ tables (half each: updates, deletes and inserts, as ``bench_merge.py`` stages th
 and staged in a checkpoint store, then :class:`MergeRunner` (the merge operator's code path)
 takes it STAGED -> MERGED -> COMMITTED with the submit function of each mode:
 
-* ``submit``: the operator's spark-submit of ``merge/job.py`` (``--jars`` from the jar cache, as
+* ``submit``: the operator's spark-submit of ``merge/job/main.py`` (``--jars`` from the jar cache, as
   the operator passes them after its first submit; local[2], the operator's local settings);
-* ``connect``: :func:`airflow_provider_vitess.merge.connect.run_merge` against a running Spark
+* ``connect``: :func:`airflow_provider_vitess.merge.job.connect.run_merge` against a running Spark
   Connect server (``--connect-url``; else ``dev/spark_connect.sh`` starts one on ``--port`` and
   stops it at the end).
 
@@ -45,8 +45,9 @@ from typing import Any
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge import connect, jar_cache
-from airflow_provider_vitess.merge.job import TIMING_PREFIX
+from airflow_provider_vitess.merge import jar_cache
+from airflow_provider_vitess.merge.job import connect
+from airflow_provider_vitess.merge.job.main import TIMING_PREFIX
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import REPORT_PREFIX, MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner

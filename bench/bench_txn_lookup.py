@@ -6,7 +6,7 @@ window in its log for the log retention (30 days by default: ~8,600 commits at a
 log with Spark (no JVM to ask ``DeltaLog``); this compares, on one table of ``--commits``
 commits each carrying a txn action, alternating, ``--runs`` times:
 
-* ``snapshot files``: :func:`airflow_provider_vitess.merge.connect.txn_version`, which reads the
+* ``snapshot files``: :func:`airflow_provider_vitess.merge.job.connect_tables.txn_version`, which reads the
   checkpoint Delta writes every 10 commits and the commits after it (what Delta itself reads);
 * ``whole log``: every commit and checkpoint file of the log (the read before, and the fallback).
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from airflow_provider_vitess.merge import connect  # noqa: E402
+from airflow_provider_vitess.merge.job import connect, connect_tables  # noqa: E402
 
 APP = "bench-sync"
 
@@ -63,11 +63,11 @@ def main() -> None:
             began = time.perf_counter()
             build(spark, table, args.commits)
             print(f"{args.commits} commits written in {time.perf_counter() - began:.0f}s", flush=True)
-            version = connect.table_version(spark, table)
+            version = connect_tables.table_version(spark, table)
             log_dir = f"{table}/_delta_log"
             reads = {
-                "snapshot files": lambda: connect.txn_version(spark, table, APP, version),
-                "whole log": lambda: connect._max_txn(spark, [], APP, whole_log=log_dir),
+                "snapshot files": lambda: connect_tables.txn_version(spark, table, APP, version),
+                "whole log": lambda: connect_tables._max_txn(spark, [], APP, whole_log=log_dir),
             }
             times: dict[str, list[float]] = {name: [] for name in reads}
             for run in range(args.runs + 1):  # the first round warms the server up: not counted

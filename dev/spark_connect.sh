@@ -9,7 +9,7 @@
 # project's Python, with the merge job's Delta jar (from Maven Central, resolved once into the
 # Ivy cache; the job speaks SQL to Delta, so Delta's Connect plugin is not needed) and the
 # Delta session settings of
-# airflow_provider_vitess/merge/spark_conf.py: `python -m airflow_provider_vitess.merge.connect
+# airflow_provider_vitess/merge/spark_conf.py: `python -m airflow_provider_vitess.merge.job.connect
 # server-args` prints them, so the server and the spark-submit mode never drift apart. Its
 # Python workers (the job's one UDF) run the same Python, which must have the provider installed.
 #
@@ -25,7 +25,7 @@
 #                            server from its environment, never on its command line; clients
 #                            give it as the spark_connect connection's password). The server
 #                            listens on 127.0.0.1 only; one for a cluster
-#                            (`python -m airflow_provider_vitess.merge.connect server-args
+#                            (`python -m airflow_provider_vitess.merge.job.connect server-args
 #                            --cluster`) listens on 0.0.0.0 and is refused without a token.
 set -euo pipefail
 
@@ -82,7 +82,7 @@ start() {
     bin="$("$python" -c 'import sys, pathlib; print(pathlib.Path(sys.executable).parent)')/spark-submit"
     [ -x "$bin" ] || { log "no spark-submit beside $python: install the provider's [spark] extra there"; exit 1; }
     mkdir -p "$state_dir/local"
-    mapfile -t args < <("$python" -m airflow_provider_vitess.merge.connect server-args \
+    mapfile -t args < <("$python" -m airflow_provider_vitess.merge.job.connect server-args \
         --port "$port" --local-dir "$state_dir/local" ${SPARK_CONNECT_S3:+--s3})
     log "starting the Spark Connect server on 127.0.0.1:$port (log: $log_file)"
     # setsid: the server outlives the shell that started it (tests and benches reuse it).

@@ -74,6 +74,9 @@ class MergeOutcome:
     message: str = ""
     streamed_before: bool = False  # the sync had a committed position before this window
     seqs: tuple[int, ...] = ()  # every window committed, in order (``seq`` is the last)
+    # The merge's one plan (lineage reads it too): the one submitted, else (only windows a killed
+    # merge left MERGED were committed) the last window's.
+    plan: MergePlan | None = None
 
 
 def build_plan(
@@ -227,6 +230,7 @@ class MergeRunner:
                 )
             done: list[Window] = []
             report: MergeReport | None = None
+            plan: MergePlan | None = None
             # MERGED windows first (a merge killed before their commit): their rows are in Delta.
             while windows and windows[0].state is WindowState.MERGED:
                 report = joined(report, recorded_report(windows[0]))
@@ -256,6 +260,8 @@ class MergeRunner:
                     self.store.commit(self.sync_id, w.seq)
                     done.append(w)
             last = done[-1]
+            if plan is None:
+                plan = build_plan(self.store, self.sync_id, last, self.target_location, self.targets)
             committed = self.store.committed(self.sync_id)[0]
             assert committed is not None
             self._prune(last)
@@ -269,6 +275,7 @@ class MergeRunner:
                 message=f"committed window(s) {seqs} at {committed.to_json()}",
                 streamed_before=before is not None,
                 seqs=tuple(w.seq for w in done),
+                plan=plan,
             )
 
     def _hand_back_lost(self, batch: Sequence[Window]) -> None:

@@ -1,6 +1,6 @@
 """Which staged windows may go (those no later merge can read any more), and deleting one.
 
-A merge reads its own window and, as context, earlier windows (``merge/context.py``: at most
+A merge reads its own window and, as context, earlier windows (``merge/job/lookback.py``: at most
 ``MAX_WINDOWS_BACK`` of them). Windows commit in order, so once window ``n`` is COMMITTED every
 window up to ``n`` is merged, and the merges still to come (``n + 1`` onwards) look back no
 further than ``n + 1 - MAX_WINDOWS_BACK``. Anything older is dead weight: :func:`prune_committed`
@@ -9,12 +9,12 @@ committed window's manifest path, which the checkpoint store records).
 
 ``keep`` may be raised (an audit trail of staged windows) but never lowered below the look-back:
 a merge that finds an earlier window gone merges without it, which can drop a row moved between
-shards across that window's stop (``merge/apply.py``).
+shards across that window's stop (``merge/job/apply.py``).
 
 Two kinds of windows go earlier, as soon as a later window is COMMITTED (``gone_early``, from
 the checkpoint store): a snapshot (a copy of whole tables, by far the largest window; the
 look-back ends at a copy anyway), and a discarded (FAILED) window, whose changes a later window
-read again and which no merge reads (``merge/context.py`` skips it).
+read again and which no merge reads (``merge/job/lookback.py`` skips it).
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from airflow_provider_vitess.exceptions import StagingError
-from airflow_provider_vitess.merge.context import MAX_WINDOWS_BACK
 from airflow_provider_vitess.staging.files import MANIFEST_NAME, check_name, open_location, window_dir
 
 log = logging.getLogger(__name__)
+
+# How many windows back a merge's look-back may read (``merge/job/lookback.py``): bounds it when
+# windows are tiny (each one costs a manifest and some footers), and so what retention keeps.
+MAX_WINDOWS_BACK = 20
 
 _WINDOW_DIR = re.compile(r"window=(\d{10})$")
 _MANIFEST_PATH = re.compile(

@@ -4,7 +4,7 @@ With ``binlog_row_image=NOBLOB`` MySQL/MariaDB log an UPDATE's after image witho
 TEXT columns (JSON and GEOMETRY are blobs to the server) the statement did not set, and vtgate
 says which columns the image has (``RowChange.data_columns``). Such a column is not NULL: it is
 unchanged. The stager records the columns an image leaves out in the row's ``_absent`` column,
-and the merge keeps their earlier value (:mod:`airflow_provider_vitess.merge.partial`).
+and the merge keeps their earlier value (:mod:`airflow_provider_vitess.merge.job.partial`).
 
 What cannot be applied exactly is refused here, before anything is staged: an image that
 leaves out another column or a key column (``binlog_row_image=MINIMAL``), an INSERT that is not

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_vitess.merge.connect import split_token
+from airflow_provider_vitess.merge.job.connect import split_token
 from tests.conftest import REPO, LocalVitess, connection_uri_env
 
 BIN = Path(sys.executable).parent

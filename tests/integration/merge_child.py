@@ -3,7 +3,7 @@
 Usage: python -m tests.integration.merge_child <spec json>
 The spec JSON holds the store URL, sync id, Delta root and lock staleness. It does what
 ``VitessMergeOperator.execute`` does below Airflow: ``MergeRunner.run`` under the sync's lock,
-with the plan handed to ``spark-submit`` of the provider's job file (``merge/job.py``, the file
+with the plan handed to ``spark-submit`` of the provider's job file (``merge/job/main.py``, the file
 the operator submits), its report read back from ``--report-file``. The job's stdout (its
 progress lines) is passed through, so a caller can kill at a chosen step. Run it in a new
 session: a kill of its process group takes spark-submit's JVM and Python worker with it.
@@ -31,7 +31,7 @@ SPARK_HOME = pyspark_home()
 
 
 def job_file() -> str:
-    spec = importlib.util.find_spec("airflow_provider_vitess.merge.job")
+    spec = importlib.util.find_spec("airflow_provider_vitess.merge.job.main")
     assert spec is not None and spec.origin is not None
     return spec.origin
 

@@ -378,7 +378,7 @@ def cross_shard_ties(manifests: Iterable[Manifest], table: str, key: str) -> int
 
 def canon(value: Any, dtype: T.DataType) -> Any:
     """A source value (pymysql) or a Delta value (PySpark) in one comparable form, per the Delta
-    column type (see airflow_provider_vitess.merge.schema's mapping)."""
+    column type (see airflow_provider_vitess.merge.job.schema's mapping)."""
     if value is None:
         return None
     if isinstance(value, bytearray):

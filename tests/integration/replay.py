@@ -6,7 +6,7 @@ binlog order, ``seq`` within a window, windows in order). An UPDATE that changes
 delete at the old key and an upsert at the new one. A key lives on one shard at a time, so the
 row exists if any shard holds it; when two do (a window's stop can fall between the DELETE and
 the INSERT of a row moved between shards), the latest upsert gives the row. The Spark job reaches
-the same result from a window plus a few seconds of earlier windows (``merge/context.py``).
+the same result from a window plus a few seconds of earlier windows (``merge/job/lookback.py``).
 """
 
 from __future__ import annotations

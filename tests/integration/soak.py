@@ -50,7 +50,7 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import SyncLockedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
 from tests.conftest import REPO, LocalVitess, connection_uri_env

@@ -21,7 +21,7 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import KeyConflictError
 from airflow_provider_vitess.keys import KeyOverrides
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl

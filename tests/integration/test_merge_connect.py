@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +25,11 @@ from pyspark.sql.utils import is_remote
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge import connect
+from airflow_provider_vitess.merge.job import connect, connect_tables
+from airflow_provider_vitess.merge.job.steps import TableSize
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
-from airflow_provider_vitess.merge.steps import TableSize
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 from tests.integration.merge_workload import execute
@@ -117,7 +121,12 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
                 app_id = submitted[0].txn_app_id(table)
                 assert [(a, v) for a, v, _ in delta_txns(delta / table)] == [(app_id, 1), (app_id, 2)]
                 path = str(delta / table)
-                assert connect.txn_version(reader, path, app_id, connect.table_version(reader, path)) == 2
+                assert (
+                    connect_tables.txn_version(
+                        reader, path, app_id, connect_tables.table_version(reader, path)
+                    )
+                    == 2
+                )
 
             # A merge killed after its Delta commits but before MERGED was recorded is run
             # again: through the Connect path too, the transaction ids make it commit nothing.
@@ -137,7 +146,7 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
 def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
     spark_connect: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``connect.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
+    """``connect_tables.txn_version`` reads a checkpoint and the commits after it, as Delta does, not
     every file of the log (a commit per window for 30 days): a stray older checkpoint file that
     Delta never reads is not read either (reading the whole log failed on it). Without the
     checkpoint at the interval it takes the newest one listed; with a V2 checkpoint (files not
@@ -153,12 +162,12 @@ def test_the_txn_version_is_read_from_the_snapshots_own_log_files(
             writer.option("txnAppId", app).option("txnVersion", v if v <= 12 else v - 12).save(table)
         log_dir = Path(table) / "_delta_log"
         assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 20
-        version = connect.table_version(spark, table)
+        version = connect_tables.table_version(spark, table)
         assert version == 24
 
         def txns() -> tuple[int | None, ...]:
             return tuple(
-                connect.txn_version(spark, table, app, version) for app in ("app-x", "app-y", "app-z")
+                connect_tables.txn_version(spark, table, app, version) for app in ("app-x", "app-y", "app-z")
             )
 
         stray = log_dir / f"{5:020d}.checkpoint.parquet"
@@ -194,7 +203,7 @@ def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_t
         detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()
         assert detail is not None and detail["numFiles"] >= 4  # four appends
         size = TableSize(detail["numFiles"], detail["sizeInBytes"])
-        version = connect.table_version(spark, table)
+        version = connect_tables.table_version(spark, table)
         crc = Path(table) / "_delta_log" / f"{version:020d}.crc"
         written = json.loads(crc.read_text())
 
@@ -204,7 +213,7 @@ def test_the_table_state_is_read_from_the_versions_checksum_file_else_from_the_t
             crc.with_name(f".{crc.name}.crc").unlink(missing_ok=True)
 
         def state(app: str = "app-x") -> tuple[Any, ...]:
-            s = connect.table_state(spark, table, app, None)
+            s = connect_tables.table_state(spark, table, app, None)
             return s.exists, s.version, s.txn_version, s.column_mapping, s.size, s.schema.names
 
         assert state() == (True, version, 3, True, size, ["id"])
@@ -256,7 +265,8 @@ def test_the_token_is_required_and_never_logged(
         workload(hook, random.Random(spec.sync_id))
         CaptureRunner(hook, store, spec, holder="test-token").snapshot()
         runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-token-merge")
-        assert runner.run(lambda plan: operator._merge_on_connect(plan, "sc_token")).seq == 1
+        backend = operator._make_backend()
+        assert runner.run(lambda plan: backend.submit(plan, {})).seq == 1
     finally:
         store.close()
     with connect.remote_sessions(spark_connect) as new_session:
@@ -266,3 +276,104 @@ def test_the_token_is_required_and_never_logged(
     assert "Merge window 1 of sync" in logged  # the capture saw the operator's own lines
     for form in {token, quote(token), quote(token, safe="")}:
         assert form not in logged, form
+
+
+KILLED = ("connect_kill_a", "connect_kill_b")
+
+
+def test_a_killed_connect_merge_task_stops_its_spark_operations_and_leaves_the_window_to_rerun(
+    spark_connect: str, hook: VitessHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merge task is killed (SIGTERM, which Airflow's task runner turns into ``on_kill``)
+    while its Spark Connect merge writes a table: the server's operations for the merge stop
+    before any commit, the task fails saying so, the sync's lock is released and the window
+    stays STAGED; the next run merges it (target == source, each window committed once)."""
+    from airflow_provider_vitess.exceptions import MergeInterruptedError
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    # Tables of this test's own, big enough that a table's write runs a while on the server.
+    execute(
+        hook,
+        *[f"DROP TABLE IF EXISTS commerce.{t}" for t in KILLED],
+        *[f"CREATE TABLE commerce.{t} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(200))" for t in KILLED],
+    )
+    rows, batch = 40_000, 2_000
+    execute(
+        hook,
+        *[
+            f"INSERT INTO commerce.{t} (id, note) VALUES "
+            + ", ".join(f"({i}, '{format(i * 7919, 'x') * 12}')" for i in range(start, start + batch))
+            for t in KILLED
+            for start in range(1, rows + 1, batch)
+        ],
+    )
+    plain, token = connect.split_token(spark_connect)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SC_KILL",
+        json.dumps({"conn_type": "spark_connect", "host": plain.rstrip("/"), "password": token}),
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KILL_STORE", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "store.db")})
+    )
+    spec = SyncSpec(f"connect-kill-{uuid.uuid4().hex[:8]}", "commerce", KILLED, str(tmp_path / "stage"))
+    delta = tmp_path / "delta"
+    try:
+        CaptureRunner(hook, store, spec, holder="test-kill").snapshot()
+        operator = VitessMergeOperator(
+            task_id="merge",
+            sync_id=spec.sync_id,
+            target_location=str(delta),
+            checkpoint_conn_id="kill_store",
+            spark_connect_conn_id="sc_kill",
+        )
+        # What Airflow's task runner does on SIGTERM: the task's on_kill, in the main thread.
+        previous = signal.signal(signal.SIGTERM, lambda *_: operator.on_kill())
+        writing = threading.Event()
+        fired: list[float] = []
+
+        def kill_while_a_table_is_written() -> None:
+            # Delta writes a new table's data files into its directory before it commits: a
+            # data file and no commit yet is a write in flight on the server.
+            while not writing.is_set():
+                if any(delta.glob("*/*.parquet")):
+                    writing.set()
+                    fired.append(time.monotonic())
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                time.sleep(0.005)
+
+        killer = threading.Thread(target=kill_while_a_table_is_written, daemon=True)
+        killer.start()
+        try:
+            with pytest.raises(MergeInterruptedError, match="window 1 on Spark Connect was killed"):
+                operator.execute({})
+            ended = time.monotonic()
+        finally:
+            writing.set()
+            killer.join()
+            signal.signal(signal.SIGTERM, previous)
+        assert fired, "the merge ended before any table's write began: no kill happened"
+        print(f"the killed merge task ended {ended - fired[0]:.2f}s after SIGTERM")
+        time.sleep(3)  # whatever the server had left to run for the merge would commit by now
+        assert [list((delta / t / "_delta_log").glob("*.json")) for t in KILLED] == [[], []]
+        assert store.window(spec.sync_id, 1).state is WindowState.STAGED
+        # The lock is free (a held one refuses this run) and the window merges as a whole.
+        rerun = VitessMergeOperator(
+            task_id="merge", sync_id=spec.sync_id, target_location=str(delta), spark_connect_conn_id="sc_kill"
+        )._make_backend()
+        runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-kill-rerun")
+        assert runner.run(lambda plan: rerun.submit(plan, {})).seq == 1
+        with connect.remote_sessions(spark_connect) as new_session:
+            assert_delta_equals_source(hook, "commerce", KILLED, delta, new_session())
+        app_ids = {
+            t: build_plan(store, spec.sync_id, store.window(spec.sync_id, 1), str(delta)).txn_app_id(t)
+            for t in KILLED
+        }
+        assert {t: [(a, v) for a, v, _ in delta_txns(delta / t)] for t in KILLED} == {
+            t: [(app_ids[t], 1)] for t in KILLED
+        }
+    finally:
+        store.close()
+    assert not is_remote()

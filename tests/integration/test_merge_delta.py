@@ -35,7 +35,8 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import CorruptStagedDataError, UnsupportedDeltaError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge import apply, delta_log, delta_state
+from airflow_provider_vitess.merge.job import apply, delta_log, tables
+from airflow_provider_vitess.merge.job.schema import MergeSchemaError
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -44,7 +45,6 @@ from airflow_provider_vitess.merge.report import (
     WriteMode,
     parse_report_line,
 )
-from airflow_provider_vitess.merge.schema import MergeSchemaError
 from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
@@ -251,7 +251,7 @@ def test_a_merge_delta_skips_is_already_applied_and_commits_nothing(
     (a fenced-off holder): the plan says MERGE, Delta skips it (the table holds the transaction),
     and the report says so instead of counting another run's commit as this run's write."""
     sync = captured.orders
-    read = delta_state.table_state
+    read = tables.table_state
 
     def read_before_the_other_run(
         session: SparkSession, path: str, app_id: str, restores_after: Any = None
@@ -260,7 +260,7 @@ def test_a_merge_delta_skips_is_already_applied_and_commits_nothing(
         assert state.txn_version is not None
         return replace(state, txn_version=state.txn_version - 1)
 
-    monkeypatch.setattr(delta_state, "table_state", read_before_the_other_run)
+    monkeypatch.setattr(tables, "table_state", read_before_the_other_run)
     last = sync.manifests[2].window_seq
     version = history_versions(spark, merged.root / wl.ORDERS)
     result = merge(spark, sync.plan(merged.root, 2)).window(last).table(wl.ORDERS)
@@ -276,7 +276,7 @@ def test_a_replace_delta_skips_is_already_applied_and_commits_nothing(
     """The same for a snapshot window: its replace is a plain write, which returns nothing either
     way; only the commit that the session records, or does not, tells a skip from a write."""
     sync = captured.orders
-    read = delta_state.table_state
+    read = tables.table_state
 
     def read_before_the_snapshot_committed(
         session: SparkSession, path: str, app_id: str, restores_after: Any = None
@@ -284,7 +284,7 @@ def test_a_replace_delta_skips_is_already_applied_and_commits_nothing(
         # Before the snapshot committed, its table did not exist yet.
         return replace(read(session, path, app_id, restores_after), exists=False, txn_version=None)
 
-    monkeypatch.setattr(delta_state, "table_state", read_before_the_snapshot_committed)
+    monkeypatch.setattr(tables, "table_state", read_before_the_snapshot_committed)
     version = history_versions(spark, merged.root / wl.ORDERS)
     snapshot = sync.manifests[0].window_seq
     result = merge(spark, sync.plan(merged.root, 0, 1)).window(snapshot).table(wl.ORDERS)

@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.merge import apply
+from airflow_provider_vitess.merge.job import apply
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from spark_jobs.merge_cdc import merge

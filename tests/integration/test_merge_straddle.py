@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table, writer
 from tests.conftest import LocalVitess

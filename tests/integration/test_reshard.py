@@ -45,7 +45,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.sensors import VitessChangesSensor

@@ -30,7 +30,7 @@ from airflow_provider_vitess.capture.row_images import row_image_settings
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import BinlogSettingsError, PartialRowImageError
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.staging import Manifest, read_table
 from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
 from tests.integration import merge_workload as wl

@@ -26,7 +26,7 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import ZeroDateError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job import merge
+from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_vitess.exceptions import CorruptStagedDataError, MergePlanError
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge import job
+from airflow_provider_vitess.merge.job import main
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     MergeReport,
@@ -166,7 +166,7 @@ def test_a_part_naming_a_schema_the_manifest_lacks_is_refused() -> None:
 def test_a_bad_plan_file_names_its_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan_file, report_file = tmp_path / "plan.json", tmp_path / "report.json"
     plan_file.write_text(OLD_PLAN.replace('"seq": 7', '"seq": "seven"'))
-    assert job.main(["--plan-file", str(plan_file), "--report-file", str(report_file)]) == 2
+    assert main.main(["--plan-file", str(plan_file), "--report-file", str(report_file)]) == 2
     error = json.loads(report_file.read_text())
     assert error == {
         "error": f"plan file {plan_file} is not a valid merge plan: "

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_vitess.merge.checksum import Checksum, checksum_path
-from airflow_provider_vitess.merge.steps import TableSize
+from airflow_provider_vitess.merge.job.checksum import Checksum, checksum_path
+from airflow_provider_vitess.merge.job.steps import TableSize
 
 WRITTEN: dict[str, Any] = {
     "txnId": "29c1a39b-ef1c-4a95-99a5-b23fd107e0be",

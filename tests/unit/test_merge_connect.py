@@ -13,19 +13,19 @@ from pyspark.sql.connect.client.core import SparkConnectClient
 from pyspark.sql.connect.session import SparkSession as RemoteSession
 from pyspark.sql.utils import is_remote
 
-from airflow_provider_vitess.merge import job
-from airflow_provider_vitess.merge.apply import sql_literal
-from airflow_provider_vitess.merge.connect import (
+from airflow_provider_vitess.merge.job import run
+from airflow_provider_vitess.merge.job.apply import sql_literal
+from airflow_provider_vitess.merge.job.connect import (
     MODE_VARIABLES,
     TOKEN_ENV,
     _main,
-    is_connect,
     redacted,
     remote_sessions,
     run_merge,
     server_args,
     split_token,
 )
+from airflow_provider_vitess.merge.job.delta_access import is_connect
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, HADOOP_AWS_PACKAGE
@@ -138,7 +138,7 @@ def test_a_connect_merge_leaves_the_process_for_classic_spark(
             raise RuntimeError("the job failed")
         return MergeReport("s", ())
 
-    monkeypatch.setattr(job, "merge", merge)
+    monkeypatch.setattr(run, "merge", merge)
     if fails:
         with pytest.raises(RuntimeError, match="the job failed"):
             run_merge(NOWHERE, PLAN)

@@ -1,4 +1,4 @@
-"""Which earlier windows a merged window reads as context (merge/context.py), and the footer
+"""Which earlier windows a merged window reads as context (merge/job/lookback.py), and the footer
 statistics it decides from."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation
-from airflow_provider_vitess.merge import context
-from airflow_provider_vitess.merge.context import CONTEXT_SECONDS, context_windows
+from airflow_provider_vitess.merge.job import lookback
+from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS, context_windows
 from airflow_provider_vitess.staging import Manifest, WindowStager
+from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK
 from airflow_provider_vitess.vgtid import Vgtid
 
 FIELDS = [
@@ -48,16 +49,16 @@ def test_commit_ts_range_reads_every_row_group_of_every_part(tmp_path: Path) -> 
         with fs.open(f"{root}/{part.path}", "rb") as f:
             groups += pq.ParquetFile(f).metadata.num_row_groups
     assert groups > 1
-    assert context.commit_ts_range(manifest, "t") == (1700000100, 1700000107)
-    assert context.commit_ts_range(manifest, "other") is None
+    assert lookback.commit_ts_range(manifest, "t") == (1700000100, 1700000107)
+    assert lookback.commit_ts_range(manifest, "other") is None
 
 
 def test_created_epoch_of_a_written_manifest_and_of_none(tmp_path: Path) -> None:
     manifest = stage(tmp_path, 1, [5])
-    created = context.created_epoch(manifest)
+    created = lookback.created_epoch(manifest)
     assert created is not None
     assert abs(created - datetime.datetime.now(datetime.timezone.utc).timestamp()) < 60
-    assert context.created_epoch(dataclasses.replace(manifest, created_at="")) is None
+    assert lookback.created_epoch(dataclasses.replace(manifest, created_at="")) is None
 
 
 class Windows:
@@ -129,7 +130,7 @@ def test_tiny_windows_and_windows_without_the_table_are_walked_through(tmp_path:
     assert w.pick(5, first=1001) == [(4, 996), (2, 996)]
     picked = context_windows(w.by_seq[5], "t", 1001, w.by_seq.get, lambda m, _t: w.ranges[m.window_seq])
     # Nearer windows' events come later: window 4's shift is above window 2's.
-    assert [c.seq_shift for c in picked] == [-context.SEQ_SHIFT, -3 * context.SEQ_SHIFT]
+    assert [c.seq_shift for c in picked] == [-lookback.SEQ_SHIFT, -3 * lookback.SEQ_SHIFT]
 
 
 def test_clock_skew_between_worker_and_server_is_tolerated(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_look_back_is_bounded(tmp_path: Path) -> None:
     w = Windows(tmp_path)
     for seq in range(1, 40):
         w.add(seq, 1000, 1000, created=1000)
-    assert len(w.pick(39, first=1000)) == context.MAX_WINDOWS_BACK
+    assert len(w.pick(39, first=1000)) == MAX_WINDOWS_BACK
 
 
 def test_the_look_back_goes_by_the_sources_clocks_not_the_workers(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from airflow_provider_vitess.merge.delta_log import Commit, commit_info, log_file
+from airflow_provider_vitess.merge.job.delta_log import Commit, commit_info, log_file
 
 COMMIT_INFO = {
     "timestamp": 1795810660083,

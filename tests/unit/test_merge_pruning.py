@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from airflow_provider_vitess.merge.pruning import key_ranges, numeric_distance
+from airflow_provider_vitess.merge.job.pruning import key_ranges, numeric_distance
 
 
 def covers(ranges: list[tuple[int, int]], values: list[int]) -> bool:

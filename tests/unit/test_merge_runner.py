@@ -187,8 +187,8 @@ class _Log:
 
 def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None:
     from airflow_provider_vitess.exceptions import TargetIntegrityError
-    from airflow_provider_vitess.merge.integrity import check_targets
-    from airflow_provider_vitess.merge.steps import TableState
+    from airflow_provider_vitess.merge.job.integrity import check_targets
+    from airflow_provider_vitess.merge.job.steps import TableState
 
     def plan(windows: list[tuple[int, list[str]]], seq: int | None, version: int | None) -> MergePlan:
         target = {"table": "t", "path": "/d/t", "key_columns": ["id"], "key_from_source": ["id"]}

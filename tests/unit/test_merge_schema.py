@@ -6,8 +6,7 @@ import pytest
 from pyspark.sql import types as T
 
 from airflow_provider_vitess._proto import query_pb2
-from airflow_provider_vitess.merge.plan import TableTarget
-from airflow_provider_vitess.merge.schema import (
+from airflow_provider_vitess.merge.job.schema import (
     Conversion,
     MergeSchemaError,
     can_widen,
@@ -17,6 +16,7 @@ from airflow_provider_vitess.merge.schema import (
     window_columns,
     write_types,
 )
+from airflow_provider_vitess.merge.plan import TableTarget
 from airflow_provider_vitess.staging.manifest import ColumnSchema, PartInfo, TableManifest, TableSchema
 
 Q = query_pb2.Type

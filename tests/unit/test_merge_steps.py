@@ -6,9 +6,9 @@ import pytest
 from pyspark.sql import types as T
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.merge.job.schema import MergeSchemaError
+from airflow_provider_vitess.merge.job.steps import Action, TableState, plan_steps
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
-from airflow_provider_vitess.merge.schema import MergeSchemaError
-from airflow_provider_vitess.merge.steps import Action, TableState, plan_steps
 from airflow_provider_vitess.staging.manifest import (
     ColumnSchema,
     Manifest,

@@ -35,6 +35,7 @@ def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pyt
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from airflow_provider_vitess.operators.merge import VitessMergeOperator
+    from airflow_provider_vitess.operators.merge_backends import SparkSubmitMerge
 
     plan = _big_plan(600)
     assert len(plan.to_json()) > 131072  # MAX_ARG_STRLEN: one argument longer is refused (E2BIG)
@@ -53,8 +54,8 @@ def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pyt
             seen["plan"] = MergePlan.from_json(f.read())
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", execute)
-    monkeypatch.setattr(VitessMergeOperator, "_jars_from_cache", lambda self: None)
-    assert op._submit(plan, {}) is None  # no report: the job did not run
+    monkeypatch.setattr(SparkSubmitMerge, "_jars_from_cache", lambda self, job: None)
+    assert op._make_backend().submit(plan, {}) is None  # no report: the job did not run
     assert seen["exit"] == 0
     assert seen["plan"] == plan
     assert "--plan-json" not in (op.application_args or [])

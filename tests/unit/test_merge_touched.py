@@ -14,10 +14,10 @@ from pyspark.sql import SparkSession
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import TargetIntegrityError
-from airflow_provider_vitess.merge import delta_state, job
+from airflow_provider_vitess.merge.job import run, tables
+from airflow_provider_vitess.merge.job.steps import TableState, touched_tables
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
-from airflow_provider_vitess.merge.steps import TableState, touched_tables
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
 
@@ -60,7 +60,7 @@ def read(monkeypatch: pytest.MonkeyPatch) -> dict[str, TableState]:
         seen[path] = TableState(exists=True, txn_version=2, version=7)
         return seen[path]
 
-    monkeypatch.setattr(delta_state, "table_state", table_state)
+    monkeypatch.setattr(tables, "table_state", table_state)
     return seen
 
 
@@ -69,7 +69,7 @@ def test_a_window_of_one_table_reads_only_that_tables_state(
 ) -> None:
     # Window 2 touched t01 only; it is merged again (its commit is in t01: already applied).
     plan = sync_plan(catch_up(tmp_path, 2, ("t01",)))
-    report = job.merge(NO_SPARK, plan)
+    report = run.merge(NO_SPARK, plan)
     assert sorted(read) == ["/delta/t01"]
     statuses = {r.table: (r.status, r.delta_version) for r in report.window(2).tables}
     assert statuses == {
@@ -88,7 +88,7 @@ def test_the_touched_table_is_still_refused_when_it_is_not_what_the_sync_wrote(
     # not read (a run that does not write them cannot make them wrong).
     plan = sync_plan(catch_up(tmp_path, 4, ("t02",)), last_merged_seq=3)
     with pytest.raises(TargetIntegrityError, match=r"table 't02'.*holds this sync's windows only up to 2"):
-        job.merge(NO_SPARK, plan)
+        run.merge(NO_SPARK, plan)
     assert sorted(read) == ["/delta/t02"]
 
 
@@ -97,6 +97,6 @@ def test_touched_tables_are_those_with_staged_rows_or_replaced(tmp_path: Path) -
     second = WindowToMerge(6, catch_up(tmp_path, 6, ()).manifest_path, replace_tables=("t01",))
     targets = sync_plan(first).targets
     plan = MergePlan("s", (first, second), targets)
-    manifests = job.load_windows(plan)
+    manifests = run.load_windows(plan)
     assert touched_tables(MergePlan("s", (first,), targets), manifests[:1]) == ["t00", "t03"]
     assert touched_tables(plan, manifests) == ["t00", "t01", "t03"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_provider_vitess.exceptions import VitessConnectionError
+from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, HADOOP_AWS_PACKAGE, packages_for
 from airflow_provider_vitess.object_storage import S3Settings, is_s3_url
 from airflow_provider_vitess.operators._sync import s3_settings
@@ -137,9 +139,16 @@ def _merge_operator(monkeypatch: pytest.MonkeyPatch, master: str) -> Any:
     )
 
 
+def _submit_job(op: Any) -> Any:
+    """The SparkSubmitOperator copy the merge's spark-submit backend runs for a plan."""
+
+    plan = MergePlan("s", (WindowToMerge(1, "s3a://lake/stage/s/window=0000000001/_manifest.json"),), {})
+    return op._make_backend().job(plan, Path("/tmp/plan.json"), Path("/tmp/report.json"))
+
+
 def test_the_merge_gets_the_keys_in_its_process_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
     op = _merge_operator(monkeypatch, "local[2]")
-    hook = op._get_hook()
+    hook = _submit_job(op)._get_hook()
     assert hook._env_vars["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
     assert "s3cr3t" not in str(op.env_vars), "the secret went into a rendered field"
     assert "s3cr3t" not in " ".join(hook._build_spark_submit_command(op.application))
@@ -150,4 +159,4 @@ def test_masters_that_put_the_environment_on_the_command_line_are_refused(
     monkeypatch: pytest.MonkeyPatch, master: str
 ) -> None:
     with pytest.raises(VitessConnectionError, match="command line"):
-        _merge_operator(monkeypatch, master)._get_hook()
+        _submit_job(_merge_operator(monkeypatch, master))._get_hook()

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess.exceptions import StagingError
-from airflow_provider_vitess.merge.context import MAX_WINDOWS_BACK
-from airflow_provider_vitess.staging.retention import prunable, prune_after_commit, prune_committed
+from airflow_provider_vitess.staging.retention import (
+    MAX_WINDOWS_BACK,
+    prunable,
+    prune_after_commit,
+    prune_committed,
+)
 
 
 def _stage(root: Path, sync_id: str, seqs: range) -> None:

@@ -8,6 +8,7 @@ import re
 from importlib.metadata import version
 
 import tomllib
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -42,8 +43,13 @@ def test_the_spark_provider_is_claimed_from_the_tested_release() -> None:
     assert req.specifier.contains(installed) and _floor(req) == installed, (req, installed)
 
 
-def test_the_spark_submit_private_attributes_the_merge_relies_on_exist() -> None:
+def test_the_merge_uses_spark_submits_public_surface_only() -> None:
+    # The spark-submit backend runs SparkSubmitOperator.execute/on_kill on the operator's
+    # prepare_for_execution() copy, with public attributes set on the copy alone.
     op = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_x")
-    # _local_master() reads the Spark connection id; _submit() drops the cached hook.
-    assert op._conn_id == "spark_x"
-    assert "_hook" in vars(op) and op._hook is None
+    assert op.spark_conn_id == "spark_x"
+    job = op.prepare_for_execution()
+    job.application_args = ["--plan-file", "p"]
+    assert job is not op and op.application_args is None
+    for name in ("execute", "on_kill"):
+        assert callable(getattr(SparkSubmitOperator, name))

@@ -42,10 +42,11 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge import conflicts, partial
-from airflow_provider_vitess.merge.delta_log import forget_last_commit
-from airflow_provider_vitess.merge.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
-from airflow_provider_vitess.merge.schema import Conversion, TargetColumn, WindowColumns
+from airflow_provider_vitess.merge.job import conflicts, partial
+from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
+from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
+from airflow_provider_vitess.merge.job.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import window_dir
@@ -57,11 +58,6 @@ _SHARD, _ORD, _UP, _CTX = "_shard", "_ord", "_up", "_ctx"
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-
-
-def q(name: str) -> str:
-    """A quoted Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def col(name: str, alias: str | None = None) -> Column:

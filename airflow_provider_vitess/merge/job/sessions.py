@@ -6,7 +6,7 @@ several small tables' tasks while each table's driver-side work (planning, Delta
 commit) waits. A MERGE's transaction id is session configuration, which threads must not
 share: each running piece holds a session, given back when it ends. Classic sessions come from
 ``spark.newSession()`` (one application); Spark Connect ones from the caller's maker, which
-also stops them (:func:`airflow_provider_vitess.merge.connect.remote_sessions`).
+also stops them (:func:`.connect.remote_sessions`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import queue
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
-
-from airflow_provider_vitess.merge.connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,15 +30,19 @@ R = TypeVar("R")
 
 
 class TableSessions:
-    """Up to ``parallelism`` sessions (``spark`` the first), made as the work needs them."""
+    """Up to ``parallelism`` sessions (``spark`` the first), made as the work needs them.
+    ``activate`` makes a session the running thread's (:meth:`.delta_access.DeltaAccess.activate`:
+    Delta's threads in a classic driver need it)."""
 
     def __init__(
         self,
         spark: SparkSession,
         new_session: Callable[[], SparkSession] | None = None,
         parallelism: int | None = None,
+        activate: Callable[[SparkSession], None] = lambda _: None,
     ) -> None:
         self.spark = spark
+        self._activate = activate
         self._new = new_session
         self.parallelism = max(1, parallelism or DEFAULT_PARALLELISM)
         self._free: queue.SimpleQueue[SparkSession] = queue.SimpleQueue()
@@ -61,7 +63,7 @@ class TableSessions:
         def on_a_session(item: T) -> R:
             session = self._free.get()
             try:
-                _activate(session)
+                self._activate(session)
                 return work(session, item)
             finally:
                 self._free.put(session)
@@ -70,15 +72,3 @@ class TableSessions:
             futures = {table: pool.submit(on_a_session, item) for table, item in items.items()}
             wait(futures.values())
         return {table: future.result() for table, future in futures.items()}
-
-
-def _activate(session: SparkSession) -> None:
-    """Make a classic ``session`` this thread's active one in the JVM. Delta's own threads take
-    the caller's active session (reading a table's checkpoint fails with
-    DELTA_SPARK_SESSION_NOT_SET without one), and a pool thread has none until told; sessions
-    also move between threads. A Connect session's JVM is the server's."""
-    if is_connect(session):
-        return
-    jvm = session._jvm
-    assert jvm is not None
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)

@@ -14,14 +14,14 @@ warm session, and ran once for every table a window wrote):
 - **what the commit did**: the ``commitInfo`` action of that version's commit file
   (``_delta_log/<version>.json``), the same operation and metrics ``DESCRIBE HISTORY`` shows.
 
-Files are read through the session's Hadoop file system in a classic session (no Spark job),
-and with one small Spark read over Spark Connect (no JVM on this side).
+Names and parsing only: the caller's ``read`` reads a log file (:mod:`.delta_access`: through
+the session's Hadoop file system in a classic session, one small Spark read over Spark Connect).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LAST_COMMIT_CONF = "spark.databricks.delta.lastCommitVersionInSession"
+# Reads one log file (None: it does not exist): DeltaAccess.read_log_file.
+LogReader = Callable[["SparkSession", str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -47,34 +49,6 @@ def log_file(path: str, version: int, suffix: str) -> str:
     """``<path>/_delta_log/<version, 20 digits>.<suffix>``: a commit (json), a checksum (crc) or
     a classic checkpoint (checkpoint.parquet)."""
     return f"{log_dir(path)}/{version:020d}.{suffix}"
-
-
-def read_log_file(spark: SparkSession, file: str) -> str | None:
-    """The text of one log file; None when it does not exist."""
-    # Here, not at the top: .connect names its log files with this module's log_file.
-    from airflow_provider_vitess.merge.connect import is_connect
-
-    if is_connect(spark):
-        from pyspark.errors import AnalysisException
-
-        try:
-            rows = spark.read.text(file, wholetext=True).collect()
-        except AnalysisException as exc:
-            if exc.getCondition() == "PATH_NOT_FOUND":
-                return None
-            raise
-        return str(rows[0][0]) if rows else ""
-    jvm = spark._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(file)
-    fs = hadoop_path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-    if not fs.exists(hadoop_path):
-        return None
-    stream = fs.open(hadoop_path)
-    try:
-        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
 
 
 def commit_info(text: str, version: int, file: str = "") -> Commit:
@@ -96,14 +70,15 @@ def forget_last_commit(spark: SparkSession) -> None:
     spark.conf.unset(LAST_COMMIT_CONF)
 
 
-def last_commit(spark: SparkSession, path: str) -> Commit | None:
+def last_commit(spark: SparkSession, path: str, read: LogReader) -> Commit | None:
     """The commit the session's last write to the table at ``path`` made since
-    :func:`forget_last_commit`; None when it committed nothing."""
+    :func:`forget_last_commit` (its commit file read with ``read``); None when it committed
+    nothing."""
     version = spark.conf.get(LAST_COMMIT_CONF, None)
     if version is None:
         return None
     file = log_file(path, int(version), "json")
-    text = read_log_file(spark, file)
+    text = read(spark, file)
     if text is None:
         raise FileNotFoundError(
             f"Delta commit file {file}, of the version this session just committed, is missing"

@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.exceptions import InvalidVgtidError, KeyConflictError
-from airflow_provider_vitess.merge.context import CONTEXT_SECONDS
+from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import Manifest
 from airflow_provider_vitess.vgtid import Vgtid

@@ -16,7 +16,8 @@ of a window, and of every window before it, committed before that time, so once 
 before the cut-off, no earlier window can hold an event after it. (Manifests written before that
 stat existed are bounded by their ``created_at``, the capturing worker's clock.)
 
-Pure selection logic plus two small readers of staged metadata; the Spark side is in ``job.py``.
+Pure selection logic plus two small readers of staged metadata; the Spark side is in :mod:`.run`.
+(:data:`MAX_WINDOWS_BACK` is staging's: retention keeps that many windows for this look-back.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ CONTEXT_SECONDS = 5
 # The shards' MySQL servers (and, for an old manifest's created_at, the capturing worker) keep
 # clocks of their own: allow them to differ.
 CLOCK_SKEW_SECONDS = 60
-# Bounds the look-back when windows are tiny (each one costs a manifest and some footers).
-MAX_WINDOWS_BACK = 20
 # _seq of context events is shifted below the window's own: k windows back, k * this much lower.
 SEQ_SHIFT = 1 << 40
 

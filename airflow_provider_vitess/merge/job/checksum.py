@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from airflow_provider_vitess.merge.delta_log import log_file, read_log_file
-from airflow_provider_vitess.merge.steps import TableSize
+from airflow_provider_vitess.merge.job.delta_log import LogReader, log_file
+from airflow_provider_vitess.merge.job.steps import TableSize
 from airflow_provider_vitess.utils.jsondoc import JsonDocument
 
 if TYPE_CHECKING:
@@ -76,11 +76,11 @@ def checksum_path(path: str, version: int) -> str:
     return log_file(path, version, "crc")
 
 
-def read_checksum(spark: SparkSession, path: str, version: int) -> Checksum | None:
-    """The checksum file of the table at ``path`` at ``version`` (one small read); None when it
-    has none, or one that does not parse (Delta reads the table then, and so do we)."""
+def read_checksum(spark: SparkSession, path: str, version: int, read: LogReader) -> Checksum | None:
+    """The checksum file of the table at ``path`` at ``version`` (one small read with ``read``);
+    None when it has none, or one that does not parse (Delta reads the table then, and so do we)."""
     crc = checksum_path(path, version)
-    text = read_log_file(spark, crc)
+    text = read(spark, crc)
     if text is None:
         return None
     try:

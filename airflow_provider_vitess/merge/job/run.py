@@ -1,87 +1,47 @@
-"""PySpark job: apply staged Vitess change windows to Delta Lake tables, each window once.
+"""The merge itself: apply a plan's staged windows to its Delta tables, each window once.
 
-Usage (the operator builds this command; ``airflow_provider_vitess.merge.spark_conf`` has the
-``--packages``/``--conf`` values)::
+:func:`merge` runs in the Spark driver: spark-submit's (:mod:`.main`, the file the operator
+submits) or, over Spark Connect, the task's own process (:mod:`.connect`). How the Delta tables'
+state is read differs between the two and is chosen once per merge (:mod:`.delta_access`).
 
-    spark-submit --packages io.delta:delta-spark_2.13:4.4.0 \\
-        --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \\
-        --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \\
-        spark_jobs/merge_cdc.py (--plan-json JSON | --plan-file PATH) \\
-        [--report-file PATH] [--rows-per-file N] [--parallelism N]
-
-The same :func:`merge` also runs in a process of its own against a Spark Connect server, with no
-spark-submit (:mod:`airflow_provider_vitess.merge.connect`).
-
-The plan is a :class:`~airflow_provider_vitess.merge.plan.MergePlan` (JSON). The driver's Python
-must have this provider and ``delta-spark`` installed (it reads the manifests, verifies the
-staged files' checksums and plans the schema changes); executors need only PySpark. The staging
-location must be a path or URL that both fsspec and Spark/Hadoop read (a local or shared path,
-``s3a://``, ``abfss://``...), with credentials from the environment / Hadoop configuration. For
-S3, the usual AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``; see :mod:`airflow_provider_vitess.object_storage`)
-configure both fsspec and S3A: the job sets them on its session, not on the command line.
-
-What a run does, in order, before writing anything: load every window's manifest (a missing one
-is an error naming it), verify each staged part's size and sha256 (a damaged one is an error
-naming the file), read the schema and the latest transaction version of
-``plan.txn_app_id(table)`` of each Delta table the windows write (staged rows, or replaced: a
-table they do not touch is not read) and check it is what the sync last wrote, and plan every
-(window, table) step, so an incompatible schema change fails the run before its first commit.
-Then the tables, several at once (they are independent: each has its own Delta log and
-transaction id; :mod:`.sessions`), each window by window in seq order:
-skip what the table's transaction version already covers (``already_applied``), else reduce the
-window to one change per key (``merge.apply``: each shard's last event, the row exists if a shard
-holds it, key changes delete the old key; a merged window also reads a few seconds of earlier
-windows, ``merge.context``, for rows moved between shards across a window's stop) and either
-replace the table with it (a snapshot window or a new table) or MERGE it in, as one Delta commit
-carrying txnAppId = ``plan.txn_app_id(table)`` and txnVersion = the window's seq: a rerun after
-a crash, at any point, commits nothing twice.
-
-Output: one stdout line ``VITESS_MERGE_REPORT <json>`` (:class:`~airflow_provider_vitess.merge.
-report.MergeReport`), the same JSON in ``--report-file``, and ``VITESS_MERGE_PROGRESS <json>``
-lines as each (window, table) starts writing and commits. Exit status 0; 2 for a plan or staged
-input the job refuses (message on stderr and as ``VITESS_MERGE_ERROR <json>``); 1 otherwise.
+Before writing anything: load every window's manifest (a missing one is an error naming it),
+verify each staged part's size and sha256 (a damaged one is an error naming the file), read the
+state of each Delta table the windows write (staged rows, or replaced: a table they do not
+touch is not read), check it is what the sync last wrote (:mod:`.integrity`), and plan every
+(window, table) step (:mod:`.steps`), so an incompatible schema change fails the run before its
+first commit. Then the tables, several at once (:mod:`.sessions`), each window by window in seq
+order: skip what the table's transaction version already covers, else reduce the window to one
+change per key (:mod:`.apply`; a merged window also reads a few seconds of earlier windows,
+:mod:`.lookback`) and replace the table with it or MERGE it in, as one Delta commit carrying
+txnAppId = ``plan.txn_app_id(table)`` and txnVersion = the window's seq: a rerun after a crash,
+at any point, commits nothing twice.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
-import os
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
-from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, delta_state, partial
-from airflow_provider_vitess.merge.connect import MODE_VARIABLES
-from airflow_provider_vitess.merge.integrity import check_targets
-from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
-from airflow_provider_vitess.merge.report import (
-    PROGRESS_PREFIX,
-    REPORT_PREFIX,
-    MergeReport,
-    TableResult,
-    TableStatus,
-    WindowResult,
-    WriteMode,
-)
-from airflow_provider_vitess.merge.schema import (
+from airflow_provider_vitess.exceptions import UnsupportedDeltaError
+from airflow_provider_vitess.merge.job import apply, conflicts, delta_log, lookback, partial
+from airflow_provider_vitess.merge.job.delta_access import DeltaAccess, for_session
+from airflow_provider_vitess.merge.job.integrity import check_targets
+from airflow_provider_vitess.merge.job.schema import (
     WindowColumns,
     needs_column_mapping,
     window_columns,
     write_types,
 )
-from airflow_provider_vitess.merge.sessions import DEFAULT_PARALLELISM, TableSessions
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_conf
-from airflow_provider_vitess.merge.steps import (
+from airflow_provider_vitess.merge.job.sessions import TableSessions
+from airflow_provider_vitess.merge.job.steps import (
     Action,
     Step,
     TableSize,
@@ -89,14 +49,21 @@ from airflow_provider_vitess.merge.steps import (
     plan_steps,
     touched_tables,
 )
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
+from airflow_provider_vitess.merge.report import (
+    MergeReport,
+    TableResult,
+    TableStatus,
+    WindowResult,
+    WriteMode,
+)
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging import Manifest, load_manifest, verify
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import MANIFEST_NAME
 
 log = logging.getLogger("vitess_merge")
-ERROR_PREFIX = "VITESS_MERGE_ERROR "
-TIMING_PREFIX = "VITESS_MERGE_TIMING "  # seconds per phase, for bench/bench_merge_latency.py
 DEFAULT_ROWS_PER_FILE = 1_000_000
 Progress = Callable[[int, str, str], None]
 
@@ -127,6 +94,7 @@ def merge(
     new_session: Callable[[], SparkSession] | None = None,
     parallelism: int | None = None,
     timings: dict[str, float] | None = None,
+    delta: DeltaAccess | None = None,
 ) -> MergeReport:
     """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what.
 
@@ -136,16 +104,18 @@ def merge(
     ``parallelism`` tables at once, each on its own session (:class:`.sessions.TableSessions`;
     ``new_session`` makes them, default ``spark.newSession``). ``timings`` receives the seconds
     of each phase (``manifests``, ``states``, ``table <name>``, ``tables``), for the
-    benchmark's breakdown."""
+    benchmark's breakdown. ``delta``: how the tables' state is read (:mod:`.delta_access`),
+    chosen here by the kind of ``spark`` unless the caller knows it."""
     started = time.monotonic()
+    delta = delta or for_session(spark)
     timed = timings if timings is not None else {}
     manifests = load_windows(plan)
     timed["manifests"] = time.monotonic() - started
-    pool = TableSessions(spark, new_session, parallelism)
+    pool = TableSessions(spark, new_session, parallelism, activate=delta.activate)
 
     def read_state(session: SparkSession, table: str) -> TableState:
         target = plan.targets[table]
-        return delta_state.table_state(
+        return delta.table_state(
             session, target.path, plan.txn_app_id(table), restores_after=target.last_delta_version
         )
 
@@ -171,7 +141,9 @@ def merge(
         size = None if state is None else state.size  # until this run writes the table
         for step in chain:
             began = time.monotonic()
-            result = _run(session, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known, size)
+            result = _run(
+                session, delta, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known, size
+            )
             if result.status is TableStatus.WRITTEN:
                 size = None
             if (
@@ -215,6 +187,7 @@ def merge(
 
 def _run(
     spark: SparkSession,
+    delta: DeltaAccess,
     plan: MergePlan,
     manifest: Manifest,
     step: Step,
@@ -268,11 +241,11 @@ def _run(
                     rows, target.path, keys, app_id, step.seq, files=files, column_mapping=mapping
                 )
             else:
-                changes, merged = _merge(spark, final, target.path, keys, step, app_id, size)
+                changes, merged = _merge(spark, delta, final, target.path, keys, step, app_id, size)
         except Exception as exc:  # a key two shards hold fails inside Spark: say it plainly
             conflicts.raise_if_conflict(exc)
             raise
-    commit = delta_log.last_commit(spark, target.path)
+    commit = delta_log.last_commit(spark, target.path, delta.read_log_file)
     if commit is None and merged:
         raise UnsupportedDeltaError(
             f"window {step.seq} table {step.table}: Delta ran the MERGE into {target.path} but the "
@@ -295,12 +268,12 @@ def _context(
     staged: DataFrame,
     known: dict[int, Manifest | None],
 ) -> DataFrame | None:
-    """Events of earlier windows that can still decide keys of this one (:mod:`..context`), in
+    """Events of earlier windows that can still decide keys of this one (:mod:`.lookback`), in
     this window's columns and types, their ``_seq`` below this window's. ``known`` caches the
     manifests read (None: not staged)."""
     assert step.columns is not None
     table, target = step.table, plan.targets[step.table]
-    found = context.commit_ts_range(manifest, table)
+    found = lookback.commit_ts_range(manifest, table)
     if found is None:  # footers without statistics: ask Spark
         row = staged.agg(F.min(apply.col(A.COMMIT_TS))).first()
         found = None if row is None or row[0] is None else (int(row[0]), int(row[0]))
@@ -315,7 +288,7 @@ def _context(
         return known[seq]
 
     frames = []
-    for earlier in context.context_windows(manifest, table, found[0], load):
+    for earlier in lookback.context_windows(manifest, table, found[0], load):
         tm = earlier.manifest.tables[table]
         rows = apply.read_window(spark, earlier.manifest, tm, window_columns(tm, target))
         rows = rows.where(apply.col(A.COMMIT_TS) >= earlier.since)
@@ -361,6 +334,7 @@ def _with_comments(wc: WindowColumns) -> list[Column]:
 
 def _merge(
     spark: SparkSession,
+    delta: DeltaAccess,
     final: DataFrame,
     path: str,
     keys: list[str],
@@ -384,7 +358,7 @@ def _merge(
         final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()], *keep)
     )
     try:
-        size = size if size is not None else delta_state.table_size(spark, path)
+        size = size if size is not None else delta.table_size(spark, path)
         # One file, or a table small enough to rewrite (so to scan whole): the files the key
         # ranges would skip cost less than the job that computes them.
         rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
@@ -428,122 +402,8 @@ def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str,
     )
 
 
-# -- command line ----------------------------------------------------------------------------------
-
-
-def _args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="merge_cdc.py", description=__doc__.split("\n", 1)[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--plan-json", help="the MergePlan as JSON text")
-    src.add_argument("--plan-file", help="a file (local path or fsspec URL) holding the MergePlan JSON")
-    p.add_argument("--report-file", help="also write the report JSON here")
-    p.add_argument("--jars-file", help="write the jars Spark was given (spark.jars), for later --jars")
-    p.add_argument(
-        "--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE, help="rows per file on replace"
-    )
-    p.add_argument("--parallelism", type=int, help=f"tables merged at once (default {DEFAULT_PARALLELISM})")
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
-
-
-def _read_text(path: str) -> str:
-    import fsspec
-
-    with fsspec.open(path, "r", encoding="utf-8") as f:
-        return str(f.read())
-
-
-def _write_text(path: str, text: str) -> None:
-    import fsspec
-
-    with fsspec.open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def session(app_name: str) -> SparkSession:
-    """The job's session: spark-submit's settings, plus :func:`spark_conf` for whatever they lack
-    (so ``python merge_cdc.py`` works too)."""
-    from pyspark import SparkConf
-
-    # A process that opened a Spark Connect session marks its environment for Connect
-    # (pyspark.sql.utils.is_remote), and a spark-submit it starts inherits the mark: this
-    # session is a classic one, whoever started the job.
-    for name in MODE_VARIABLES:
-        os.environ.pop(name, None)
-    given = SparkConf()
-    builder = SparkSession.builder.appName(app_name)
-    s3 = S3Settings.from_environment(os.environ)
-    for key, value in {**spark_conf(), **(s3.hadoop_conf() if s3 else {})}.items():
-        if not given.contains(key):
-            builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
-def _report_error(report_file: str | None, exc: Exception) -> None:
-    """The error as ``VITESS_MERGE_ERROR <json>`` and in the report file, with whether a retry
-    can fix it: the operator fails a permanent one at once (``exceptions.is_permanent``)."""
-    text = json.dumps({"error": str(exc)[:2000], "type": type(exc).__name__, "permanent": is_permanent(exc)})
-    print(ERROR_PREFIX + text, flush=True)
-    if report_file:
-        try:
-            _write_text(report_file, text)
-        except Exception as write_error:  # the stdout line above still tells
-            log.warning("could not write the error to %s: %s", report_file, write_error)
-
-
 def use_s3_settings(s3: S3Settings) -> None:
     """fsspec's defaults for ``s3://`` and ``s3a://`` in this process (manifests, checksums)."""
     import fsspec.config
 
     fsspec.config.conf.setdefault("s3", {}).update(s3.storage_options())
-
-
-def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
-    entered = time.time()  # wall clock: the benchmark subtracts its spawn time (JVM + Python start)
-    args = _args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    s3 = S3Settings.from_environment(os.environ)
-    if s3 is not None:
-        use_s3_settings(s3)
-    try:
-        if args.plan_json is not None:
-            plan = MergePlan.from_json(args.plan_json)
-        else:
-            plan = MergePlan.from_json(_read_text(args.plan_file), source=f"plan file {args.plan_file}")
-        began = time.monotonic()
-        spark = spark or session(f"vitess-merge {plan.sync_id}")
-        timings = {"session": time.monotonic() - began}
-        if args.jars_file:
-            _write_text(args.jars_file, spark.sparkContext.getConf().get("spark.jars", ""))
-
-        def emit(seq: int, table: str, phase: str) -> None:
-            print(PROGRESS_PREFIX + json.dumps({"seq": seq, "table": table, "phase": phase}), flush=True)
-
-        report = merge(
-            spark,
-            plan,
-            rows_per_file=args.rows_per_file,
-            progress=emit,
-            timings=timings,
-            parallelism=args.parallelism,
-        )
-    except VitessProviderError as exc:
-        print(f"merge failed: {exc}", file=sys.stderr, flush=True)
-        _report_error(args.report_file, exc)
-        return 2
-    except Exception as exc:
-        log.exception("merge failed")
-        _report_error(args.report_file, exc)
-        return 1
-    # Which Spark application did it, for the operator's "Spark UI" link (not part of the report).
-    app = {"application_id": spark.sparkContext.applicationId, "ui_url": spark.sparkContext.uiWebUrl}
-    text = json.dumps({**json.loads(report.to_json()), "spark": app}, sort_keys=True)
-    if args.report_file:
-        _write_text(args.report_file, text)
-    print(REPORT_PREFIX + text, flush=True)
-    print(TIMING_PREFIX + json.dumps({"entered": entered, "ended": time.time(), **timings}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

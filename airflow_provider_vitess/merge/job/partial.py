@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.schema import Conversion, WindowColumns
+from airflow_provider_vitess.merge.job.schema import Conversion, WindowColumns
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import TableManifest
 from airflow_provider_vitess.staging.row_images import BLOB_TYPES

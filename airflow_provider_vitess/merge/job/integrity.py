@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError
+from airflow_provider_vitess.merge.job.steps import TableState
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
-from airflow_provider_vitess.merge.steps import TableState
 
 
 def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:

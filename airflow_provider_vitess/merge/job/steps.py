@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
-from airflow_provider_vitess.merge.schema import (
+from airflow_provider_vitess.merge.job.schema import (
     Evolution,
     WindowColumns,
     evolve,
     needs_column_mapping,
     window_columns,
 )
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.staging.manifest import Manifest
 
 

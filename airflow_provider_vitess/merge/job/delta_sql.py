@@ -1,0 +1,29 @@
+"""Delta SQL both kinds of session speak: a quoted identifier, and the RESTOREs in a table's history.
+
+SQL rather than ``DeltaTable``'s Python API: the same on a classic session and over Spark
+Connect, where that API needs Delta's Connect plugin on the server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def q(name: str) -> str:
+    """A quoted Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
+    """RESTORE commits in (after, latest]: reads only those commits' info from the log."""
+    if after is None or latest <= after:
+        return ()
+    rows = _history(spark, path, latest - after).select("version", "operation").collect()
+    return tuple(sorted(int(r[0]) for r in rows if r[0] > after and str(r[1]) == "RESTORE"))
+
+
+def _history(spark: SparkSession, path: str, limit: int) -> DataFrame:
+    return spark.sql(f"DESCRIBE HISTORY delta.{q(path)} LIMIT {int(limit)}")

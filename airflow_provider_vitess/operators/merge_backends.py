@@ -1,0 +1,230 @@
+"""Where ``VitessMergeOperator`` runs the merge job: spark-submit, or a Spark Connect server.
+
+One interface (:class:`MergeBackend`: run a plan, stop it when the task is killed), chosen once
+per task run, as the Airflow Spark provider's hooks each carry their own ``on_kill``:
+
+- :class:`SparkSubmitMerge` submits ``merge/job/main.py`` through ``SparkSubmitOperator``'s
+  public ``execute``, on the operator's copy for execution holding this submit's arguments (the
+  operator itself is never changed, so credentials never reach a rendered field); its
+  ``on_kill`` is the provider's (the spark-submit process, a YARN application, a driver);
+- :class:`SparkConnectMerge` runs the merge in the task's process against the connection's
+  server; its ``on_kill`` interrupts the server's operations for the merge's sessions and
+  releases them, so the merge stops before any further commit and the task ends with an error
+  (the sync's lock is released on the way out; the window stays STAGED, re-runnable).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_vitess.connections import s3_settings
+from airflow_provider_vitess.exceptions import MergeInterruptedError, VitessConnectionError, permanent_by_name
+from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
+from airflow_provider_vitess.merge.report import MergeReport
+from airflow_provider_vitess.merge.spark_conf import LOCAL_SUBMIT_CONF, packages_for
+from airflow_provider_vitess.utils.failures import fail_permanently
+from airflow_provider_vitess.utils.task import log_group
+
+if TYPE_CHECKING:
+    from airflow_provider_vitess.merge.job.connect import RemoteSessions
+    from airflow_provider_vitess.merge.plan import MergePlan
+
+REPORT_ARG = "--report-file"
+PLAN_ARG = "--plan-file"
+JARS_ARG = "--jars-file"
+
+
+class MergeBackend(Protocol):
+    def submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
+        """Run the merge job with ``plan``: its report (None: it wrote none), or its error."""
+
+    def on_kill(self) -> None:
+        """Stop what :meth:`submit` started (the task is being killed)."""
+
+
+def _connection_host(conn_id: str) -> str | None:
+    from airflow.sdk.bases.hook import BaseHook
+
+    try:
+        return BaseHook.get_connection(conn_id).host or ""
+    except Exception:  # SparkSubmitHook falls back to yarn without the connection
+        return None
+
+
+class SparkSubmitMerge:
+    """spark-submit of the job with ``operator``'s ``SparkSubmitOperator`` arguments, plus what
+    ``SparkSubmitOperator`` keeps private (its connection id and repositories), given apart."""
+
+    def __init__(
+        self,
+        operator: SparkSubmitOperator,
+        *,
+        sync_id: str,
+        spark_conn_id: str,
+        repositories: str | None = None,
+        packages_given: bool = False,
+        aws_conn_id: str | None = None,
+        jars_cache_dir: Path,
+    ) -> None:
+        self.operator = operator
+        self.log = operator.log
+        self.sync_id, self.spark_conn_id, self.repositories = sync_id, spark_conn_id, repositories
+        self.packages_given, self.aws_conn_id, self.jars_cache_dir = (
+            packages_given,
+            aws_conn_id,
+            jars_cache_dir,
+        )
+        self._job: SparkSubmitOperator | None = None
+        self.application_id: str | None = None  # from the job's report, for the "Spark UI" link
+
+    def job(self, plan: MergePlan, plan_file: Path, report_file: Path) -> SparkSubmitOperator:
+        """The operator's copy (``prepare_for_execution``) that submits ``plan`` (written to
+        ``plan_file``): this submit's arguments, Spark settings and packages, and the object
+        store's keys in its process environment only (never in a rendered field of the
+        operator, nor on the logged command line)."""
+        op = self.operator
+        job = op.prepare_for_execution()
+        job.application_args = [PLAN_ARG, str(plan_file), REPORT_ARG, str(report_file)]
+        if (_connection_host(self.spark_conn_id) or "").startswith("local"):
+            # One small executor: fewer shuffle partitions and snapshot partitions save most of
+            # a small window's merge time, the quick JIT tier much of the rest; the user's own
+            # conf still wins.
+            job.conf = {**LOCAL_SUBMIT_CONF, **(op.conf or {})}
+        if not self.packages_given:
+            paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
+            job.packages = packages_for(paths)
+        s3 = s3_settings(self.aws_conn_id)
+        if s3 is not None:
+            master = _connection_host(self.spark_conn_id) or ""
+            if master.startswith(("yarn", "k8s")):
+                raise VitessConnectionError(
+                    f"aws_conn_id {self.aws_conn_id!r} cannot be used with the {master!r} master: its "
+                    "spark-submit would put the credentials on its command line; leave aws_conn_id "
+                    "unset and give the cluster S3 credentials of its own (instance role, Hadoop "
+                    "configuration)"
+                )
+            job.env_vars = {**(op.env_vars or {}), **s3.environment()}
+        return job
+
+    def _jars_from_cache(self, job: SparkSubmitOperator) -> tuple[str | None, ...] | None:
+        """Swap the job's ``packages`` for the jars an earlier submit resolved for them (no Ivy
+        run); else the key to remember this submit's jars under (None: nothing to resolve)."""
+        if not job.packages:
+            return None
+        key = (job.packages, self.repositories, job.exclude_packages)
+        jars = cached_jars(self.jars_cache_dir, key)
+        if jars is None:
+            return key
+        self.log.info("%d jars resolved earlier for %s: no dependency resolution", len(jars), job.packages)
+        job.jars = ",".join([*filter(None, (job.jars or "").split(",")), *jars])
+        job.packages = None
+        return None
+
+    def submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
+        seq = plan.windows[-1].seq
+        with (
+            log_group(f"Merge window {seq} of sync {self.sync_id} into Delta"),
+            tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp,
+        ):
+            report_file, jars_file = Path(tmp) / "report.json", Path(tmp) / "jars.txt"
+            # A file, not an argument: a plan grows with the tables and windows it names, and
+            # Linux refuses one argument over 128 KiB (E2BIG) however often the task retries.
+            plan_file = Path(tmp) / "plan.json"
+            plan_file.write_text(plan.to_json(), encoding="utf-8")
+            job = self.job(plan, plan_file, report_file)
+            given = set(filter(None, (job.jars or "").split(",")))
+            resolve = self._jars_from_cache(job)
+            if resolve is not None:
+                job.application_args = [*(job.application_args or []), JARS_ARG, str(jars_file)]
+            self._job = job
+            try:
+                SparkSubmitOperator.execute(job, context)
+            except AirflowException:
+                error = _job_error(report_file)
+                if error is None:
+                    raise  # spark-submit itself failed (no JVM, cluster unreachable): retryable
+                message = f"the merge job refused window {seq}: {error['error']}"
+                if permanent_by_name(str(error.get("type", ""))):
+                    raise fail_permanently(message) from None
+                raise AirflowException(message) from None
+            if resolve is not None and jars_file.exists():
+                resolved = [j for j in jars_file.read_text().split(",") if j and j not in given]
+                remember_jars(self.jars_cache_dir, resolve, resolved)
+            if report_file.exists():
+                text = report_file.read_text()
+                # The job adds its Spark application to the report, for the "Spark UI" link.
+                self.application_id = dict(json.loads(text).get("spark") or {}).get("application_id")
+                return MergeReport.from_json(text)
+        return None
+
+    def on_kill(self) -> None:
+        if self._job is not None:
+            SparkSubmitOperator.on_kill(self._job)
+
+
+class SparkConnectMerge:
+    """The job's merge in the task's process, on the Spark Connect server of ``conn_id``."""
+
+    def __init__(
+        self, conn_id: str, sync_id: str, aws_conn_id: str | None, log: logging.Logger | Any
+    ) -> None:
+        self.conn_id, self.sync_id, self.aws_conn_id, self.log = conn_id, sync_id, aws_conn_id, log
+        self._sessions: RemoteSessions | None = None
+        self.application_id: str | None = None
+
+    def submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk.log import mask_secret
+
+        from airflow_provider_vitess.merge.job.connect import run_merge, split_token
+
+        url = SparkConnectHook(self.conn_id).get_connection_url()
+        token = split_token(url)[1]
+        if token:
+            # Airflow masks the connection's password as typed; the URL carries it URL-encoded.
+            mask_secret(token)
+            mask_secret(quote(token))
+        seq = plan.windows[-1].seq
+        progress: Callable[[int, str, str], None] = lambda s, table, phase: self.log.info(  # noqa: E731
+            "window %d table %s: %s", s, table, phase
+        )
+        with log_group(f"Merge window {seq} of sync {self.sync_id} on Spark Connect"):
+            try:
+                return run_merge(
+                    url, plan, s3=s3_settings(self.aws_conn_id), progress=progress, started=self._started
+                )
+            except Exception as exc:
+                if self._sessions is None or not self._sessions.interrupted:
+                    raise
+                raise MergeInterruptedError(
+                    f"the merge of sync {self.sync_id!r} window {seq} on Spark Connect was killed: "
+                    "its Spark operations were interrupted and nothing more was committed; the "
+                    "window stays STAGED and the next run of the merge task merges it"
+                ) from exc
+
+    def _started(self, sessions: RemoteSessions) -> None:
+        self._sessions = sessions
+
+    def on_kill(self) -> None:
+        if self._sessions is None:
+            return
+        self.log.info("interrupting the merge's Spark Connect operations (the task is being killed)")
+        self._sessions.interrupt()
+
+
+def _job_error(report_file: Path) -> dict[str, Any] | None:
+    """The error the job wrote instead of a report (see ``merge/job/main.py``), if it got that far."""
+    try:
+        found = json.loads(report_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and "error" in found else None
