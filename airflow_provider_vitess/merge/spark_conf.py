@@ -1,6 +1,6 @@
 """The Spark and Delta settings the merge job runs with: one place for the operator and the tests.
 
-``spark_jobs/merge_cdc.py`` needs the Delta Lake jar on the JVM side and the ``delta-spark``
+The merge job (``merge/job/main.py``) needs the Delta Lake jar on the JVM side and the ``delta-spark``
 Python package (and this provider) in the driver's Python. The jar comes from Maven through
 ``spark.jars.packages`` (:data:`DELTA_PACKAGE`), pinned to the same release as the Python
 package, and built for the Scala version of the pinned PySpark (Spark 4 is Scala 2.13 only).
