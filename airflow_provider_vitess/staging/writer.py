@@ -19,29 +19,20 @@ stores make visible all at once or not at all.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation, RawRows, RowChange
 from airflow_provider_vitess.exceptions import StagingError
-from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer, W
 from airflow_provider_vitess.staging.files import (
     MANIFEST_NAME,
-    HashingSink,
     check_name,
     delete_except,
-    fsync_dirs,
-    is_local,
-    next_part_number,
     open_location,
     window_dir,
     write_atomically,
@@ -53,6 +44,7 @@ from airflow_provider_vitess.staging.manifest import (
     TableManifest,
     TableSchema,
 )
+from airflow_provider_vitess.staging.part_files import PartFiles
 from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
@@ -71,19 +63,10 @@ def utc_now() -> datetime.datetime:
 
 
 @dataclass
-class _OpenPart:
-    path: str  # relative to the window directory
-    sink: HashingSink
-    writer: pq.ParquetWriter
-    rows: int = 0
-
-
-@dataclass
 class _TableState:
     keyspaces: dict[str, None] = field(default_factory=dict)
     schemas: dict[str, TableSchema] = field(default_factory=dict)  # json -> schema, first seen first
     buffers: dict[str, RowBuffer] = field(default_factory=dict)  # schema json -> live buffer
-    next_part: int | None = None  # unknown until the table's directory is listed
 
 
 class WindowStager:
@@ -123,18 +106,18 @@ class WindowStager:
         self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
         self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
         self._max_buffered = max_buffered_bytes or 4 * row_group_bytes
-        self._compression = compression
-        # In part names: two writers of one window (a stalled holder that woke up after another
-        # took the sync over) never write the same file, whatever part number each counts to.
-        self._writer_id = f"-{check_name('writer id', writer_id)}" if writer_id else ""
+        self._parts = PartFiles(
+            self._fs,
+            self._dir,
+            sync_id=self.sync_id,
+            window_seq=window_seq,
+            compression=compression,
+            writer_id=writer_id,
+        )
         self._tables: dict[str, _TableState] = {}
         # table -> keyspace -> shard ("" = every shard) -> buffer. Nested rather than keyed by a
         # (keyspace, shard, table) tuple: building and hashing that tuple per row costs more.
         self._routes: dict[str, dict[str, dict[str, RowBuffer]]] = {}
-        self._open: dict[RowBuffer, _OpenPart] = {}
-        self._closed: list[PartInfo] = []  # closed since the last checkpoint
-        self._all_parts: list[PartInfo] = []  # every part this stager closed
-        self._own_files: list[str] = []  # relative paths this stager created
         self._ddls: list[DdlRecord] = []
         self._buffered = 0
         self._manifest: Manifest | None = None
@@ -302,63 +285,13 @@ class WindowStager:
         if table is None:
             return
         self._buffered -= size
-        part = self._open.get(buf) or self._open_part(buf)
-        try:
-            part.writer.write_table(table, row_group_size=max(1, table.num_rows))
-        except OSError as exc:
-            raise StagingError(f"cannot write staged part {self._dir}/{part.path}: {exc}") from exc
-        part.rows += table.num_rows
-
-    def _open_part(self, buf: RowBuffer) -> _OpenPart:
-        state = self._tables[buf.table]
-        if state.next_part is None:
-            state.next_part = next_part_number(self._fs, f"{self._dir}/{buf.table}")
-        path = f"{buf.table}/part-{state.next_part:05d}{self._writer_id}.parquet"
-        state.next_part += 1
-        self._own_files.append(path)
-        meta = {"sync_id": self.sync_id, "window_seq": self.window_seq, "table": buf.table}
-        meta["schema"] = buf.schema.to_dict()
-        try:
-            sink = HashingSink(self._fs.open(f"{self._dir}/{path}", "wb"), durable=is_local(self._fs))
-            writer = pq.ParquetWriter(
-                sink,
-                buf.arrow_schema.with_metadata({b"vitess.staging": json.dumps(meta).encode()}),
-                compression=self._compression,
-                # Dictionaries and statistics on every column cost 3x the write time; keep
-                # them where they pay: repeated values, and the ordering columns.
-                use_dictionary=buf.dictionary_columns,
-                write_statistics=[arrow_types.COMMIT_TS, arrow_types.SEQ],
-            )
-        except OSError as exc:
-            raise StagingError(f"cannot create staged part {self._dir}/{path}: {exc}") from exc
-        part = self._open[buf] = _OpenPart(path, sink, writer)
-        return part
+        self._parts.write(buf, table)
 
     def _close_part(self, buf: RowBuffer) -> None:
         """Flush what is buffered and close the part file (the next row opens a new one)."""
         self._buffered += buf.to_batch()
         self._write_row_group(buf)
-        part = self._open.pop(buf, None)
-        if part is None:
-            return
-        try:
-            part.writer.close()
-            part.sink.close()
-        except OSError as exc:
-            raise StagingError(f"cannot close staged part {self._dir}/{part.path}: {exc}") from exc
-        info = PartInfo(
-            table=buf.table,
-            path=part.path,
-            rows=part.rows,
-            bytes=part.sink.size,
-            sha256=part.sink.sha.hexdigest(),
-            schema_json=buf.schema_json,
-            op_counts=dict(sorted(buf.op_counts.items())),
-            keyspaces=tuple(buf.keyspaces),
-        )
-        buf.reset_counts()
-        self._closed.append(info)
-        self._all_parts.append(info)
+        self._parts.close(buf)
 
     # -- checkpoint, finish, abort -------------------------------------------------------------
 
@@ -368,11 +301,7 @@ class WindowStager:
         for state in self._tables.values():
             for buf in state.buffers.values():
                 self._close_part(buf)
-        closed, self._closed = self._closed, []
-        # The parts' names (and their new directories) durable before anyone records them.
-        parents = {self._dir.rsplit("/", 1)[0], self._dir}
-        fsync_dirs(self._fs, parents | {f"{self._dir}/{p.table}" for p in closed})
-        return closed
+        return self._parts.take_closed()
 
     def finish(
         self,
@@ -392,7 +321,7 @@ class WindowStager:
         """
         self.checkpoint()
         listed: dict[str, PartInfo] = {}
-        for part in (*parts, *self._all_parts):
+        for part in (*parts, *self._parts.all_parts):
             seen = listed.setdefault(part.path, part)
             if seen.sha256 != part.sha256:
                 raise StagingError(
@@ -419,7 +348,7 @@ class WindowStager:
         self._write_manifest(text.encode())
         self._manifest = manifest
         self._routes.clear()  # add_change now fails: a staged window is immutable
-        self._own_files = []
+        self._parts.listed()
         return manifest
 
     def _table_manifests(self, parts: Sequence[PartInfo]) -> dict[str, TableManifest]:
@@ -471,16 +400,7 @@ class WindowStager:
         """
         if self._manifest is not None:
             return
-        keep = {p.path for p in self._all_parts if p not in self._closed} if keep_checkpointed else set()
-        for part in self._open.values():
-            for closer in (part.writer, part.sink):
-                with contextlib.suppress(Exception):  # the file is deleted next anyway
-                    closer.close()
-        self._open.clear()
-        for rel in self._own_files:
-            if rel not in keep and self._fs.exists(f"{self._dir}/{rel}"):
-                self._fs.rm(f"{self._dir}/{rel}")
-        self._own_files = [r for r in self._own_files if r in keep]
+        self._parts.delete(keep_checkpointed=keep_checkpointed)
         self._tables.clear()
         self._routes.clear()
         self._buffered = 0
