@@ -21,16 +21,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Engine, Row, Table, create_engine, func, insert, select, update
+from sqlalchemy import Engine, Row, Table, create_engine, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import committed as committed_rows
-from airflow_provider_vitess.checkpoints import locking, models, progress, pruning, schema
+from airflow_provider_vitess.checkpoints import locking, models, progress, pruning, schema, window_chain
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.states import (
-    OPEN_STATES,
     LockInfo,
     Part,
     Phase,
@@ -160,33 +159,19 @@ class CheckpointStore:
         Earlier unfinished windows exist only as a chain of STAGED catch-up windows (with
         perhaps MERGED ones before them): see :meth:`open_windows`."""
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(_WINDOW)
-                .where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.state.in_([s.value for s in OPEN_STATES]))
-                .order_by(_WINDOW.c.seq.desc())
-                .limit(1)
-            ).first()
-        return None if row is None else window_from_row(row)
+            rows = window_chain.open_rows(conn, sync_id)
+        return window_from_row(rows[-1]) if rows else None
 
     def open_windows(self, sync_id: str) -> list[Window]:
         """Every unfinished window, in seq order: what a merge finishes, first to last."""
         with self.engine.connect() as conn:
-            return [window_from_row(r) for r in self._open_rows(conn, sync_id)]
-
-    def _open_rows(self, conn: Connection, sync_id: str) -> list[Row[Any]]:
-        return list(
-            conn.execute(
-                select(_WINDOW)
-                .where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.state.in_([s.value for s in OPEN_STATES]))
-                .order_by(_WINDOW.c.seq)
-            )
-        )
+            return [window_from_row(r) for r in window_chain.open_rows(conn, sync_id)]
 
     def next_catchup_start(self, sync_id: str) -> Vgtid | None:
         """Where the sync's next catch-up window starts: the end of its chain of STAGED catch-up
         windows, else the committed VGTID (None before the first commit)."""
         with self.engine.connect() as conn:
-            chain = self._open_rows(conn, sync_id)
+            chain = window_chain.open_rows(conn, sync_id)
         if chain and WindowState(chain[-1].state) is WindowState.STAGED and chain[-1].end_vgtid:
             return Vgtid.from_json(chain[-1].end_vgtid)
         return self.committed(sync_id)[0]
@@ -210,19 +195,8 @@ class CheckpointStore:
                     raise CheckpointError(f"unknown sync {sync_id!r}: call ensure_sync first")
                 # Two racing planners read the same latest window and collide on the
                 # (sync_id, seq) key: no isolation level needed.
-                seq = self._refuse_if_open(conn, sync_id, kind) + 1
-                chain = self._open_rows(conn, sync_id)
-                committed, committed_seq = committed_rows.position(conn, sync_id)
-                if kind is WindowKind.CATCHUP and chain and chain[-1].end_vgtid != start:
-                    raise CheckpointError(
-                        f"sync {sync_id!r}: a catch-up window after STAGED window {chain[-1].seq} must "
-                        f"start at its end ({chain[-1].end_vgtid}), not {start}"
-                    )
-                if kind is WindowKind.CATCHUP and not chain and committed and committed != start:
-                    raise CheckpointError(
-                        f"sync {sync_id!r}: a catch-up window must start at the committed VGTID of "
-                        f"window {committed_seq} ({committed}), not {start}"
-                    )
+                seq = window_chain.refuse_if_open(conn, sync_id, kind) + 1
+                window_chain.check_start(conn, sync_id, kind, start)
                 conn.execute(
                     insert(_WINDOW).values(
                         sync_id=sync_id,
@@ -239,25 +213,8 @@ class CheckpointStore:
             return seq
         except IntegrityError as exc:
             with self.engine.connect() as conn:
-                self._refuse_if_open(conn, sync_id, kind)  # names the window planned concurrently
+                window_chain.refuse_if_open(conn, sync_id, kind)  # names the window planned concurrently
             raise CheckpointError(f"sync {sync_id!r}: window {seq} was planned concurrently") from exc
-
-    def _refuse_if_open(self, conn: Connection, sync_id: str, kind: WindowKind) -> int:
-        """The latest window's seq (0 if none); raises if an unfinished window forbids a new
-        one: any, except STAGED catch-up windows before a new catch-up window."""
-        latest = conn.execute(select(func.max(_WINDOW.c.seq)).where(_WINDOW.c.sync_id == sync_id)).scalar()
-        for row in self._open_rows(conn, sync_id):
-            chained = (
-                kind is WindowKind.CATCHUP
-                and WindowState(row.state) is WindowState.STAGED
-                and WindowKind(row.kind) is WindowKind.CATCHUP
-            )
-            if not chained:
-                raise CheckpointError(
-                    f"sync {sync_id!r}: window {row.seq} is {row.state}, not COMMITTED; resume it "
-                    "(open_window) instead of planning a new window"
-                )
-        return int(latest or 0)
 
     def mark_staged(
         self,
@@ -327,7 +284,7 @@ class CheckpointStore:
         start where nothing ends). Refused, with nothing changed, if one of them is MERGED: its
         rows are in Delta already, it can only be committed. Returns the seqs discarded."""
         with self._begin("FAILED mark") as conn:
-            rows = [r for r in self._open_rows(conn, sync_id) if r.seq >= from_seq]
+            rows = [r for r in window_chain.open_rows(conn, sync_id) if r.seq >= from_seq]
             merged = [r.seq for r in rows if WindowState(r.state) is WindowState.MERGED]
             if merged:
                 raise CheckpointError(
