@@ -1,4 +1,4 @@
-"""What one run of the Spark merge job applies: the contract between Airflow and ``spark_jobs``.
+"""What one run of the Spark merge job applies: the contract between the Airflow worker and the job.
 
 The operator builds a :class:`MergePlan` from the checkpoint store (the STAGED windows of one
 sync, in order) and hands it to the job as a JSON file (``--plan-file``). The job never

@@ -32,8 +32,8 @@ from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_face
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE
-from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.operators.merge_backends import SparkConnectMerge, SparkSubmitMerge
+from airflow_provider_vitess.plugins.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder
 
