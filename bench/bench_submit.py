@@ -31,6 +31,7 @@ from pathlib import Path
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_submit_args
+from airflow_provider_vitess.operators.merge import default_application
 
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("bench_merge", _HERE / "bench_merge.py")
@@ -38,7 +39,7 @@ assert _spec is not None and _spec.loader is not None
 bench_merge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_merge)
 
-JOB = _HERE.parent / "airflow_provider_vitess" / "merge" / "job.py"
+JOB = Path(default_application())  # the file the merge operator submits
 SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 
