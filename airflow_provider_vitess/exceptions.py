@@ -50,6 +50,11 @@ class CheckpointError(VitessProviderError):
     """
 
 
+class CutUnavailableError(CheckpointError):
+    """No consistent cut across a sync's tables exists for the window or time asked: not
+    committed yet, older than the store keeps versions for, or gone from Delta's log."""
+
+
 class SyncLockedError(CheckpointError):
     """Another holder (Airflow dag/run/try) holds the sync's lock and its heartbeat is fresh."""
 

@@ -218,3 +218,20 @@ class TargetRow(Base):
     merged_seq: Mapped[int] = mapped_column(Integer)
     delta_version: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class WindowVersionRow(Base):
+    """The Delta version a committed window produced in one of its sync's tables: the rows a
+    consistent cut across tables is read from (``checkpoints/versions.py``). A table a window did
+    not change has no row for it: its version is the one of its latest row before."""
+
+    __tablename__ = f"{PREFIX}window_version"
+
+    sync_id: Mapped[str] = mapped_column(
+        String(SYNC_ID_LENGTH), ForeignKey(SyncRow.sync_id), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    table_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    delta_version: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(Text)
+    merged_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -15,7 +15,7 @@ from typing import cast
 from sqlalchemy import Table, delete, func, select
 from sqlalchemy.engine import Connection
 
-from airflow_provider_vitess.checkpoints import models
+from airflow_provider_vitess.checkpoints import models, versions
 
 _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
@@ -40,6 +40,7 @@ def prune_windows(conn: Connection, sync_id: str, keep: int) -> list[int]:
         )
     )
     gone = sorted(int(s) for s in candidates if int(s) not in held)
+    versions.prune(conn, sync_id, before=newest - keep + 1)
     for chunk in (gone[i : i + 500] for i in range(0, len(gone), 500)):  # bound each IN list
         for table in (_PART, _PROGRESS, _WINDOW):  # children before their window
             conn.execute(delete(table).where(table.c.sync_id == sync_id, table.c.seq.in_(chunk)))

@@ -26,7 +26,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import committed as committed_rows
-from airflow_provider_vitess.checkpoints import locking, models, progress, pruning, schema, window_chain
+from airflow_provider_vitess.checkpoints import (
+    locking,
+    models,
+    progress,
+    pruning,
+    schema,
+    versions,
+    window_chain,
+)
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.states import (
@@ -250,6 +258,7 @@ class CheckpointStore:
         seq: int,
         targets: Mapping[str, int | None] | None = None,
         report: Mapping[str, Any] | None = None,
+        paths: Mapping[str, str] | None = None,
     ) -> None:
         """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable.
 
@@ -258,6 +267,7 @@ class CheckpointStore:
         transaction, for the integrity check of the next merge (:meth:`target_versions`).
         ``report`` (the merge job's, JSON) is kept in the window's stats under ``merge_report``:
         a task killed after this step reruns from MERGED and still knows what the merge changed.
+        With ``paths`` (each target's location) the versions are kept per window too (cuts).
         """
         with self._begin("MERGED mark") as conn:
             values = None
@@ -267,6 +277,7 @@ class CheckpointStore:
             self._transition(conn, sync_id, seq, WindowState.MERGED, values)
             for table, delta_version in (targets or {}).items():
                 committed_rows.record_target(conn, self._clock(), sync_id, table, seq, delta_version)
+            versions.record(conn, self._clock(), sync_id, seq, targets or {}, paths or {})
 
     def target_versions(self, sync_id: str) -> dict[str, TargetVersion]:
         """Per table, the last window merged into its Delta table and that commit's version."""

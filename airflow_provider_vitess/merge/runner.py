@@ -254,9 +254,11 @@ class MergeRunner:
                 report = joined(report, merged)
                 # Window by window, in order: a kill in between leaves a prefix COMMITTED (and
                 # perhaps one MERGED), the rest STAGED and already in Delta (a rerun skips them).
+                paths = {table: target.path for table, target in plan.targets.items()}
                 for w in batch:
                     kept = None if merged is None else own_report(merged, w.seq)
-                    self.store.mark_merged(self.sync_id, w.seq, merged_targets(plan, merged, w.seq), kept)
+                    targets = merged_targets(plan, merged, w.seq)
+                    self.store.mark_merged(self.sync_id, w.seq, targets, kept, paths)
                     self.store.commit(self.sync_id, w.seq)
                     done.append(w)
             last = done[-1]

@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, history
 from airflow_provider_vitess.checkpoints.states import TableProgress
+from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
+from airflow_provider_vitess.exceptions import CutUnavailableError
 from airflow_provider_vitess.vgtid import Vgtid
 
 DEFAULT_WINDOWS = 20
@@ -105,9 +107,26 @@ class SyncSummary(BaseModel):
     )
 
 
+class CutTable(BaseModel):
+    path: str
+    version: int = Field(description="the Delta version to read (time travel)")
+    window: int = Field(description="the window that produced that version")
+    sql: str = Field(description="Spark SQL reading the table at the cut")
+
+
+class ConsistentCut(BaseModel):
+    """Every table at the end of one committed window: read together, no transaction is torn."""
+
+    window: int
+    tables: dict[str, CutTable]
+
+
 class SyncStatus(SyncSummary):
     table_status: list[TableSummary]
     committed: Committed | None
+    cut: ConsistentCut | None = Field(
+        default=None, description="each table's Delta version at the committed position"
+    )
     windows: list[WindowStatus] = Field(description="the last windows, newest first")
     lock: LockStatus | None
     last_error: LastError | None
@@ -194,6 +213,19 @@ def dags_of(info: history.SyncInfo) -> list[str]:
     return [str(d) for d in info.config.get("dags") or ()]
 
 
+def _cut(store: CheckpointStore, sync_id: str) -> ConsistentCut | None:
+    try:
+        taken = consistent_cut(store, sync_id)
+    except CutUnavailableError:
+        return None
+    sql = cut_sql(taken)
+    tables = {
+        t.table: CutTable(path=t.path, version=t.version, window=t.seq, sql=sql[t.table])
+        for t in taken.tables.values()
+    }
+    return ConsistentCut(window=taken.seq, tables=tables)
+
+
 def sync_summary(
     store: CheckpointStore, store_name: str, info: history.SyncInfo, now: datetime
 ) -> SyncSummary:
@@ -226,6 +258,7 @@ def sync_status(
         **summary.model_dump(),
         table_status=[_table_status(t, info.config, progress.get(t)) for t in info.tables],
         committed=committed,
+        cut=_cut(store, sync_id),
         windows=[window_status(w, now) for w in recent],
         lock=None if lock is None else LockStatus(
             holder=lock.holder, acquired_at=lock.acquired_at, heartbeat_at=lock.heartbeat_at

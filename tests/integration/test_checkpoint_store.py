@@ -145,8 +145,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0002"
-    assert empty_store.migrate() == "0002"
+    assert empty_store.migrate() == head_revision() == "0003"
+    assert empty_store.migrate() == "0003"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -160,8 +160,8 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_lock",
         "vitess_sync_target",
     }
-    assert versions == ["0002"]
-    assert empty_store.schema_revision() == "0002"
+    assert versions == ["0003"]
+    assert empty_store.schema_revision() == "0003"
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -202,11 +202,11 @@ def test_two_processes_migrating_at_once_both_succeed(db_url: str) -> None:
         p.stdin.flush()
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [(p.returncode, out.strip()) for p, (out, _) in zip(procs, outputs, strict=True)] == [
-        (0, "0002"),
-        (0, "0002"),
+        (0, head_revision()),
+        (0, head_revision()),
     ], "\n".join(err for _, err in outputs)
     store = CheckpointStore(db_url)
-    assert store.schema_revision() == "0002"
+    assert store.schema_revision() == head_revision()
     store.close()
 
 
@@ -219,7 +219,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0002"
+    assert empty_store.migrate() == "0003"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(

@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "capture": 3,
     "merge": 3,
     "keys": 3,
+    "consistent_reads": 3,
     # vstream / staging / checkpoints
     "vstream": 2,
     "staging": 2,

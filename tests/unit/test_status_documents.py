@@ -20,6 +20,7 @@ KEYS = {
     "customer": {"table": "customer", "source_columns": ["customer_id"], "target_columns": ["customer_id"],
                  "source_index": "PRIMARY", "reason": "primary key"},
 }  # fmt: skip
+PATHS = {"customer": "/lake/customer", "corder": "/lake/c`order"}
 
 
 class Clock:
@@ -55,7 +56,7 @@ def store(tmp_path: Path, clock: Clock) -> CheckpointStore:
     clock.advance(10)
     store.mark_staged("orders", seq, _vgtid(10), "/stage/1/manifest.json", {"rows": 4000})
     clock.advance(2.5)
-    store.mark_merged("orders", seq)
+    store.mark_merged("orders", seq, {"customer": 0, "corder": 0}, paths=PATHS)
     store.commit("orders", seq)
     # Window 2: a catch-up with lag on one shard.
     clock.advance(60)
@@ -70,7 +71,7 @@ def store(tmp_path: Path, clock: Clock) -> CheckpointStore:
         "stopped_early": "max_events",
     }
     store.mark_staged("orders", seq, _vgtid(13), "/stage/2/manifest.json", stats)
-    store.mark_merged("orders", seq)
+    store.mark_merged("orders", seq, {"customer": 1}, paths=PATHS)  # corder: no changes
     clock.advance(1)
     store.commit("orders", seq)
     # Window 3 failed before staging; window 4 is still being read.
@@ -127,6 +128,12 @@ def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Cl
     assert status.lock is not None and status.lock.holder == "dag 'orders' run 'r1' task 'catch_up'"
     assert status.running is True
     assert status.latest_window is not None and status.latest_window.seq == 4
+
+    assert status.cut is not None and status.cut.window == 2
+    assert {t: (c.path, c.version, c.window, c.sql) for t, c in status.cut.tables.items()} == {
+        "corder": ("/lake/c`order", 0, 1, "SELECT * FROM delta.`/lake/c``order` VERSION AS OF 0"),
+        "customer": ("/lake/customer", 1, 2, "SELECT * FROM delta.`/lake/customer` VERSION AS OF 1"),
+    }
 
 
 def test_windows_are_limited_to_the_newest(store: CheckpointStore, clock: Clock) -> None:

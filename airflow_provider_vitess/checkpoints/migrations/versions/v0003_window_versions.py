@@ -1,0 +1,44 @@
+"""The Delta version each committed window produced in each of its tables.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-28
+
+``vitess_sync_window_version``: per sync, window and table, the Delta version of the window's
+commit and the table's path: a cut across the sync's tables at one source position is read from
+these rows (a table a window did not change has none; its version is its latest row's before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+revision: str = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    merged = sa.DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    op.create_table(
+        "vitess_sync_window_version",
+        sa.Column("sync_id", sa.String(200), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
+        sa.Column("table_name", sa.String(255), nullable=False),
+        sa.Column("delta_version", sa.BigInteger(), nullable=False),
+        sa.Column("path", sa.Text(), nullable=False),
+        sa.Column("merged_at", merged, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["sync_id"], ["vitess_sync_sync.sync_id"], name="fk_vitess_sync_window_version_vitess_sync_sync"
+        ),
+        sa.PrimaryKeyConstraint("sync_id", "seq", "table_name", name="pk_vitess_sync_window_version"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("vitess_sync_window_version")

@@ -1,0 +1,155 @@
+"""The Delta version every table of a sync had after a committed window: a consistent cut.
+
+Each table of a window gets a Delta commit of its own (Delta has no multi-table transaction), so
+a reader that opens ``customer`` and ``corder`` between the two commits of one window sees half a
+transaction. The store records, in the window's MERGED transaction, the version each commit
+produced (``record``); the cut at window W takes, per table, the version of its latest row at or
+before W: a table a window did not change keeps the version an earlier window left. Reading every
+table at its cut version (Delta time travel) gives all of them at one source position.
+
+How far back: the rows of windows the store prunes go too, but the cut at the oldest window
+kept stays complete (each table keeps its newest row before it); the sync's config records that
+oldest window (``versions_from``), and older cuts are refused by name. Delta's own retention
+(``delta.logRetentionDuration``, ``VACUUM``) bounds the time travel itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_provider_vitess.checkpoints.models import CheckpointRow, SyncRow, WindowVersionRow
+from airflow_provider_vitess.exceptions import CutUnavailableError
+
+_VERSION = cast(Table, WindowVersionRow.__table__)
+_SYNC = cast(Table, SyncRow.__table__)
+_CHECKPOINT = cast(Table, CheckpointRow.__table__)
+VERSIONS_FROM = "versions_from"  # sync config: the oldest window a cut can be taken at
+
+
+@dataclass(frozen=True)
+class TableVersion:
+    """One table of a cut: where its Delta table is, and the version to read."""
+
+    table: str
+    path: str
+    version: int
+    seq: int  # the window that produced this version
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Every table of a sync at one source position: the end of committed window ``seq``.
+    A table the sync had no Delta table for by then (added later) is not in it."""
+
+    sync_id: str
+    seq: int
+    tables: dict[str, TableVersion]
+
+
+def record(
+    conn: Connection,
+    now: datetime,
+    sync_id: str,
+    seq: int,
+    targets: Mapping[str, int | None],
+    paths: Mapping[str, str],
+) -> None:
+    """Window ``seq`` produced Delta version ``targets[t]`` of each table ``t`` at ``paths[t]``
+    (idempotent); a table without a version (no Delta table made) or a path is left out."""
+    for table, version in targets.items():
+        path = paths.get(table)
+        if version is None or path is None:
+            continue
+        where = (_VERSION.c.sync_id == sync_id, _VERSION.c.seq == seq, _VERSION.c.table_name == table)
+        values = {"delta_version": version, "path": path, "merged_at": now}
+        if conn.execute(update(_VERSION).where(*where).values(**values)).rowcount == 0:
+            conn.execute(insert(_VERSION).values(sync_id=sync_id, seq=seq, table_name=table, **values))
+
+
+def prune(conn: Connection, sync_id: str, before: int) -> None:
+    """Forget the versions of windows before ``before`` but each table's newest one among them
+    (the cut at ``before`` still needs it), and record ``before`` as the oldest cut."""
+    newest = (
+        select(_VERSION.c.table_name, func.max(_VERSION.c.seq).label("seq"))
+        .where(_VERSION.c.sync_id == sync_id, _VERSION.c.seq < before)
+        .group_by(_VERSION.c.table_name)
+    )
+    keep = {(r.table_name, int(r.seq)) for r in conn.execute(newest)}
+    old = conn.execute(
+        select(_VERSION.c.table_name, _VERSION.c.seq).where(
+            _VERSION.c.sync_id == sync_id, _VERSION.c.seq < before
+        )
+    )
+    for row in old:
+        if (row.table_name, int(row.seq)) not in keep:
+            conn.execute(
+                delete(_VERSION).where(
+                    _VERSION.c.sync_id == sync_id,
+                    _VERSION.c.seq == row.seq,
+                    _VERSION.c.table_name == row.table_name,
+                )
+            )
+    config = dict(conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).scalar() or {})
+    if int(config.get(VERSIONS_FROM) or 0) < before:
+        config[VERSIONS_FROM] = before
+        conn.execute(update(_SYNC).where(_SYNC.c.sync_id == sync_id).values(config=config))
+
+
+def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime | None = None) -> Cut:
+    """The cut at committed window ``seq``, or at the newest window merged at or before
+    ``as_of``, or (neither given) at the committed position."""
+    if seq is not None and as_of is not None:
+        raise ValueError("give a window or a time, not both")
+    committed = conn.execute(
+        select(_CHECKPOINT.c.committed_seq).where(_CHECKPOINT.c.sync_id == sync_id)
+    ).scalar()
+    if committed is None:
+        raise CutUnavailableError(f"sync {sync_id!r} has no committed window yet: nothing to read")
+    if as_of is not None:
+        found = conn.execute(
+            select(func.max(_VERSION.c.seq)).where(
+                _VERSION.c.sync_id == sync_id, _VERSION.c.merged_at <= as_of, _VERSION.c.seq <= committed
+            )
+        ).scalar()
+        if found is None:
+            raise CutUnavailableError(
+                f"sync {sync_id!r}: no window it keeps versions for was merged by {as_of.isoformat()}"
+            )
+        seq = int(found)
+    seq = int(committed) if seq is None else seq
+    if seq > committed:
+        raise CutUnavailableError(
+            f"sync {sync_id!r}: window {seq} is not committed (the sync is committed up to window "
+            f"{committed}); take a cut at a committed window"
+        )
+    config = conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).scalar() or {}
+    oldest = int(config.get(VERSIONS_FROM) or 0)
+    if seq < oldest:
+        raise CutUnavailableError(
+            f"sync {sync_id!r}: window {seq} is older than the oldest window the store keeps Delta "
+            f"versions for ({oldest}); the merge operator's keep_records sets how many windows stay"
+        )
+    latest = (
+        select(_VERSION.c.table_name, func.max(_VERSION.c.seq).label("seq"))
+        .where(_VERSION.c.sync_id == sync_id, _VERSION.c.seq <= seq)
+        .group_by(_VERSION.c.table_name)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(_VERSION)
+        .join(
+            latest,
+            (_VERSION.c.table_name == latest.c.table_name) & (_VERSION.c.seq == latest.c.seq),
+        )
+        .where(_VERSION.c.sync_id == sync_id)
+    )
+    tables = {
+        r.table_name: TableVersion(r.table_name, r.path, int(r.delta_version), int(r.seq)) for r in rows
+    }
+    return Cut(sync_id, seq, dict(sorted(tables.items())))
