@@ -159,6 +159,7 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_checkpoint",
         "vitess_sync_lock",
         "vitess_sync_target",
+        "vitess_sync_window_version",
     }
     assert versions == ["0003"]
     assert empty_store.schema_revision() == "0003"
