@@ -12,6 +12,7 @@ behind STAGED ones. See docs/design.md, "Long backlogs".
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from airflow_provider_vitess.capture.outcome import WindowOutcome
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.checkpoints import WindowKind, WindowState
+from airflow_provider_vitess.checkpoints.freshness import STOP_TAKEN_AT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
@@ -156,8 +158,14 @@ class CatchUpRun(SyncRun):
         if start is None:
             raise CheckpointError(f"sync {self.spec.sync_id!r} has no committed position: snapshot it first")
         self._check_keyspace(start, "the committed position")
-        stop = stop or self._stop_position()
-        return self.store.plan_window(self.spec.sync_id, WindowKind.CATCHUP, start, stop)
+        if stop is None:
+            taken_at: datetime.datetime | None = datetime.datetime.now(datetime.timezone.utc)
+            stop = self._stop_position()
+        else:  # a backlog's next window: the stop (and its time) of the window before
+            before = self.store.open_windows(self.spec.sync_id)
+            taken = before[-1].stats.get(STOP_TAKEN_AT) if before else None
+            taken_at = datetime.datetime.fromisoformat(taken) if taken else None
+        return self.store.plan_window(self.spec.sync_id, WindowKind.CATCHUP, start, stop, taken_at)
 
     def recheck_staged(self) -> list[int]:
         """Under the lock: every STAGED window before the latest one (a chain no merge took yet;

@@ -9,13 +9,14 @@ which rolls back the window's state change with it.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Row, Table, insert, select, update
 from sqlalchemy.engine import Connection
 
+from airflow_provider_vitess.checkpoints import freshness
 from airflow_provider_vitess.checkpoints.models import CheckpointRow, SyncRow, TableProgressRow, TargetRow
-from airflow_provider_vitess.checkpoints.states import TargetVersion
+from airflow_provider_vitess.checkpoints.states import TargetVersion, WindowKind
 from airflow_provider_vitess.exceptions import CheckpointError
 
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
@@ -39,12 +40,18 @@ def covers_every_table(conn: Connection, sync_id: str, seq: int) -> bool:
     return set(tables or ()) <= set(copied)
 
 
-def advance(conn: Connection, now: datetime, sync_id: str, seq: int, end: str) -> None:
-    """Moves the committed position to window ``seq`` ending at ``end``; never backwards."""
+def advance(
+    conn: Connection, now: datetime, sync_id: str, seq: int, end: str, as_of: datetime | None = None
+) -> None:
+    """Moves the committed position to window ``seq`` ending at ``end``; never backwards. ``as_of``:
+    the position's time (:mod:`.freshness`); None keeps the time the sync had."""
+    values = {"committed_vgtid": end, "committed_seq": seq, "updated_at": now}
+    if as_of is not None:
+        values["as_of"] = as_of
     moved = conn.execute(
         update(_CHECKPOINT)
         .where(_CHECKPOINT.c.sync_id == sync_id, _CHECKPOINT.c.committed_seq < seq)
-        .values(committed_vgtid=end, committed_seq=seq, updated_at=now)
+        .values(**values)
     ).rowcount
     if moved == 1:
         return
@@ -54,9 +61,28 @@ def advance(conn: Connection, now: datetime, sync_id: str, seq: int, end: str) -
             f"sync {sync_id!r}: cannot commit window {seq}, the checkpoint is already at window "
             f"{current.committed_seq}"
         )
-    conn.execute(
-        insert(_CHECKPOINT).values(sync_id=sync_id, committed_vgtid=end, committed_seq=seq, updated_at=now)
-    )
+    conn.execute(insert(_CHECKPOINT).values(sync_id=sync_id, **values))
+
+
+def commit_position(conn: Connection, now: datetime, window: Row[Any], changed: bool) -> str:
+    """The committed position after the commit of ``window`` (its row; ``changed``: False on an
+    idempotent repeat, which writes nothing), moved there with its time (:mod:`.freshness`)."""
+    sync_id, seq = window.sync_id, window.seq
+    kind = WindowKind(window.kind)
+    end = cast(str, window.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
+    at, _ = position(conn, sync_id)
+    as_of = freshness.window_as_of(kind, window.stats or {}, window.created_at)
+    if at is not None and kind is WindowKind.SNAPSHOT and not covers_every_table(conn, sync_id, seq):
+        # A re-snapshot of some tables while the sync already streams: the other tables are only
+        # at the committed position, so the stream resumes there, and the re-copied tables skip
+        # the changes their copy holds (capture/copy_positions). A re-snapshot of every table is
+        # a new start: the stream resumes at its end.
+        if changed:
+            record_copy(conn, sync_id, seq, end)
+        end, as_of = at, None  # the position, and so its time, stay
+    if changed:
+        advance(conn, now, sync_id, seq, end, as_of)
+    return end
 
 
 def record_target(

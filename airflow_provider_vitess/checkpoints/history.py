@@ -110,6 +110,7 @@ class Checkpoint:
     committed_vgtid: str
     committed_seq: int
     updated_at: datetime
+    as_of: datetime | None = None  # every source transaction before it is in the targets
 
 
 def checkpoint(engine: Engine, sync_id: str) -> Checkpoint | None:
@@ -117,4 +118,4 @@ def checkpoint(engine: Engine, sync_id: str) -> Checkpoint | None:
         row = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
     if row is None:
         return None
-    return Checkpoint(row.sync_id, row.committed_vgtid, row.committed_seq, row.updated_at)
+    return Checkpoint(row.sync_id, row.committed_vgtid, row.committed_seq, row.updated_at, row.as_of)

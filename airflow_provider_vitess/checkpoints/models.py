@@ -190,6 +190,8 @@ class CheckpointRow(Base):
     committed_vgtid: Mapped[str] = mapped_column(Text)
     committed_seq: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # Every source transaction committed before it is in the targets (``checkpoints/freshness``).
+    as_of: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class LockRow(Base):

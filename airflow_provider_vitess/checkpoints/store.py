@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import committed as committed_rows
 from airflow_provider_vitess.checkpoints import (
+    freshness,
     locking,
     models,
     progress,
@@ -185,7 +186,12 @@ class CheckpointStore:
         return self.committed(sync_id)[0]
 
     def plan_window(
-        self, sync_id: str, kind: WindowKind | str, start_vgtid: Vgtid, stop_vgtid: Vgtid | None = None
+        self,
+        sync_id: str,
+        kind: WindowKind | str,
+        start_vgtid: Vgtid,
+        stop_vgtid: Vgtid | None = None,
+        stop_taken_at: datetime | None = None,
     ) -> int:
         """Record a new PLANNED window and return its seq (1, 2, ...).
 
@@ -193,9 +199,11 @@ class CheckpointStore:
         except that a catch-up may follow STAGED catch-up windows (a backlog read in several
         bounded windows by one run, merged together later); and refused for a catch-up that does
         not start where the previous window ends (the committed VGTID, or the last STAGED
-        window's end): either would leave a gap or an overlap between windows.
+        window's end): either would leave a gap or an overlap between windows. ``stop_taken_at``:
+        when the stop was taken (the window's *as of* time once it reaches it, :mod:`.freshness`).
         """
         kind = WindowKind(kind)
+        planned = {} if stop_taken_at is None else {freshness.STOP_TAKEN_AT: stop_taken_at.isoformat()}
         now, start, seq = self._clock(), start_vgtid.to_json(), 0
         try:
             with self._begin("window plan") as conn:
@@ -213,7 +221,7 @@ class CheckpointStore:
                         state=WindowState.PLANNED.value,
                         start_vgtid=start,
                         stop_vgtid=None if stop_vgtid is None else stop_vgtid.to_json(),
-                        stats={},
+                        stats=planned,
                         created_at=now,
                         updated_at=now,
                     )
@@ -243,12 +251,13 @@ class CheckpointStore:
                 )
 
         with self._begin("STAGED mark") as conn:
+            planned = self._window_row(conn, sync_id, seq).stats or {}  # the stop's time
             self._transition(
                 conn,
                 sync_id,
                 seq,
                 WindowState.STAGED,
-                {"end_vgtid": end, "manifest_path": manifest_path, "stats": dict(stats or {})},
+                {"end_vgtid": end, "manifest_path": manifest_path, "stats": {**planned, **(stats or {})}},
                 same,
             )
 
@@ -320,23 +329,7 @@ class CheckpointStore:
         with self._begin("commit") as conn:
             row = self._window_row(conn, sync_id, seq)
             changed = self._transition(conn, sync_id, seq, WindowState.COMMITTED)
-            end = cast(str, row.end_vgtid)  # set by mark_staged, and a MERGED window was STAGED
-            position, _ = committed_rows.position(conn, sync_id)
-            resnapshot = WindowKind(row.kind) is WindowKind.SNAPSHOT and position is not None
-            if (
-                position is not None
-                and resnapshot
-                and not committed_rows.covers_every_table(conn, sync_id, seq)
-            ):
-                # A re-snapshot of some tables while the sync already streams: the other tables
-                # are only at the committed position, so the stream resumes there, and the
-                # re-copied tables skip the changes their copy holds (capture/copy_positions).
-                # A re-snapshot of every table is a new start: the stream resumes at its end.
-                if changed:
-                    committed_rows.record_copy(conn, sync_id, seq, end)
-                end = position
-            if changed:
-                committed_rows.advance(conn, self._clock(), sync_id, seq, end)
+            end = committed_rows.commit_position(conn, self._clock(), row, changed)
         return Vgtid.from_json(end)
 
     def _window_row(self, conn: Connection, sync_id: str, seq: int) -> Row[Any]:

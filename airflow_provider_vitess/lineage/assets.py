@@ -43,9 +43,12 @@ def window_kind(kind: WindowKind | None, streamed_before: bool) -> str:
     return WindowKind(kind).value
 
 
-def event_extra(sync_id: str, seq: int, kind: str, committed: Vgtid, result: TableResult) -> dict[str, Any]:
+def event_extra(
+    sync_id: str, seq: int, kind: str, committed: Vgtid, result: TableResult, as_of: str | None = None
+) -> dict[str, Any]:
     """The ``extra`` of one table's asset event. Row counts are None when this try of the task
-    did not write the table itself (an earlier try did: ``already_applied``)."""
+    did not write the table itself (an earlier try did: ``already_applied``). ``as_of``: every
+    source transaction committed before it is in the table (ISO 8601, UTC)."""
     counted = result.status is TableStatus.WRITTEN
     return {
         "sync_id": sync_id,
@@ -58,6 +61,7 @@ def event_extra(sync_id: str, seq: int, kind: str, committed: Vgtid, result: Tab
         "rows_updated": result.rows_updated if counted else None,
         "rows_deleted": result.rows_deleted if counted else None,
         "delta_version": result.delta_version,
+        "as_of": as_of,
     }
 
 
@@ -67,10 +71,13 @@ def changed_tables(report: MergeReport, seq: int) -> list[TableResult]:
     return [] if window is None else [t for t in window.tables if t.status in _CHANGED]
 
 
-def window_events(report: MergeReport, seq: int, kind: str, committed: Vgtid) -> dict[str, dict[str, Any]]:
+def window_events(
+    report: MergeReport, seq: int, kind: str, committed: Vgtid, as_of: str | None = None
+) -> dict[str, dict[str, Any]]:
     """``{table: extra}`` for each table window ``seq`` changed."""
     return {
-        t.table: event_extra(report.sync_id, seq, kind, committed, t) for t in changed_tables(report, seq)
+        t.table: event_extra(report.sync_id, seq, kind, committed, t, as_of)
+        for t in changed_tables(report, seq)
     }
 
 

@@ -23,7 +23,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -77,6 +77,7 @@ class MergeOutcome:
     # The merge's one plan (lineage reads it too): the one submitted, else (only windows a killed
     # merge left MERGED were committed) the last window's.
     plan: MergePlan | None = None
+    as_of: datetime | None = None  # the committed position's time (``checkpoints/freshness``)
 
 
 def build_plan(
@@ -278,6 +279,7 @@ class MergeRunner:
                 streamed_before=before is not None,
                 seqs=tuple(w.seq for w in done),
                 plan=plan,
+                as_of=point.as_of if (point := history.checkpoint(self.store.engine, self.sync_id)) else None,
             )
 
     def _hand_back_lost(self, batch: Sequence[Window]) -> None:

@@ -21,11 +21,13 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_vitess.checkpoints.freshness import seconds_behind
 from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
@@ -181,6 +183,9 @@ class VitessMergeOperator(SparkSubmitOperator):
             return {"sync_id": self.sync_id, "merged": None, "committed_seq": outcome.committed_seq}
         assert outcome.committed_vgtid is not None and outcome.kind is not None
         emit_metrics("merge", self.sync_id, {"duration": time.monotonic() - started}, timing=True)
+        behind = seconds_behind(outcome.as_of, datetime.now(timezone.utc))
+        if behind is not None and outcome.plan is not None:  # per table: a metric names one
+            emit_metrics("freshness_seconds", self.sync_id, dict.fromkeys(outcome.plan.targets, behind))
         context["ti"].xcom_push(key="committed_vgtid", value=outcome.committed_vgtid.to_json())
         self._lineage = self._record_lineage(context, runner, outcome)
         report = outcome.report
@@ -189,6 +194,8 @@ class VitessMergeOperator(SparkSubmitOperator):
             "merged": outcome.seq,
             "kind": outcome.kind.value,
             "committed_vgtid": outcome.committed_vgtid.to_json(),
+            "as_of": None if outcome.as_of is None else outcome.as_of.isoformat(),
+            "seconds_behind": behind,
             "report": {} if report is None else json.loads(report.to_json()),
         }
 
@@ -200,8 +207,11 @@ class VitessMergeOperator(SparkSubmitOperator):
             return None
         kind = lineage_assets.window_kind(outcome.kind, outcome.streamed_before)
         events: dict[str, dict[str, Any]] = {}
+        as_of = None if outcome.as_of is None else outcome.as_of.isoformat()
         for seq in outcome.seqs or (outcome.seq,):  # a table changed by several windows: the last
-            events.update(lineage_assets.window_events(outcome.report, seq, kind, outcome.committed_vgtid))
+            events.update(
+                lineage_assets.window_events(outcome.report, seq, kind, outcome.committed_vgtid, as_of)
+            )
         emitted = lineage_assets.emit(self, context, self.table_uris, events)
         self.log.info("asset events for %d changed table(s): %s", len(emitted), emitted or "none")
         if outcome.plan is None:

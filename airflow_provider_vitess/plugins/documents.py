@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, history
+from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, freshness, history
 from airflow_provider_vitess.checkpoints.states import TableProgress
 from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
 from airflow_provider_vitess.exceptions import CutUnavailableError
@@ -46,6 +46,10 @@ class Committed(BaseModel):
     age_seconds: float = Field(description="seconds since it last moved")
     vgtid: str = Field(description="the VGTID as JSON, as the operators push it to XCom")
     shards: list[ShardPosition]
+    as_of: datetime | None = Field(
+        default=None, description="every source transaction committed before it is in every table"
+    )
+    seconds_behind: float | None = Field(default=None, description="now minus as_of, in seconds")
 
 
 class TableSummary(BaseModel):
@@ -188,6 +192,8 @@ def _committed(point: history.Checkpoint | None, now: datetime) -> Committed | N
         vgtid=point.committed_vgtid,
         shards=[ShardPosition(keyspace=s.keyspace, shard=s.shard, gtid=s.gtid, copying=s.is_copying)
                 for s in vgtid.shard_gtids],
+        as_of=point.as_of,
+        seconds_behind=freshness.seconds_behind(point.as_of, now),
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
@@ -121,6 +122,10 @@ def test_the_json_api_serves_the_checkpoint_store(api: AirflowServices, synced: 
     committed, seq = store.committed(SYNC)
     assert committed is not None and status["committed"]["vgtid"] == committed.to_json() and seq == 3
     assert 0 <= status["committed"]["age_seconds"] < 3600
+    point = history.checkpoint(store.engine, SYNC)
+    assert point is not None and point.as_of is not None
+    assert datetime.fromisoformat(status["committed"]["as_of"]) == point.as_of
+    assert 0 <= status["committed"]["seconds_behind"] < 3600
     assert status["last_error"] is None and status["lock"] is None
     missing = api.request("GET", "/vitess/api/syncs/no_such_sync")
     assert missing.status_code == 404 and "no_such_sync" in missing.text
@@ -173,6 +178,11 @@ def test_the_page_renders_the_sync_in_the_airflow_ui(api: AirflowServices, synce
             ("1", "snapshot", "COMMITTED"),
         ], page
         assert "committed window 3" in page["text"] and "keyspace customer" in page["text"], page["text"]
+        point = history.checkpoint(
+            CheckpointStore(f"sqlite:///{synced.home / 'vitess_sync.db'}").engine, SYNC
+        )
+        assert point is not None and point.as_of is not None
+        assert f"data as of {point.as_of:%Y-%m-%d %H:%M:%S} UTC" in page["text"], page["text"]
         browser.save_screenshot(str(ARTIFACTS / "status-page-standalone.png"))
 
         # The same page inside Airflow's UI, from the external view's route (Browse -> Vitess syncs).

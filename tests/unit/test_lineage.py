@@ -115,7 +115,7 @@ def _report() -> MergeReport:
 
 
 def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
-    events = assets.window_events(_report(), 4, "catchup", COMMITTED)
+    events = assets.window_events(_report(), 4, "catchup", COMMITTED, "2026-11-28T10:00:00+00:00")
     assert set(events) == {"customer", "item"}, "corder had no changes: no event"
     assert events["customer"] == {
         "sync_id": "s",
@@ -128,6 +128,7 @@ def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
         "rows_updated": 3,
         "rows_deleted": 1,
         "delta_version": 9,
+        "as_of": "2026-11-28T10:00:00+00:00",
     }
     # An earlier, failed try wrote it: the event is still due, its counts are not known here.
     assert (events["item"]["rows_inserted"], events["item"]["rows_deleted"]) == (None, None)

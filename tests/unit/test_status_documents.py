@@ -106,6 +106,9 @@ def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Cl
         ("80-", "MariaDB/0-1-13", False),
     ]
     assert json.loads(status.committed.vgtid)[0]["gtid"] == "MariaDB/0-1-13"
+    # Window 2 ended before its stop (a shard behind): the time stays the snapshot's, its plan.
+    assert status.committed.as_of == T0
+    assert status.committed.seconds_behind == (now - T0).total_seconds()
 
     assert [(w.seq, w.kind, w.state) for w in status.windows] == [
         (4, "catchup", "PLANNED"),

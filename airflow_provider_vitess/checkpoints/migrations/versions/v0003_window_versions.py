@@ -1,4 +1,5 @@
-"""The Delta version each committed window produced in each of its tables.
+"""The Delta version each committed window produced in each of its tables; the committed
+position's time.
 
 Revision ID: 0003
 Revises: 0002
@@ -7,6 +8,8 @@ Create Date: 2026-11-28
 ``vitess_sync_window_version``: per sync, window and table, the Delta version of the window's
 commit and the table's path: a cut across the sync's tables at one source position is read from
 these rows (a table a window did not change has none; its version is its latest row's before).
+``vitess_sync_checkpoint.as_of``: every source transaction committed before it is in the targets
+(the stop position's time, ``checkpoints/freshness.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     merged = sa.DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    with op.batch_alter_table("vitess_sync_checkpoint") as batch:
+        batch.add_column(sa.Column("as_of", merged, nullable=True))
     op.create_table(
         "vitess_sync_window_version",
         sa.Column("sync_id", sa.String(200), nullable=False),
@@ -42,3 +47,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("vitess_sync_window_version")
+    with op.batch_alter_table("vitess_sync_checkpoint") as batch:
+        batch.drop_column("as_of")

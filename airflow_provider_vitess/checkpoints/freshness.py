@@ -1,0 +1,45 @@
+"""How old a sync's data is: the time its committed position stands for ("as of").
+
+Every transaction the source committed before a sync's *as of* time is in its Delta tables.
+A window reads every table of the sync to one end position, so one time serves all of them:
+
+* a catch-up window that reached its stop: the moment the stop position was taken (the worker's
+  clock just before it asked vtgate for the keyspace's current position; ``STOP_TAKEN_AT`` in
+  the window's stats). A quiet table is as fresh as a busy one: the stop is taken every run.
+  The later windows of one backlog share the first one's stop, and its time.
+* a catch-up window cut short (``max_events``, ``max_seconds``, shards behind its stop): the
+  time the sync had before it. Never later than the truth, at worst older, until a window of the
+  chain reaches the stop.
+* a snapshot: the moment it was planned (its copy holds everything committed before).
+
+Times are the worker's (UTC). "Seconds behind" is then the worker's now minus *as of*: both ends
+on one clock, so a skew between the source's clock and the worker's neither makes it negative
+nor adds to it; only the worker clock's own error counts (one NTP-synced host: milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from airflow_provider_vitess.checkpoints.states import WindowKind
+
+STOP_TAKEN_AT = "stop_taken_at"  # window stats: when the stop position was taken (ISO 8601, UTC)
+
+
+def window_as_of(kind: WindowKind, stats: Mapping[str, Any], created_at: datetime) -> datetime | None:
+    """The *as of* time of a window's end position (see the module), or None when the window
+    does not move it (a catch-up window that ended before its stop)."""
+    if kind is WindowKind.SNAPSHOT:
+        return created_at
+    taken = stats.get(STOP_TAKEN_AT)
+    lag = stats.get("shard_lag_transactions") or {}
+    if not taken or (stats.get("stopped_early") and any(lag.values())):
+        return None
+    return datetime.fromisoformat(str(taken))
+
+
+def seconds_behind(as_of: datetime | None, now: datetime) -> float | None:
+    """How many seconds ``now`` is past ``as_of`` (never negative)."""
+    return None if as_of is None else round(max(0.0, (now - as_of).total_seconds()), 3)
