@@ -192,6 +192,8 @@ class CheckpointRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
     # Every source transaction committed before it is in the targets (``checkpoints/freshness``).
     as_of: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # The oldest window a consistent cut can be taken at (``checkpoints/versions``); None: any.
+    versions_from: Mapped[int | None] = mapped_column(Integer)
 
 
 class LockRow(Base):

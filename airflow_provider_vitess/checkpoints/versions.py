@@ -8,8 +8,8 @@ before W: a table a window did not change keeps the version an earlier window le
 table at its cut version (Delta time travel) gives all of them at one source position.
 
 How far back: the rows of windows the store prunes go too, but the cut at the oldest window
-kept stays complete (each table keeps its newest row before it); the sync's config records that
-oldest window (``versions_from``), and older cuts are refused by name. Delta's own retention
+kept stays complete (each table keeps its newest row before it); the committed position's row
+records that oldest window (``versions_from``), and older cuts are refused by name. Delta's own retention
 (``delta.logRetentionDuration``, ``VACUUM``) bounds the time travel itself.
 """
 
@@ -23,13 +23,11 @@ from typing import cast
 from sqlalchemy import Table, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from airflow_provider_vitess.checkpoints.models import CheckpointRow, SyncRow, WindowVersionRow
+from airflow_provider_vitess.checkpoints.models import CheckpointRow, WindowVersionRow
 from airflow_provider_vitess.exceptions import CutUnavailableError
 
 _VERSION = cast(Table, WindowVersionRow.__table__)
-_SYNC = cast(Table, SyncRow.__table__)
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
-VERSIONS_FROM = "versions_from"  # sync config: the oldest window a cut can be taken at
 
 
 @dataclass(frozen=True)
@@ -95,10 +93,14 @@ def prune(conn: Connection, sync_id: str, before: int) -> None:
                     _VERSION.c.table_name == row.table_name,
                 )
             )
-    config = dict(conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).scalar() or {})
-    if int(config.get(VERSIONS_FROM) or 0) < before:
-        config[VERSIONS_FROM] = before
-        conn.execute(update(_SYNC).where(_SYNC.c.sync_id == sync_id).values(config=config))
+    conn.execute(
+        update(_CHECKPOINT)
+        .where(
+            _CHECKPOINT.c.sync_id == sync_id,
+            (_CHECKPOINT.c.versions_from.is_(None)) | (_CHECKPOINT.c.versions_from < before),
+        )
+        .values(versions_from=before)
+    )
 
 
 def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime | None = None) -> Cut:
@@ -106,11 +108,14 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
     ``as_of``, or (neither given) at the committed position."""
     if seq is not None and as_of is not None:
         raise ValueError("give a window or a time, not both")
-    committed = conn.execute(
-        select(_CHECKPOINT.c.committed_seq).where(_CHECKPOINT.c.sync_id == sync_id)
-    ).scalar()
-    if committed is None:
+    point = conn.execute(
+        select(_CHECKPOINT.c.committed_seq, _CHECKPOINT.c.versions_from).where(
+            _CHECKPOINT.c.sync_id == sync_id
+        )
+    ).first()
+    if point is None:
         raise CutUnavailableError(f"sync {sync_id!r} has no committed window yet: nothing to read")
+    committed, oldest = int(point.committed_seq), int(point.versions_from or 0)
     if as_of is not None:
         found = conn.execute(
             select(func.max(_VERSION.c.seq)).where(
@@ -128,8 +133,6 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
             f"sync {sync_id!r}: window {seq} is not committed (the sync is committed up to window "
             f"{committed}); take a cut at a committed window"
         )
-    config = conn.execute(select(_SYNC.c.config).where(_SYNC.c.sync_id == sync_id)).scalar() or {}
-    oldest = int(config.get(VERSIONS_FROM) or 0)
     if seq < oldest:
         raise CutUnavailableError(
             f"sync {sync_id!r}: window {seq} is older than the oldest window the store keeps Delta "

@@ -89,3 +89,7 @@ def test_pruning_keeps_the_oldest_kept_cut_whole_and_refuses_older_ones(sync: Sy
     assert sync.cut(window=3) == (3, {"a": (2, 3), "b": (0, 1)}), "b's version from window 1 stays"
     with pytest.raises(CutUnavailableError, match=r"window 2 is older than the oldest window .* \(3\)"):
         sync.cut(window=2)
+    # The next capture task rewrites the sync's config: the limit is not in it, so it stays.
+    sync.store.ensure_sync("s", "ks", ["a", "b"], {"staging": "/stage"})
+    with pytest.raises(CutUnavailableError, match=r"window 2 is older than the oldest window .* \(3\)"):
+        sync.cut(window=2)
