@@ -87,6 +87,7 @@ def vitess_sync_dag(
     lag_threshold: int | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
+    freshness_sla: float | None = None,
     default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
@@ -109,6 +110,9 @@ def vitess_sync_dag(
     of them per run and each run fits its interval; without an interval a run reads it all.
     ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
     both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
+    ``freshness_sla`` (seconds): the data may be at most this old once a run committed; the
+    merge task fails past it (after its commit) and the status page shows the sync in red while
+    its data is older (a stalled sync); a quiet source is no breach (docs/design.md, freshness).
     """
     # One name is one table, not its characters: "customer" or "customer, corder" as the
     # operators read text (a JSON list too).
@@ -137,6 +141,7 @@ def vitess_sync_dag(
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
         "tables": table_list,  # each Delta table an outlet Asset
+        "freshness_sla": freshness_sla,
         **dict(merge_kwargs or {}),
     }
     dag = DAG(

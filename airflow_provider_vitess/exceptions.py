@@ -171,6 +171,11 @@ class KeyChangedError(KeyChoiceError):
     primary key at the source): the table must be re-snapshotted with the new key."""
 
 
+class FreshnessBreachError(VitessProviderError):
+    """The sync's data is older than its ``freshness_sla`` after the merge committed: what was
+    read is kept; the task fails to say so (not retried: a retry changes nothing)."""
+
+
 class KeyConflictError(VitessProviderError):
     """One key held by two shards at once: the table's key is unique per shard only (it does not
     include the primary vindex column). Merging would keep one of the two rows, so the merge
@@ -198,6 +203,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     KeyConflictError,
     PartialRowImageError,
     BinlogSettingsError,
+    FreshnessBreachError,
 )
 
 

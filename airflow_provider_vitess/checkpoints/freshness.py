@@ -15,17 +15,25 @@ A window reads every table of the sync to one end position, so one time serves a
 Times are the worker's (UTC). "Seconds behind" is then the worker's now minus *as of*: both ends
 on one clock, so a skew between the source's clock and the worker's neither makes it negative
 nor adds to it; only the worker clock's own error counts (one NTP-synced host: milliseconds).
+
+A freshness objective (``freshness_sla``, seconds, given to the merge task) is breached when the
+data is older than that: kept with the committed position, so the status page can say so while
+the sync's tasks fail (a stalled sync). A quiet source is never a breach: its runs move the time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+from sqlalchemy import Engine, Table, update
+
+from airflow_provider_vitess.checkpoints.models import CheckpointRow
 from airflow_provider_vitess.checkpoints.states import WindowKind
 
 STOP_TAKEN_AT = "stop_taken_at"  # window stats: when the stop position was taken (ISO 8601, UTC)
+_CHECKPOINT = cast(Table, CheckpointRow.__table__)
 
 
 def window_as_of(kind: WindowKind, stats: Mapping[str, Any], created_at: datetime) -> datetime | None:
@@ -43,3 +51,15 @@ def window_as_of(kind: WindowKind, stats: Mapping[str, Any], created_at: datetim
 def seconds_behind(as_of: datetime | None, now: datetime) -> float | None:
     """How many seconds ``now`` is past ``as_of`` (never negative)."""
     return None if as_of is None else round(max(0.0, (now - as_of).total_seconds()), 3)
+
+
+def breached(as_of: datetime | None, sla: float | None, now: datetime) -> bool:
+    """Is the data older than its objective? (No objective, or no data yet: no.)"""
+    behind = seconds_behind(as_of, now)
+    return sla is not None and behind is not None and behind > sla
+
+
+def record_sla(engine: Engine, sync_id: str, sla: float | None) -> None:
+    """Keep the merge task's objective with the sync's committed position (status page)."""
+    with engine.begin() as conn:
+        conn.execute(update(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id).values(freshness_sla=sla))

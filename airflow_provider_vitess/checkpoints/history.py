@@ -111,6 +111,7 @@ class Checkpoint:
     committed_seq: int
     updated_at: datetime
     as_of: datetime | None = None  # every source transaction before it is in the targets
+    freshness_sla: float | None = None  # seconds (the merge task's objective)
 
 
 def checkpoint(engine: Engine, sync_id: str) -> Checkpoint | None:
@@ -118,4 +119,6 @@ def checkpoint(engine: Engine, sync_id: str) -> Checkpoint | None:
         row = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
     if row is None:
         return None
-    return Checkpoint(row.sync_id, row.committed_vgtid, row.committed_seq, row.updated_at, row.as_of)
+    return Checkpoint(
+        row.sync_id, row.committed_vgtid, row.committed_seq, row.updated_at, row.as_of, row.freshness_sla
+    )

@@ -24,6 +24,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -194,6 +195,8 @@ class CheckpointRow(Base):
     as_of: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # The oldest window a consistent cut can be taken at (``checkpoints/versions``); None: any.
     versions_from: Mapped[int | None] = mapped_column(Integer)
+    # The freshness objective (seconds) the merge task was given; None: none (``freshness``).
+    freshness_sla: Mapped[float | None] = mapped_column(Float)
 
 
 class LockRow(Base):

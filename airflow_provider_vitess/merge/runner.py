@@ -33,6 +33,7 @@ from airflow_provider_vitess.checkpoints import (
     Window,
     WindowKind,
     WindowState,
+    freshness,
     history,
 )
 from airflow_provider_vitess.checkpoints.history import recent_windows
@@ -212,12 +213,14 @@ class MergeRunner:
         keep_staged_windows: int = MAX_WINDOWS_BACK,
         keep_window_records: int = KEEP_WINDOW_RECORDS,
         storage_options: Mapping[str, Any] | None = None,
+        freshness_sla: float | None = None,
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
         self._keep, self._storage_options = keep_staged_windows, storage_options
         self._keep_records = keep_window_records
+        self.freshness_sla = freshness_sla
 
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
@@ -268,6 +271,7 @@ class MergeRunner:
             committed = self.store.committed(self.sync_id)[0]
             assert committed is not None
             self._prune(last)
+            freshness.record_sla(self.store.engine, self.sync_id, self.freshness_sla)
             seqs = ", ".join(str(w.seq) for w in done)
             return MergeOutcome(
                 last.seq,

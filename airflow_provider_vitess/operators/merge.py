@@ -27,8 +27,9 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_vitess.checkpoints.freshness import seconds_behind
+from airflow_provider_vitess.checkpoints.freshness import breached, seconds_behind
 from airflow_provider_vitess.connections import open_store, s3_settings
+from airflow_provider_vitess.exceptions import FreshnessBreachError
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
@@ -114,6 +115,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         spark_binary: str | None = None,
         env_vars: dict[str, Any] | None = None,
         spark_history_url: str | None = None,
+        freshness_sla: float | None = None,
         tables: Sequence[str] | None = None,
         spark_connect_conn_id: str | None = None,
         **kwargs: Any,
@@ -134,6 +136,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.targets = targets
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url
+        self.freshness_sla = freshness_sla
         self.spark_application_id: str | None = None  # from the job's report, for the link
         self.table_uris = lineage_assets.declare(self, target_location, tables, targets)
         self._lineage: MergeLineage | None = None
@@ -172,6 +175,7 @@ class VitessMergeOperator(SparkSubmitOperator):
             holder=holder(context),
             # The staging's credentials, for the lost-file check and retention on S3.
             storage_options=s3.storage_options() if s3 else None,
+            freshness_sla=self.freshness_sla,
         )
         backend = self._merge_backend = self._make_backend()
         started = time.monotonic()
@@ -189,6 +193,15 @@ class VitessMergeOperator(SparkSubmitOperator):
         context["ti"].xcom_push(key="committed_vgtid", value=outcome.committed_vgtid.to_json())
         self._lineage = self._record_lineage(context, runner, outcome)
         report = outcome.report
+        if breached(outcome.as_of, self.freshness_sla, datetime.now(timezone.utc)):
+            with task_failures(self.log):  # after the commit: what was merged stays
+                raise FreshnessBreachError(
+                    f"sync {self.sync_id!r}: its data is as of {outcome.as_of}, {behind} s behind, "
+                    f"past its freshness_sla of {self.freshness_sla} s (window {outcome.seq} is "
+                    "committed). Runs that take longer than the objective, or backlogs read in "
+                    "windows cut short, leave it behind: give the catch-up more max_seconds or "
+                    "max_events, run more often, or raise freshness_sla"
+                )
         return {
             "sync_id": self.sync_id,
             "merged": outcome.seq,

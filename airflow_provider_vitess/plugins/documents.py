@@ -50,6 +50,8 @@ class Committed(BaseModel):
         default=None, description="every source transaction committed before it is in every table"
     )
     seconds_behind: float | None = Field(default=None, description="now minus as_of, in seconds")
+    freshness_sla: float | None = Field(default=None, description="the objective (seconds), if any")
+    freshness_breached: bool = Field(default=False, description="seconds_behind > freshness_sla")
 
 
 class TableSummary(BaseModel):
@@ -106,6 +108,7 @@ class SyncSummary(BaseModel):
     committed_age_seconds: float | None
     latest_window: WindowStatus | None
     running: bool = Field(description="a task holds the sync's lock")
+    freshness_breached: bool = Field(default=False, description="its data is older than its freshness_sla")
     dags: list[str] = Field(
         default_factory=list, description="the DAGs that ran it (who may read them may read this)"
     )
@@ -194,6 +197,8 @@ def _committed(point: history.Checkpoint | None, now: datetime) -> Committed | N
                 for s in vgtid.shard_gtids],
         as_of=point.as_of,
         seconds_behind=freshness.seconds_behind(point.as_of, now),
+        freshness_sla=point.freshness_sla,
+        freshness_breached=freshness.breached(point.as_of, point.freshness_sla, now),
     )  # fmt: skip
 
 
@@ -208,6 +213,7 @@ def _summary(
         tables=info.tables,
         committed_seq=committed.seq if committed else None,
         committed_age_seconds=committed.age_seconds if committed else None,
+        freshness_breached=committed.freshness_breached if committed else False,
         latest_window=None if latest is None else window_status(latest, now),
         running=running,
         dags=dags_of(info),

@@ -129,6 +129,30 @@ def test_as_of_is_the_stop_time_for_busy_and_quiet_tables_and_never_ahead(
     assert status is not None and status.committed is not None
     assert status.committed.as_of == caught_up.as_of
     assert status.committed.seconds_behind == round((now - caught_up.as_of).total_seconds(), 3) >= 0
+
+    # A freshness objective of 5 minutes: met now; breached if nothing commits for longer (a
+    # stalled sync: the status document, asked later, says so); a run on the quiet source meets
+    # it again, since its stop is taken then.
+    def breached(at: datetime.datetime) -> bool:
+        status = documents.sync_status(store, "default", spec.sync_id, at)
+        assert status is not None and status.committed is not None
+        assert status.freshness_breached is status.committed.freshness_breached
+        assert status.committed.freshness_sla == 300
+        return status.committed.freshness_breached
+
+    started = _now()
+    capture.catch_up()
+    idle = MergeRunner(store, spec.sync_id, str(delta), holder="test-fresh-merge", freshness_sla=300)
+    kept = idle.run(lambda plan: merge(spark, plan)).as_of
+    assert kept is not None and kept >= started
+    assert not breached(_now())
+    assert breached(kept + datetime.timedelta(seconds=301)), "no commit for 301 s: breached"
+    started = _now()
+    capture.catch_up()  # nothing changed at the source
+    quiet_again = idle.run(lambda plan: merge(spark, plan)).as_of
+    assert quiet_again is not None and quiet_again >= started
+    assert quiet_again > kept, "the quiet source's run moved as of"
+    assert not breached(quiet_again + datetime.timedelta(seconds=299))
     store.close()
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from airflow_provider_vitess.checkpoints import WindowKind
-from airflow_provider_vitess.checkpoints.freshness import STOP_TAKEN_AT, seconds_behind, window_as_of
+from airflow_provider_vitess.checkpoints.freshness import (
+    STOP_TAKEN_AT,
+    breached,
+    seconds_behind,
+    window_as_of,
+)
 
 PLANNED = datetime(2026, 11, 28, 10, 0, 5, tzinfo=timezone.utc)
 TAKEN = datetime(2026, 11, 28, 10, 0, 4, 250000, tzinfo=timezone.utc)
@@ -33,3 +38,10 @@ def test_a_snapshot_is_as_of_its_plan_and_seconds_behind_is_never_negative() -> 
     assert seconds_behind(PLANNED, PLANNED + timedelta(seconds=2.5)) == 2.5
     assert seconds_behind(PLANNED, PLANNED - timedelta(seconds=1)) == 0.0
     assert seconds_behind(None, PLANNED) is None
+
+
+def test_an_objective_is_breached_only_when_the_data_is_older() -> None:
+    assert breached(PLANNED, 60, PLANNED + timedelta(seconds=61))
+    assert not breached(PLANNED, 60, PLANNED + timedelta(seconds=60))
+    assert not breached(PLANNED, None, PLANNED + timedelta(days=1)), "no objective"
+    assert not breached(None, 60, PLANNED), "no data yet"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind
+from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind, freshness
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
@@ -109,6 +109,12 @@ def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Cl
     # Window 2 ended before its stop (a shard behind): the time stays the snapshot's, its plan.
     assert status.committed.as_of == T0
     assert status.committed.seconds_behind == (now - T0).total_seconds()
+    assert (status.committed.freshness_sla, status.committed.freshness_breached) == (None, False)
+    freshness.record_sla(store.engine, "orders", 60.0)  # a merge task's objective
+    later = documents.sync_status(store, "default", "orders", now)
+    assert later is not None and later.committed is not None
+    assert (later.committed.freshness_sla, later.committed.freshness_breached) == (60.0, True)
+    assert later.freshness_breached is True
 
     assert [(w.seq, w.kind, w.state) for w in status.windows] == [
         (4, "catchup", "PLANNED"),

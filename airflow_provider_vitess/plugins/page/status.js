@@ -129,6 +129,8 @@ function syncSection(sync) {
       c ? ` (${duration(c.age_seconds)} ago)` : ""),
     c && c.as_of ? el("span", { class: "as-of", title: "every source transaction committed before this time is in every table" },
       "data as of ", el("b", {}, time(c.as_of)), ` (${duration(c.seconds_behind)} behind)`) : null,
+    c && c.freshness_breached ? el("span", { class: "breach", "data-breach": "freshness" },
+      `freshness objective missed: ${duration(c.seconds_behind)} behind, objective ${duration(c.freshness_sla)}`) : null,
     latest ? el("span", {}, "latest window ", el("b", {}, latest.seq), " ", stateBadge(latest.state)) : null,
     el("span", {}, sync.lock ? `running: ${sync.lock.holder}` : "idle"));
   const positions = c ? el("p", { class: "muted positions" },

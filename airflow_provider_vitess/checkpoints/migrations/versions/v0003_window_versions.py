@@ -10,7 +10,8 @@ commit and the table's path: a cut across the sync's tables at one source positi
 these rows (a table a window did not change has none; its version is its latest row's before).
 ``vitess_sync_checkpoint.as_of``: every source transaction committed before it is in the targets
 (the stop position's time, ``checkpoints/freshness.py``); ``versions_from``: the oldest window a
-cut can be taken at once older versions were pruned.
+cut can be taken at once older versions were pruned; ``freshness_sla``: the freshness objective
+the merge task was given (seconds), for the status page.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def upgrade() -> None:
     with op.batch_alter_table("vitess_sync_checkpoint") as batch:
         batch.add_column(sa.Column("as_of", merged, nullable=True))
         batch.add_column(sa.Column("versions_from", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("freshness_sla", sa.Float(), nullable=True))
     op.create_table(
         "vitess_sync_window_version",
         sa.Column("sync_id", sa.String(200), nullable=False),
@@ -50,5 +52,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("vitess_sync_window_version")
     with op.batch_alter_table("vitess_sync_checkpoint") as batch:
+        batch.drop_column("freshness_sla")
         batch.drop_column("versions_from")
         batch.drop_column("as_of")
