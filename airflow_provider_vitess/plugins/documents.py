@@ -85,6 +85,10 @@ class WindowStatus(BaseModel):
     )
     stopped_early: str | None = None
     error: str | None = None
+    as_of: datetime | None = Field(default=None, description="the time its end stands for, if it moves it")
+    seconds_behind_at_commit: float | None = Field(
+        default=None, description="how old its data was when it committed (COMMITTED windows)"
+    )
 
 
 class LockStatus(BaseModel):
@@ -155,6 +159,8 @@ def window_status(window: Window, now: datetime) -> WindowStatus:
     stats: Mapping[str, Any] = window.stats or {}
     end = window.updated_at if window.state in _FINAL else now
     stopped = stats.get("stopped_early")
+    as_of = freshness.window_as_of(window.kind, stats, window.created_at) if window.created_at else None
+    committed = window.state is WindowState.COMMITTED
     return WindowStatus(
         seq=window.seq,
         kind=window.kind.value,
@@ -167,6 +173,10 @@ def window_status(window: Window, now: datetime) -> WindowStatus:
         shard_lag={str(s): int(n) for s, n in dict(stats.get("shard_lag_transactions") or {}).items()},
         stopped_early=str(stopped) if stopped else None,
         error=window.error,
+        as_of=as_of,
+        seconds_behind_at_commit=(
+            freshness.seconds_behind(as_of, window.updated_at) if committed and window.updated_at else None
+        ),
     )
 
 

@@ -131,6 +131,11 @@ def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Cl
     assert by_seq[2].shard_lag == {"customer/-80": 0, "customer/80-": 7}
     assert by_seq[2].stopped_early == "max_events"
     assert by_seq[1].shard_lag == {}
+    # The snapshot stands for its plan (T0) and committed 12.5 s later; window 2 ended before its
+    # stop (no time of its own), window 4 is open.
+    assert (by_seq[1].as_of, by_seq[1].seconds_behind_at_commit) == (T0, 12.5)
+    assert (by_seq[2].as_of, by_seq[2].seconds_behind_at_commit) == (None, None)
+    assert by_seq[4].seconds_behind_at_commit is None
 
     assert status.last_error is not None
     assert (status.last_error.seq, status.last_error.error) == (3, "vtgate unavailable: connection refused")

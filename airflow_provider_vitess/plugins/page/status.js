@@ -74,6 +74,8 @@ function charts(sync) {
   const shards = [...new Set(windows.flatMap((w) => Object.keys(w.shard_lag)))].sort();
   return el("div", { class: "charts" },
     barChart("Row events per window", windows, [{ name: "events", color: "#3b82c4", value: (w) => w.rows || 0 }]),
+    barChart("Data age at commit per window (seconds)", windows,
+      [{ name: "seconds behind", color: "#8a63d2", value: (w) => w.seconds_behind_at_commit || 0 }]),
     barChart("Shard lag per window (transactions behind the stop)", windows,
       shards.map((s, i) => ({ name: s, color: SHARD_COLORS[i % SHARD_COLORS.length], value: (w) => w.shard_lag[s] || 0 }))));
 }
