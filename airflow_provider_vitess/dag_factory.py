@@ -35,6 +35,11 @@ RESNAPSHOT_PARAM = "resnapshot_tables"
 READ_SHARE_OF_INTERVAL = 0.5
 
 
+# How long an on-changes run's sensor waits before the run ends as "no change" (and the next one
+# starts waiting): long, so an idle sync costs one short run an hour.
+ON_CHANGES_SENSOR_TIMEOUT = 3600.0
+
+
 def schedule_interval(schedule: Any, start: datetime | None = None) -> timedelta | None:
     """The shortest time between two runs of ``schedule`` (a timedelta, a cron expression or
     preset), looked at over its next few runs; None for other schedules (manual, assets)."""
@@ -82,8 +87,9 @@ def vitess_sync_dag(
     max_events: int | None = None,
     max_seconds: float | None = None,
     wait_for_changes: bool = True,
-    sensor_timeout: float = 60.0,
+    sensor_timeout: float | None = None,
     sensor_deferrable: bool = True,
+    on_changes: bool = False,
     lag_threshold: int | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
@@ -110,6 +116,12 @@ def vitess_sync_dag(
     of them per run and each run fits its interval; without an interval a run reads it all.
     ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
     both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
+    ``on_changes``: run on the source's changes instead of a clock. The DAG runs continuously
+    (``@continuous``, one run at a time): each run's deferred sensor waits in the triggerer,
+    holding no worker slot, until a watched table changes past the committed position (or
+    ``sensor_timeout``, one hour by default then: an idle sync costs one short run an hour), and
+    the run goes on at once to catch up and merge; the next run waits again. It replaces
+    ``schedule`` and needs the deferrable sensor.
     ``freshness_sla`` (seconds): the data may be at most this old once a run committed; the
     merge task fails past it (after its commit) and the status page shows the sync in red while
     its data is older (a stalled sync); a quiet source is no breach (docs/design.md, freshness).
@@ -119,6 +131,15 @@ def vitess_sync_dag(
     table_list = list(as_tables(tables))
     if not table_list:
         raise ValueError(f"DAG {dag_id!r}: no tables given")
+    if on_changes:
+        if not (wait_for_changes and sensor_deferrable):
+            raise ValueError(
+                f"DAG {dag_id!r}: on_changes=True waits for changes with the deferrable sensor; "
+                "drop wait_for_changes=False / sensor_deferrable=False (or on_changes)"
+            )
+        schedule = "@continuous"
+    if sensor_timeout is None:
+        sensor_timeout = ON_CHANGES_SENSOR_TIMEOUT if on_changes else 60.0
     sync = sync_id or dag_id
     common: dict[str, Any] = {
         "sync_id": sync,

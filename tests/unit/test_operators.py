@@ -110,6 +110,25 @@ def test_the_factory_builds_snapshot_merge_sense_catch_up_merge() -> None:
     assert snapshot.resnapshot_tables == "{{ params.resnapshot_tables }}"
 
 
+def test_on_changes_runs_continuously_behind_a_long_deferred_wait() -> None:
+    dag = vitess_sync_dag(
+        "sync_c", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t", on_changes=True
+    )
+    assert type(dag.timetable).__name__ == "ContinuousTimetable" and dag.max_active_runs == 1
+    sensor = dag.get_task("wait_for_changes")
+    assert sensor.deferrable is True and sensor.timeout == 3600.0  # type: ignore[union-attr]
+    assert dag.get_task("catch_up").max_seconds is None, "a continuous run reads until caught up"  # type: ignore[union-attr]
+    clocked = vitess_sync_dag(
+        "sync_d", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t"
+    )
+    assert clocked.get_task("wait_for_changes").timeout == 60.0  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="on_changes=True waits for changes with the deferrable sensor"):
+        vitess_sync_dag(
+            "sync_e", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+            on_changes=True, wait_for_changes=False,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("tables", "expected"), [("customer", ["customer"]), ("customer, corder", ["customer", "corder"])]
 )
