@@ -222,7 +222,7 @@ def test_excluded_and_hashed_columns_never_reach_staging_or_delta_in_the_copy_an
         for manifest in sync.manifests:
             assert [s.names for s in manifest.tables[table].schemas] == [chosen], manifest.window_seq
             staged = read_table(manifest, table)
-            assert [c for c in staged.column_chosen if not c.startswith("_")] == list(chosen)
+            assert [c for c in staged.column_names if not c.startswith("_")] == list(chosen)
             assert manifest.stats[WINDOW_COLUMNS][table]["select"] == list(chosen)
     email_schema = people_sync.manifests[0].tables[PEOPLE].schemas[0].columns[2]
     assert (email_schema.type, email_schema.arrow) == ("VARCHAR", "string")
