@@ -272,3 +272,18 @@ def _describe_record(record: Mapping[str, Any]) -> str:
     if record.get("hash"):
         parts.append(f"hash_columns {record['hash']}")
     return ", ".join(parts) or "every column, none hashed"
+
+
+def watched_columns(config: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the changes sensor streams of each table under column control (from the sync's
+    recorded config): its key columns only. The sensor needs to see that a row changed, not
+    its values, so an excluded or hashed column does not reach it either."""
+    recorded = dict(config.get(WINDOW_COLUMNS) or {})
+    keys = dict(config.get("keys") or {})
+    out = {}
+    for table, record in recorded.items():
+        restricted = record.get("include") is not None or record.get("exclude") or record.get("hash")
+        key = keys.get(table) or {}
+        if restricted and key.get("source_columns"):
+            out[table] = list(key["source_columns"])
+    return out

@@ -308,6 +308,7 @@ def read_changes(
     *,
     target: StreamTarget,
     seconds: float,
+    columns: Mapping[str, Sequence[str]] | None = None,
 ) -> ChangeScan:
     """Reads the detector's tables from ``start`` until a change, ``stop`` or ``seconds``; a
     later read may go on from ``read_to``. The call's own deadline (the opener's) bounds it:
@@ -315,7 +316,8 @@ def read_changes(
     reader = VStreamReader(
         open_stream,
         vgtid=start,
-        filter=table_filter(detector.tables),
+        # Tables under column control: their key columns only (capture/columns.watched_columns).
+        filter=table_filter(detector.tables, columns),
         # A reshard is a change: without its journal vtgate would switch shards silently.
         flags=target.flags(heartbeat_interval=1, include_reshard_journal_events=True),
         tablet_type=target.tablet_type,

@@ -107,12 +107,17 @@ class StreamTarget:
         return flags
 
     def request(
-        self, vgtid: Vgtid | binlogdata_pb2.VGtid, tables: Sequence[str] = (), **flags: Any
+        self,
+        vgtid: Vgtid | binlogdata_pb2.VGtid,
+        tables: Sequence[str] = (),
+        columns: Mapping[str, Sequence[str] | None] | None = None,
+        **flags: Any,
     ) -> vtgate_pb2.VStreamRequest:
-        """The request for ``tables`` (none: the whole keyspace) from ``vgtid``."""
+        """The request for ``tables`` (none: the whole keyspace) from ``vgtid``; ``columns``: per
+        table, the only columns to stream (see :func:`table_filter`)."""
         return vstream_request(
             vgtid,
             tablet_type=self.tablet_type,
-            filter=table_filter(tables) if tables else None,
+            filter=table_filter(tables, columns) if tables else None,
             flags=self.flags(**flags),
         )

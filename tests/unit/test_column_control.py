@@ -11,7 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
-from airflow_provider_vitess.capture.columns import ColumnChoice, TableColumns, parse, reconcile, resolve
+from airflow_provider_vitess.capture.columns import (
+    WINDOW_COLUMNS,
+    ColumnChoice,
+    TableColumns,
+    parse,
+    reconcile,
+    resolve,
+    watched_columns,
+)
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
 from airflow_provider_vitess.decoding.events import Operation, RawRows
 from airflow_provider_vitess.decoding.values import RowDecoder
@@ -20,8 +28,9 @@ from airflow_provider_vitess.keys import Column, Index, KeyChoice, KeyOverrides,
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.staging.hashing import ColumnHasher
+from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.request import table_filter
+from airflow_provider_vitess.vstream.request import StreamTarget, table_filter
 
 T = query_pb2.Type
 SHAPE = TableShape(
@@ -299,3 +308,37 @@ def test_the_factory_passes_column_control_to_both_capture_tasks_and_no_salt() -
 
 def test_a_key_choice_fixture_is_the_primary_key() -> None:
     assert isinstance(KEY, KeyChoice) and KEY.source_columns == ("id",)
+
+
+# -- the changes sensor ------------------------------------------------------------------------
+
+
+def test_the_sensor_streams_only_the_key_of_a_table_under_column_control() -> None:
+    key = {"source_columns": ["id"]}
+    config = {
+        "keys": {"people": key, "plain": {"source_columns": ["k"]}, "hashed": key},
+        WINDOW_COLUMNS: {
+            "people": TableColumns(exclude=("ssn",)).record(),
+            "plain": TableColumns().record(),
+            "hashed": TableColumns(hash=("email",)).record(),
+        },
+    }
+    assert watched_columns(config) == {"people": ["id"], "hashed": ["id"]}
+    assert watched_columns({"keys": config["keys"]}) == {}  # a sync recorded before column control
+
+
+def test_the_trigger_keeps_the_watched_columns_across_serialization_and_puts_them_in_its_filter() -> None:
+    trigger = VitessChangesTrigger(
+        vitess_conn_id="c",
+        keyspace="ks",
+        tables=["people", "plain"],
+        start_vgtid=POSITION.to_json(),
+        columns={"people": ["id"]},
+    )
+    _, kwargs = trigger.serialize()
+    rebuilt = VitessChangesTrigger(**kwargs)
+    request = rebuilt._request(StreamTarget(), POSITION)
+    assert [(r.match, r.filter) for r in request.filter.rules] == [
+        ("people", "select `id` from `people`"),
+        ("plain", "select * from `plain`"),
+    ]
