@@ -16,6 +16,8 @@ excluded column (``ssn``) and a hashed one (``email``), and ``commerce.colctl_it
 from __future__ import annotations
 
 import hashlib
+import json
+import sqlite3
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from airflow_provider_vitess.staging import read_table
 from spark_jobs.merge_cdc import merge
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
+from tests.integration.airflow_env import assert_succeeded, make_airflow_env
 from tests.integration.delta_check import spark_session
 
 pytestmark = pytest.mark.integration
@@ -279,3 +282,95 @@ def test_a_changed_column_choice_is_refused_until_the_table_is_resnapshotted(fx:
     assert [s.names for s in window.manifest.tables[ITEMS].schemas] == [("id", "label", "price")]
     config: Mapping[str, Any] = fx.store.sync_config(sync_id)
     assert config[WINDOW_COLUMNS][ITEMS]["include"] == ["id", "label", "price"]
+
+
+# -- through Airflow: the DAG factory, dag.test() ------------------------------------------------
+
+DAG_PEOPLE = "colctl_dag_people"  # customer keyspace, sharded by hash(id)
+DAG_FILE = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+colctl_dag = vitess_sync_dag(
+    "colctl_dag",
+    keyspace="customer",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    exclude_columns={{"{table}": ["ssn"]}},
+    hash_columns={{"{table}": ["email"]}},
+    hash_salt_conn_id="colctl_salt",
+    schedule=None,
+    sensor_timeout=20,
+    default_args={{"retries": 0}},
+    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "2"}},
+    merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+)
+"""
+
+
+def test_the_dag_factory_keeps_clear_values_out_of_staging_delta_logs_xcom_and_rendered_fields(
+    fx: Fixture, vitess: LocalVitess, tmp_path: Path
+) -> None:
+    lake = tmp_path / "lake"
+    airflow = make_airflow_env(tmp_path / "af", vitess)
+    airflow.write_dag("colctl_dag", DAG_FILE.format(lake=lake, table=DAG_PEOPLE))
+    airflow.env["AIRFLOW_CONN_COLCTL_SALT"] = json.dumps({"conn_type": "generic", "password": fx.salt})
+    table = f"customer.{DAG_PEOPLE}"
+    wl.execute(
+        fx.hook,
+        f"DROP TABLE IF EXISTS {table}",
+        f"CREATE TABLE {table} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(40), email VARCHAR(80), "
+        "ssn VARCHAR(40), note VARCHAR(40)) DEFAULT CHARSET=utf8mb4",
+    )
+    try:
+        wl.execute(fx.hook, f"ALTER VSCHEMA ON {table} ADD VINDEX hash(id) USING hash")
+    except sqlalchemy.exc.OperationalError as exc:
+        if "already defined" not in str(exc):
+            raise
+    clear: list[str] = []
+
+    def person(i: int) -> str:
+        email, ssn = f"dagmail{fx.token}x{i}@example.test", f"DAGSSN{fx.token}x{i}"
+        clear.extend((email, ssn))
+        return insert(table, {"id": i, "name": f"n{i}", "email": email, "ssn": ssn, "note": f"note{i}"})
+
+    wl.execute(fx.hook, *[person(i) for i in range(1, 16)])
+    first = airflow.run_dag("colctl_dag")  # the copy phase
+    assert_succeeded(first, "snapshot", "merge_snapshot")
+
+    ssn = f"DAGSSN{fx.token}xU"
+    clear.append(ssn)
+    wl.execute(
+        fx.hook,
+        *[person(i) for i in range(16, 21)],
+        f"UPDATE {table} SET ssn = '{ssn}' WHERE id = 1",
+        f"UPDATE {table} SET email = NULL, note = 'no mail' WHERE id = 2",
+        f"DELETE FROM {table} WHERE id = 3",
+    )
+    second = airflow.run_dag("colctl_dag")  # the streaming phase
+    assert_succeeded(second, "wait_for_changes", "catch_up", "merge")
+
+    names, got = delta(lake / "delta" / DAG_PEOPLE)
+    assert names == list(PEOPLE_COLUMNS)
+    want = {
+        k: (v[0], v[1], sha(fx.salt, v[2]), v[3])
+        for k, v in select(fx.hook, "customer", DAG_PEOPLE, PEOPLE_COLUMNS).items()
+    }
+    assert got == want and len(got) == 19 and got[2][2] is None
+
+    # The XCom values and the rendered fields are in the metadata database (checked to be there),
+    # the task logs in the run's output and under the logs folder.
+    db = airflow.home / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        xcoms = conn.execute("SELECT task_id, value FROM xcom WHERE dag_id = 'colctl_dag'").fetchall()
+        rendered = conn.execute(
+            "SELECT task_id, rendered_fields FROM rendered_task_instance_fields WHERE dag_id = 'colctl_dag'"
+        ).fetchall()
+    assert {"snapshot", "catch_up"} <= {t for t, _ in xcoms}, xcoms
+    assert any("exclude_columns" in str(fields) for t, fields in rendered if t == "catch_up"), rendered
+    log = tmp_path / "run.log"
+    log.write_text(first["log"] + second["log"])
+    found = leaks([*clear, fx.salt], lake, airflow.home, extra_files=[log])
+    assert not found, found[:10]
+    wl.execute(fx.hook, f"DROP TABLE IF EXISTS {table}")
