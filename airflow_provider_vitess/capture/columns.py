@@ -148,6 +148,18 @@ class ColumnChoice:
     select: tuple[str, ...] | None
     hashed: tuple[str, ...]
     given: TableColumns
+    existing: frozenset[str] = frozenset()  # the table's columns now, lower-cased
+
+    def same_effect(self, record: Mapping[str, Any]) -> bool:
+        """``record`` (an earlier choice) chooses what the given choice does, once the names of
+        columns the table no longer has are left out of it: a column dropped at the source may
+        leave the lists without a re-snapshot."""
+        now = self.given.record()
+
+        def kept(names: Any) -> Any:
+            return None if names is None else [n for n in names if n in self.existing]
+
+        return all(kept(record.get(k)) == kept(now.get(k)) for k in ("include", "exclude", "hash"))
 
     def stats(self) -> dict[str, Any]:
         """The window's record of it: the choice given and what was selected."""
@@ -161,7 +173,8 @@ def _spelt(shape: TableShape, names: Sequence[str], what: str) -> tuple[str, ...
         if column is None:
             raise ColumnChoiceError(
                 f"{what} names column {name!r}, which table {shape.qualified_name} does not have "
-                f"(columns: {', '.join(c.name for c in shape.columns)}); fix the name in the DAG"
+                f"(columns: {', '.join(c.name for c in shape.columns)}); fix the name in the DAG (a "
+                "column dropped at the source: take it out of the list, no re-snapshot needed)"
             )
         out.append(column.name)
     return tuple(out)
@@ -222,7 +235,7 @@ def resolve(shape: TableShape, given: TableColumns, key: KeyChoice) -> ColumnCho
                 f"Remove {name!r} from hash_columns[{shape.table!r}], or exclude the column from a "
                 "key chosen with key_overrides (source_unique_key_columns) if the table has another"
             )
-    return ColumnChoice(shape.table, select, hashed, given)
+    return ColumnChoice(shape.table, select, hashed, given, frozenset(c.name.lower() for c in shape.columns))
 
 
 def reconcile(
@@ -249,7 +262,7 @@ def reconcile(
             out[table] = now
             continue
         before = dict(recorded.get(table) or ALL_COLUMNS.record())
-        if before != now:
+        if before != now and not (choice is not None and choice.same_effect(before)):
             raise ColumnsChangedError(
                 f"sync {sync_id!r} table {table!r}: its column choice is now {given.describe()}, but "
                 f"its Delta table was built (or its unfinished snapshot started) with "
@@ -287,3 +300,23 @@ def watched_columns(config: Mapping[str, Any]) -> dict[str, list[str]]:
         if restricted and key.get("source_columns"):
             out[table] = list(key["source_columns"])
     return out
+
+
+# vttablet's words when a binlog row does not match the table's schema as it knows it now.
+UNPROJECTABLE = "cannot determine table columns"
+
+
+def unprojectable(sync_id: str, tables: Collection[str], error: Exception) -> ColumnChoiceError:
+    """The error of a read that vttablet refused because it could not put a table's rows onto
+    the listed columns: rows logged before a DDL that dropped (or retyped) a column, read after
+    it, by a vttablet without schema history. With ``select *`` such rows arrive with unnamed
+    columns (``UnnamedColumnsError``); with a column list vttablet fails the stream itself, so
+    skipping them is not possible and only a new start of the stream past the DDL helps."""
+    return ColumnChoiceError(
+        f"sync {sync_id!r}: vttablet cannot put rows of table(s) {sorted(tables)} (under column "
+        "control) onto their listed columns: they were logged before a DDL that dropped or retyped "
+        "a column, and vttablet keeps no schema history (--track_schema_versions is off). Nothing "
+        "was staged. Remedy: turn on --track_schema_versions on the tablets and rerun the task, or "
+        "re-snapshot every table of the sync (trigger the DAG with resnapshot_tables naming all of "
+        f"them), which restarts the stream past the DDL. vttablet said: {error}"
+    )

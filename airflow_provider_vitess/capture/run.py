@@ -338,8 +338,10 @@ class SyncRun:
         try:
             with frozen_heap():
                 result = reader.run()
-        except BaseException:
+        except BaseException as exc:
             stager.abort(keep_checkpointed=stop is None)
+            if isinstance(exc, VStreamError) and self._columns and columns.UNPROJECTABLE in str(exc):
+                raise columns.unprojectable(self.spec.sync_id, self._columns, exc) from exc
             raise
         stats = self._stats(result)
         if stop is not None:

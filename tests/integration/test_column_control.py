@@ -30,8 +30,9 @@ import sqlalchemy
 from airflow_provider_vitess.capture.columns import WINDOW_COLUMNS, TableColumns
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.exceptions import ColumnsChangedError
+from airflow_provider_vitess.exceptions import ColumnChoiceError, ColumnsChangedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import read_table
 from spark_jobs.merge_cdc import merge
 from tests.conftest import LocalVitess
@@ -282,6 +283,55 @@ def test_a_changed_column_choice_is_refused_until_the_table_is_resnapshotted(fx:
     assert [s.names for s in window.manifest.tables[ITEMS].schemas] == [("id", "label", "price")]
     config: Mapping[str, Any] = fx.store.sync_config(sync_id)
     assert config[WINDOW_COLUMNS][ITEMS]["include"] == ["id", "label", "price"]
+
+
+def test_a_column_dropped_at_the_source_before_unread_rows_fails_clearly_and_a_full_resnapshot_heals(
+    fx: Fixture,
+) -> None:
+    """vttablet without schema history (this cluster's: --track_schema_versions off) cannot put
+    rows logged before a DROP COLUMN onto a column list; the read fails naming the remedy, and a
+    re-snapshot of every table of the sync restarts the stream past the DDL."""
+    table = "commerce.colctl_drop"
+    wl.execute(
+        fx.hook,
+        f"DROP TABLE IF EXISTS {table}",
+        f"CREATE TABLE {table} (id INT NOT NULL PRIMARY KEY, a INT, note VARCHAR(10), ssn VARCHAR(40))",
+        insert(table, {"id": 1, "a": 1, "note": "n", "ssn": fx.value("SSN", 901)}),
+        insert(table, {"id": 2, "a": 2, "note": "n", "ssn": fx.value("SSN", 902)}),
+    )
+    sync_id = f"colctl-drop-{fx.token}"
+    runner = fx.runner("commerce", "colctl_drop", TableColumns(exclude=("ssn",)), sync_id)
+    sync = wl.Sync(sync_id, "commerce", ("colctl_drop",), runner, fx.store)
+    sync.capture(snapshot=True)
+    wl.execute(
+        fx.hook,
+        f"UPDATE {table} SET a = 11 WHERE id = 1",  # logged with 4 columns, read after the DROP
+        f"ALTER TABLE {table} DROP COLUMN note",
+        f"UPDATE {table} SET a = 20 WHERE id = 2",
+    )
+    with pytest.raises(ColumnChoiceError) as failed:
+        sync.capture()
+    message = str(failed.value)
+    assert "--track_schema_versions" in message and "re-snapshot every table of the sync" in message
+    assert "cannot determine table columns" in message
+    open_window = fx.store.open_window(sync_id)
+    assert open_window is not None and open_window.state.value == "PLANNED"  # rerun reads it again
+
+    sync.capture(snapshot=True)  # every table of the sync: the stream restarts past the DROP
+    wl.execute(fx.hook, f"UPDATE {table} SET a = 30 WHERE id = 2")
+    window = sync.capture()
+    assert [s.names for s in window.tables["colctl_drop"].schemas] == [("id", "a")]
+    assert read_table(window, "colctl_drop").column("a").to_pylist() == [30]
+    resnapshot = sync.manifests[-2]
+    windows = (
+        WindowToMerge(resnapshot.window_seq, resnapshot.path, ("colctl_drop",)),
+        WindowToMerge(window.window_seq, window.path, ()),
+    )
+    merge(spark_session(), MergePlan(sync_id, windows, sync.targets(fx.root / "delta-drop")))
+    assert delta(fx.root / "delta-drop" / "colctl_drop")[1] == select(
+        fx.hook, "commerce", "colctl_drop", ("id", "a")
+    )
+    wl.execute(fx.hook, f"DROP TABLE IF EXISTS {table}")
 
 
 # -- through Airflow: the DAG factory, dag.test() ------------------------------------------------

@@ -342,3 +342,15 @@ def test_the_trigger_keeps_the_watched_columns_across_serialization_and_puts_the
         ("people", "select `id` from `people`"),
         ("plain", "select * from `plain`"),
     ]
+
+
+def test_a_column_dropped_at_the_source_may_leave_the_lists_without_a_resnapshot() -> None:
+    before = {"people": TableColumns(exclude=("ssn", "gone"), hash=("email", "gone2")).record()}
+    now = _chosen(TableColumns(exclude=("ssn",), hash=("email",)))  # "gone", "gone2" not in SHAPE
+    assert reconcile("s", before, {"people"}, now, ["people"]) == {"people": now["people"].given.record()}
+    # ...but a column the table still has is a change.
+    before = {"people": TableColumns(exclude=("ssn", "note")).record()}
+    with pytest.raises(ColumnsChangedError):
+        reconcile("s", before, {"people"}, _chosen(TableColumns(exclude=("ssn",))), ["people"])
+    with pytest.raises(ColumnChoiceError, match="column dropped at the source: take it out of the list"):
+        resolve(SHAPE, TableColumns(exclude=("gone",)), KEY)
