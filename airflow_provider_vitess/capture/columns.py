@@ -30,13 +30,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS
 from airflow_provider_vitess.exceptions import ColumnChoiceError, ColumnsChangedError
 from airflow_provider_vitess.keys import KeyChoice, TableShape, best_key
 
-__all__ = ["ColumnChoice", "TableColumns", "parse", "reconcile", "resolve"]
-
-# In a window's stats and the sync's config: each table's column choice (like WINDOW_KEYS).
-WINDOW_COLUMNS = "columns"
+__all__ = ["WINDOW_COLUMNS", "ColumnChoice", "TableColumns", "parse", "reconcile", "resolve"]
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:
@@ -285,21 +283,6 @@ def _describe_record(record: Mapping[str, Any]) -> str:
     if record.get("hash"):
         parts.append(f"hash_columns {record['hash']}")
     return ", ".join(parts) or "every column, none hashed"
-
-
-def watched_columns(config: Mapping[str, Any]) -> dict[str, list[str]]:
-    """What the changes sensor streams of each table under column control (from the sync's
-    recorded config): its key columns only. The sensor needs to see that a row changed, not
-    its values, so an excluded or hashed column does not reach it either."""
-    recorded = dict(config.get(WINDOW_COLUMNS) or {})
-    keys = dict(config.get("keys") or {})
-    out = {}
-    for table, record in recorded.items():
-        restricted = record.get("include") is not None or record.get("exclude") or record.get("hash")
-        key = keys.get(table) or {}
-        if restricted and key.get("source_columns"):
-            out[table] = list(key["source_columns"])
-    return out
 
 
 # vttablet's words when a binlog row does not match the table's schema as it knows it now.

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_provider_vitess.capture.columns import watched_columns
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -36,6 +35,7 @@ from airflow_provider_vitess.vstream.changes import (
     read_changes,
     start_verdict,
     unscanned_verdict,
+    watched_columns,
 )
 from airflow_provider_vitess.vstream.moves import refuse_moved
 from airflow_provider_vitess.vstream.position import capture_stop_position

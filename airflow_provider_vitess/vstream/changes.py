@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS
 from airflow_provider_vitess.decoding.events import (
     DdlEvent,
     Event,
@@ -289,6 +290,21 @@ class ChangeDetector:
     def resume_from(self, start: Vgtid) -> Vgtid:
         """Where a new stream starts: the latest VGTID seen, else ``start``."""
         return start if self.position is None else Vgtid.from_proto(self.position)
+
+
+def watched_columns(config: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the changes sensor streams of each table under column control (``capture/columns.py``;
+    from the sync's recorded config): its key columns only. The sensor needs to see that a row
+    changed, not its values, so an excluded or hashed column does not reach it either."""
+    recorded = dict(config.get(WINDOW_COLUMNS) or {})
+    keys = dict(config.get("keys") or {})
+    out = {}
+    for table, record in recorded.items():
+        restricted = record.get("include") is not None or record.get("exclude") or record.get("hash")
+        key = keys.get(table) or {}
+        if restricted and key.get("source_columns"):
+            out[table] = list(key["source_columns"])
+    return out
 
 
 @dataclass(frozen=True)

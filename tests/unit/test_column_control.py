@@ -18,7 +18,6 @@ from airflow_provider_vitess.capture.columns import (
     parse,
     reconcile,
     resolve,
-    watched_columns,
 )
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
 from airflow_provider_vitess.decoding.events import Operation, RawRows
@@ -30,6 +29,7 @@ from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.staging.hashing import ColumnHasher
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.changes import watched_columns
 from airflow_provider_vitess.vstream.request import StreamTarget, table_filter
 
 T = query_pb2.Type
@@ -354,3 +354,18 @@ def test_a_column_dropped_at_the_source_may_leave_the_lists_without_a_resnapshot
         reconcile("s", before, {"people"}, _chosen(TableColumns(exclude=("ssn",))), ["people"])
     with pytest.raises(ColumnChoiceError, match="column dropped at the source: take it out of the list"):
         resolve(SHAPE, TableColumns(exclude=("gone",)), KEY)
+
+
+def test_lineage_marks_a_hashed_column_as_masked_and_the_others_as_identity() -> None:
+    pytest.importorskip("airflow.providers.openlineage")
+    from airflow_provider_vitess.lineage.openlineage import _column_lineage
+    from airflow_provider_vitess.lineage.uris import DatasetName
+    from airflow_provider_vitess.staging.manifest import TableSchema
+
+    schema = TableSchema.from_fields("people", FIELDS, ("id",))
+    facet = _column_lineage(DatasetName("vitess://vtgate:15991", "ks.people"), {}, schema, {"email"})
+    kinds = {
+        name: (f.transformationType, f.inputFields[0].transformations[0].masking)
+        for name, f in facet.fields.items()
+    }
+    assert kinds == {"id": ("IDENTITY", None), "email": ("MASKED", True), "born": ("IDENTITY", None)}
