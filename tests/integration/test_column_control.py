@@ -1,7 +1,8 @@
 """Column control at the source, through the real vtgate, the capture path, Spark and Delta.
 
-Tables of their own (DDL through vtgate): ``customer.colctl_people`` (sharded by hash(id)) with an
-excluded column (``ssn``) and a hashed one (``email``), and ``commerce.colctl_items`` with
+Tables of their own (DDL through vtgate): ``customer.colctl_residents`` (sharded by hash(region),
+a column that is no key column and is excluded too) with an excluded column (``ssn``) and a
+hashed one (``email``), and ``commerce.colctl_items`` with
 ``include_columns`` and a column added at the source mid-sync. Both go through the copy phase
 (snapshot) and the streaming phase (a catch-up window), are merged into Delta, and then:
 
@@ -42,9 +43,9 @@ from tests.integration.delta_check import spark_session
 
 pytestmark = pytest.mark.integration
 
-PEOPLE = "colctl_people"  # customer keyspace, sharded by hash(id)
+PEOPLE = "colctl_residents"  # customer keyspace, sharded by hash(region): not a key column
 ITEMS = "colctl_items"  # commerce keyspace, unsharded
-PEOPLE_COLUMNS = ("id", "name", "email", "note")  # ssn excluded
+PEOPLE_COLUMNS = ("id", "name", "email", "note")  # ssn (and region, the vindex) excluded
 ITEMS_COLUMNS = ("id", "label", "price")  # secret (and the later "extra") not included
 
 
@@ -127,14 +128,14 @@ def fx(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     wl.execute(
         fx.hook,
         f"DROP TABLE IF EXISTS customer.{PEOPLE}",
-        f"CREATE TABLE customer.{PEOPLE} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(40), "
-        "email VARCHAR(80), ssn VARCHAR(40), note VARCHAR(40)) DEFAULT CHARSET=utf8mb4",
+        f"CREATE TABLE customer.{PEOPLE} (id BIGINT NOT NULL PRIMARY KEY, region BIGINT NOT NULL, "
+        "name VARCHAR(40), email VARCHAR(80), ssn VARCHAR(40), note VARCHAR(40)) DEFAULT CHARSET=utf8mb4",
         f"DROP TABLE IF EXISTS commerce.{ITEMS}",
         f"CREATE TABLE commerce.{ITEMS} (id INT NOT NULL PRIMARY KEY, label VARCHAR(40), price INT, "
         "secret VARCHAR(40)) DEFAULT CHARSET=utf8mb4",
     )
     try:  # the vschema outlives a dropped table: a rerun finds the vindex there already
-        wl.execute(fx.hook, f"ALTER VSCHEMA ON customer.{PEOPLE} ADD VINDEX hash(id) USING hash")
+        wl.execute(fx.hook, f"ALTER VSCHEMA ON customer.{PEOPLE} ADD VINDEX hash(region) USING hash")
     except sqlalchemy.exc.OperationalError as exc:
         if "already defined" not in str(exc):
             raise
@@ -145,16 +146,19 @@ def fx(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def test_excluded_and_hashed_columns_never_reach_staging_or_delta_in_the_copy_and_the_stream(
     fx: Fixture,
 ) -> None:
-    people = TableColumns(exclude=("ssn",), hash=("email",))
+    # The vindex column is no key column: the filter (a projection) needs it not, so it can go.
+    people = TableColumns(exclude=("ssn", "region"), hash=("email",))
     items = TableColumns(include=("id", "label", "price"))
     people_table, items_table = f"customer.{PEOPLE}", f"commerce.{ITEMS}"
 
     def person(i: int, note: str) -> str:
-        row = {"id": i, "name": f"n{i}", "email": fx.email(i), "ssn": fx.value("SSN", i), "note": note}
-        return insert(people_table, row)
+        row = {"id": i, "region": i * 7919, "name": f"n{i}", "email": fx.email(i), "ssn": fx.value("SSN", i)}
+        return insert(people_table, {**row, "note": note})
 
     inserts = [person(i, f"note{i}") for i in range(1, 21)]
-    inserts.append(insert(people_table, {"id": 21, "name": "n21", "email": None, "ssn": None, "note": "x"}))
+    inserts.append(
+        insert(people_table, {"id": 21, "region": 3, "name": "n21", "email": None, "ssn": None, "note": "x"})
+    )
     inserts += [
         insert(items_table, {"id": i, "label": f"l{i}", "price": i * 100, "secret": fx.value("SECRET", i)})
         for i in range(1, 11)
@@ -228,6 +232,9 @@ def test_excluded_and_hashed_columns_never_reach_staging_or_delta_in_the_copy_an
             staged = read_table(manifest, table)
             assert [c for c in staged.column_names if not c.startswith("_")] == list(chosen)
             assert manifest.stats[WINDOW_COLUMNS][table]["select"] == list(chosen)
+    # Both shards copied and streamed (the vindex column itself excluded).
+    for manifest in people_sync.manifests:
+        assert set(read_table(manifest, PEOPLE).column("_shard").to_pylist()) == {"-80", "80-"}
     email_schema = people_sync.manifests[0].tables[PEOPLE].schemas[0].columns[2]
     assert (email_schema.type, email_schema.arrow) == ("VARCHAR", "string")
 
