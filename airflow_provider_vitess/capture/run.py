@@ -189,7 +189,6 @@ class SyncRun:
             built=set(recorded),
             chosen=self._columns,
             tables=self.spec.tables,
-            # A resumed snapshot keeps the parts it staged: they were read with the recorded choice.
             snapshot_of=() if resuming else snapshot_of,
         )
         self._copied_at = copy_positions(
@@ -273,7 +272,9 @@ class SyncRun:
         window = self._windows.unfinished(
             kind, discard=resnapshot, reason=f"a re-snapshot of {list(snapshot_of)}"
         )
-        resuming = window is not None and window.kind is kind and window.state is WindowState.PLANNED
+        # An unfinished window of this kind (being read, or staged and not merged yet) was read
+        # with the recorded column choice: a new choice waits until it is done.
+        resuming = window is not None and window.kind is kind
         self._record_sync(chosen_keys, snapshot_of=snapshot_of, resuming=resuming)
         if window is None or window.state is WindowState.PLANNED:
             return window

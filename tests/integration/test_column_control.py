@@ -263,7 +263,16 @@ def test_excluded_and_hashed_columns_never_reach_staging_or_delta_in_the_copy_an
     assert not found, found[:10]
 
 
+def some_items(fx: Fixture) -> None:
+    """A row for a snapshot to copy, whichever tests ran before."""
+    table = f"commerce.{ITEMS}"
+    wl.execute(
+        fx.hook, f"DELETE FROM {table} WHERE id = 1000", insert(table, {"id": 1000, "label": "x", "price": 1})
+    )
+
+
 def test_a_changed_column_choice_is_refused_until_the_table_is_resnapshotted(fx: Fixture) -> None:
+    some_items(fx)
     sync_id = f"colctl-change-{fx.token}"
     before = fx.runner("commerce", ITEMS, TableColumns(include=("id", "label")), sync_id)
     outcome = before.snapshot()
@@ -285,11 +294,27 @@ def test_a_changed_column_choice_is_refused_until_the_table_is_resnapshotted(fx:
     assert again.manifest.tables[ITEMS].schemas[0].names == ("id", "label", "price")
     fx.store.mark_merged(sync_id, again.seq)
     fx.store.commit(sync_id, again.seq)
-    wl.execute(fx.hook, f"UPDATE commerce.{ITEMS} SET price = 7 WHERE id = 1")
+    wl.execute(fx.hook, f"UPDATE commerce.{ITEMS} SET price = price + 7 WHERE id = 1000")
     window = changed.catch_up()
     assert [s.names for s in window.manifest.tables[ITEMS].schemas] == [("id", "label", "price")]
     config: Mapping[str, Any] = fx.store.sync_config(sync_id)
     assert config[WINDOW_COLUMNS][ITEMS]["include"] == ["id", "label", "price"]
+
+
+def test_an_unfinished_snapshot_keeps_the_choice_it_was_read_with(fx: Fixture) -> None:
+    """A snapshot staged (or being read) with one choice is not taken over by another: its
+    files hold the first choice's columns, and recording the second would merge them as such."""
+    some_items(fx)
+    sync_id = f"colctl-unfinished-{fx.token}"
+    first = fx.runner("commerce", ITEMS, TableColumns(include=("id", "label")), sync_id).snapshot()
+    assert fx.store.window(sync_id, first.seq).state.value == "STAGED"
+    wider = fx.runner("commerce", ITEMS, TableColumns(include=("id", "label", "price")), sync_id)
+    with pytest.raises(ColumnsChangedError, match="an unfinished snapshot must finish first"):
+        wider.snapshot()
+    fx.store.mark_merged(sync_id, first.seq)
+    fx.store.commit(sync_id, first.seq)
+    again = wider.snapshot(tables=[ITEMS])  # once it is done, a re-snapshot takes the new choice
+    assert again.manifest.tables[ITEMS].schemas[0].names == ("id", "label", "price")
 
 
 def test_a_column_dropped_at_the_source_before_unread_rows_fails_clearly_and_a_full_resnapshot_heals(
