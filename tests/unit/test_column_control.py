@@ -369,3 +369,30 @@ def test_lineage_marks_a_hashed_column_as_masked_and_the_others_as_identity() ->
         for name, f in facet.fields.items()
     }
     assert kinds == {"id": ("IDENTITY", None), "email": ("MASKED", True), "born": ("IDENTITY", None)}
+
+
+def test_a_hashed_text_column_left_out_of_a_partial_image_stays_absent_not_hashed(tmp_path: Path) -> None:
+    """binlog_row_image=NOBLOB: an UPDATE that does not set a TEXT column leaves it out; hashed,
+    the column stays a TEXT column, so the stager records it absent (the merge keeps the Delta
+    row's hash) instead of hashing a NULL that is not one or refusing the image."""
+    fields = [
+        query_pb2.Field(name="id", type=T.INT64, column_type="bigint", flags=1),
+        query_pb2.Field(name="bio", type=T.TEXT, column_type="text", charset=255),
+    ]
+    change = binlogdata_pb2.RowChange(before=_row((b"1", b"old bio")), after=_row((b"1", None)))
+    change.data_columns.CopyFrom(binlogdata_pb2.RowChange.Bitmap(count=2, cols=bytes([0b01])))
+    data = binlogdata_pb2.RowEvent(table_name="people", row_changes=[change]).SerializeToString()
+    stager = WindowStager(
+        str(tmp_path),
+        "s",
+        1,
+        key_columns={"people": ("id",)},
+        hashing=ColumnHasher("pepper", {"people": ["bio"]}),
+    )
+    stager.set_schema("ks", "people", fields)
+    stager.add_rows("ks", "people", "-", 1, 1, RawRows(data, 1, RowDecoder(fields, "people")))
+    staged = read_table(stager.finish(POSITION, None, POSITION), "people")
+    assert staged.column("bio").to_pylist() == [None]
+    assert staged.column("_absent").to_pylist() == [["bio"]]
+    assert str(staged.schema.field("bio").type) == "string"
+    assert "old bio" not in repr(staged.to_pylist())
