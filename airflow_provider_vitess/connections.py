@@ -41,3 +41,24 @@ def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:
     store = CheckpointStore(store_url(checkpoint_conn_id))
     store.migrate()
     return store
+
+
+def hash_salt(hash_salt_conn_id: str | None) -> str:
+    """The salt of ``hash_columns``: the password of the named Airflow connection, read at run
+    time (Airflow masks a connection's password in task logs once it is read)."""
+    from airflow_provider_vitess.exceptions import ColumnChoiceError
+
+    if not hash_salt_conn_id:
+        raise ColumnChoiceError(
+            "hash_columns are given but no hash_salt_conn_id: name an Airflow connection whose "
+            "password is the salt (a long random secret), e.g. hash_salt_conn_id='vitess_hash_salt'"
+        )
+    from airflow.sdk.bases.hook import BaseHook
+
+    salt = BaseHook.get_connection(hash_salt_conn_id).password
+    if not salt:
+        raise ColumnChoiceError(
+            f"connection {hash_salt_conn_id!r} (hash_salt_conn_id) has no password: set it to the "
+            "salt of hash_columns (a long random secret)"
+        )
+    return str(salt)

@@ -84,6 +84,10 @@ def vitess_sync_dag(
     key_columns: Mapping[str, Sequence[str]] | None = None,
     zero_date_policy: str = "null",
     zero_date_policies: Mapping[str, str] | None = None,
+    include_columns: Mapping[str, Sequence[str]] | None = None,
+    exclude_columns: Mapping[str, Sequence[str]] | None = None,
+    hash_columns: Mapping[str, Sequence[str]] | None = None,
+    hash_salt_conn_id: str | None = None,
     max_events: int | None = None,
     max_seconds: float | None = None,
     wait_for_changes: bool = True,
@@ -125,6 +129,11 @@ def vitess_sync_dag(
     ``freshness_sla`` (seconds): the data may be at most this old once a run committed; the
     merge task fails past it (after its commit) and the status page shows the sync in red while
     its data is older (a stalled sync); a quiet source is no breach (docs/design.md, freshness).
+
+    Column control (docs/column-control.md), per table: ``include_columns`` (only these) or
+    ``exclude_columns`` (all but these) are pushed into the VStream filter, so the others never
+    leave vtgate; ``hash_columns`` are staged as ``sha256(salt + value)`` in hex, the salt being
+    the password of the connection ``hash_salt_conn_id``. Key columns are always read in clear.
     """
     # One name is one table, not its characters: "customer" or "customer, corder" as the
     # operators read text (a JSON list too).
@@ -153,6 +162,10 @@ def vitess_sync_dag(
         "key_columns": dict(key_columns or {}),
         "zero_date_policy": zero_date_policy,
         "zero_date_policies": dict(zero_date_policies or {}),
+        "include_columns": dict(include_columns or {}),
+        "exclude_columns": dict(exclude_columns or {}),
+        "hash_columns": dict(hash_columns or {}),
+        "hash_salt_conn_id": hash_salt_conn_id,
     }
     merge: dict[str, Any] = {
         "sync_id": sync,

@@ -176,6 +176,17 @@ class FreshnessBreachError(VitessProviderError):
     read is kept; the task fails to say so (not retried: a retry changes nothing)."""
 
 
+class ColumnChoiceError(VitessProviderError, ValueError):
+    """``include_columns``, ``exclude_columns`` or ``hash_columns`` that cannot apply: both
+    include and exclude for one table, an unknown column, a key column left out or hashed, or
+    no salt for the hashes. The message names the table, the column and the remedy."""
+
+
+class ColumnsChangedError(ColumnChoiceError):
+    """A table's column choice is not the one its Delta table was built with: the table must be
+    re-snapshotted with the new choice (or the old choice restored)."""
+
+
 class KeyConflictError(VitessProviderError):
     """One key held by two shards at once: the table's key is unique per shard only (it does not
     include the primary vindex column). Merging would keep one of the two rows, so the merge
@@ -193,6 +204,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     UnknownTableError,
     TablesMovedError,
     KeyChoiceError,
+    ColumnChoiceError,
     MergePlanError,
     MergeSchemaError,
     TargetIntegrityError,

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_vitess.capture import row_images, source
+from airflow_provider_vitess.capture import columns, row_images, source
 from airflow_provider_vitess.capture.copy_positions import copy_positions
 from airflow_provider_vitess.capture.outcome import WindowOutcome, shard_lag
 from airflow_provider_vitess.capture.progress import LiveCopyProgress
@@ -79,6 +79,7 @@ class SyncRun:
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
         self._checked: dict[str, KeyChoice] | None = None  # the last _check_source's
+        self._columns: dict[str, columns.ColumnChoice] = {}  # the last _check_source's too
         self._copied_at: dict[str, Vgtid] = {}  # re-copied tables' copy positions (copy_positions)
         self._writer_id: str | None = None
         self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
@@ -133,10 +134,13 @@ class SyncRun:
         other run checks afresh (a runner object may serve many runs)."""
         if not reuse or self._checked is None:
             self._checked = self._read_source()
+            # Column control checked against the table now and its key (capture/columns.py).
+            self._columns = self.spec.column_choices(self.hook, self._checked)
         return self._checked
 
     def _read_source(self) -> dict[str, KeyChoice]:
         spill_directory(self.spec.memory.spill_dir)  # a wrong setting fails before any read
+        self.spec.hasher()  # hash_columns without a salt fail before any read
         moves.refuse_moved(self.hook, self.spec.sync_id, self.spec.keyspace, self.spec.tables)
         row_images.refuse_inexact_images(
             self.hook, self.spec.sync_id, self.spec.keyspace, self._target.tablet_type
@@ -151,10 +155,14 @@ class SyncRun:
         except CheckpointError:  # a new sync
             return {}
 
-    def _record_sync(self, chosen: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = ()) -> None:
-        """Under the lock: the sync's config, with the key each table's Delta table is built
-        with. Only a (re-)snapshot of a table records a new key for it; a catch-up whose chosen
-        key differs from the recorded one is refused (``KeyChangedError``) before it reads."""
+    def _record_sync(
+        self, chosen: Mapping[str, KeyChoice], snapshot_of: Sequence[str] = (), resuming: bool = False
+    ) -> None:
+        """Under the lock: the sync's config, with the key and the column choice each table's
+        Delta table is built with. Only a (re-)snapshot of a table records a new key or column
+        choice for it; a catch-up whose chosen key or columns differ from the recorded ones is
+        refused (``KeyChangedError``, ``ColumnsChangedError``) before it reads, and so is a
+        ``resuming`` snapshot whose columns differ from those it started with."""
         config = self._config()
         recorded = {t: KeyChoice.from_dict(c) for t, c in dict(config.get("keys") or {}).items()}
         change = self._table_list_change(config)
@@ -175,6 +183,14 @@ class SyncRun:
                     seq,
                 )
         self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
+        column_record = columns.reconcile(
+            self.spec.sync_id,
+            dict(config.get(columns.WINDOW_COLUMNS) or {}),
+            built=set(recorded),
+            chosen=self._columns,
+            tables=self.spec.tables,
+            snapshot_of=() if resuming else snapshot_of,
+        )
         self._copied_at = copy_positions(
             config.get(COPIED_AT), self.spec.tables, self.store.committed(self.spec.sync_id)[0]
         )
@@ -185,6 +201,7 @@ class SyncRun:
             {
                 "staging": self.spec.staging_location,
                 "keys": {t: choice.to_dict() for t, choice in self._keys.items()},
+                columns.WINDOW_COLUMNS: column_record,
                 # The source's name in lineage (the merge task has no Vitess connection).
                 "vtgate": self.hook.config.grpc_target,
                 REMOVED_TABLES: change.after_snapshot_of(snapshot_of),
@@ -229,6 +246,7 @@ class SyncRun:
             storage_options=self.spec.storage_options,
             writer_id=self._writer_id,
             zero_dates=self.spec.zero_dates,
+            hashing=self.spec.hasher(),
         )
 
     def _check_keyspace(self, vgtid: Vgtid, what: str) -> None:
@@ -254,7 +272,10 @@ class SyncRun:
         window = self._windows.unfinished(
             kind, discard=resnapshot, reason=f"a re-snapshot of {list(snapshot_of)}"
         )
-        self._record_sync(chosen_keys, snapshot_of=snapshot_of)
+        # An unfinished window of this kind (being read, or staged and not merged yet) was read
+        # with the recorded column choice: a new choice waits until it is done.
+        resuming = window is not None and window.kind is kind
+        self._record_sync(chosen_keys, snapshot_of=snapshot_of, resuming=resuming)
         if window is None or window.state is WindowState.PLANNED:
             return window
         if extend and window.state is WindowState.STAGED:
@@ -297,6 +318,7 @@ class SyncRun:
             tablet_type=self._target.tablet_type,
             reset_connection=self.hook.reset_channel,
             memory=self.spec.memory,
+            columns={t: c.select for t, c in self._columns.items()},
             **options,
         )
 
@@ -317,8 +339,10 @@ class SyncRun:
         try:
             with frozen_heap():
                 result = reader.run()
-        except BaseException:
+        except BaseException as exc:
             stager.abort(keep_checkpointed=stop is None)
+            if isinstance(exc, VStreamError) and self._columns and columns.UNPROJECTABLE in str(exc):
+                raise columns.unprojectable(self.spec.sync_id, self._columns, exc) from exc
             raise
         stats = self._stats(result)
         if stop is not None:
@@ -334,8 +358,11 @@ class SyncRun:
     def _stats(self, result: ReadResult) -> dict[str, Any]:
         """The window's stats (manifest and store): counts, and the key each table was staged
         with, which is the key its merge uses (``WINDOW_KEYS``)."""
+        # Only tables under column control: a window of a sync without any stays as before.
+        chosen = {t: c.stats() for t, c in self._columns.items()}
         return {
             WINDOW_KEYS: {t: choice.to_dict() for t, choice in self._keys.items()},
+            **({columns.WINDOW_COLUMNS: chosen} if chosen else {}),
             "rows": result.rows,
             "units": result.units,
             "rows_per_table": result.rows_per_table,

@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_vitess.capture.columns import ColumnChoice, TableColumns, resolve
 from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
+from airflow_provider_vitess.staging.hashing import ColumnHasher
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vstream.spill import MemoryLimits
 
@@ -37,6 +39,23 @@ class SyncSpec:
     zero_dates: ZeroDatePolicies = field(default_factory=ZeroDatePolicies)
     # What a read holds in memory before it spills to disk, and where it spills.
     memory: MemoryLimits = field(default_factory=MemoryLimits)
+    # Column control per table (capture/columns.py); tables not in it read every column.
+    columns: Mapping[str, TableColumns] = field(default_factory=dict)
+    # The salt of hash_columns, from an Airflow connection at run time: never in a repr or log.
+    hash_salt: str | None = field(default=None, repr=False)
+
+    def hasher(self) -> ColumnHasher | None:
+        """The stager's hashing of ``hash_columns`` (None: no table hashes a column)."""
+        hashed = {t: c.hash for t, c in self.columns.items() if c.hash}
+        return ColumnHasher(self.hash_salt or "", hashed) if hashed else None
+
+    def column_choices(self, hook: VitessClient, keys: Mapping[str, KeyChoice]) -> dict[str, ColumnChoice]:
+        """The column control of each table that has one, checked against the table as the
+        source shows it now and against its key (``keys``)."""
+        return {
+            table: resolve(table_shape(hook, self.keyspace, table), given, keys[table])
+            for table, given in self.columns.items()
+        }
 
     def key_choices(self, hook: VitessClient) -> dict[str, KeyChoice]:
         """Each table's key: given in ``key_columns``, else chosen from its indexes as the source

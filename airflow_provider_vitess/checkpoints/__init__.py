@@ -5,6 +5,7 @@ from __future__ import annotations
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.schema import head_revision
 from airflow_provider_vitess.checkpoints.states import (
+    WINDOW_COLUMNS,
     WINDOW_KEYS,
     LockInfo,
     Part,
@@ -20,6 +21,7 @@ from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_u
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "WINDOW_COLUMNS",
     "WINDOW_KEYS",
     "CheckpointStore",
     "LockInfo",

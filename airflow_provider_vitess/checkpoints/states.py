@@ -59,6 +59,9 @@ OPEN_STATES: frozenset[WindowState] = frozenset({WindowState.PLANNED, WindowStat
 # The window stats entry holding each table's key choice as the window was staged: the key the
 # window is merged with, whatever the sync's current key config says.
 WINDOW_KEYS = "keys"
+# The same for each table's column choice (capture/columns.py), in the window stats of a sync
+# with column control and in the sync's config.
+WINDOW_COLUMNS = "columns"
 
 
 def is_open(state: WindowState) -> bool:

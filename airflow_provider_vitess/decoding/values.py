@@ -338,13 +338,22 @@ class RowDecoder:
     ``decode(row)`` returns the row's values as a tuple, one per column, ``None`` for NULL.
     """
 
-    __slots__ = ("_converters", "decode", "fields", "names", "table")
+    __slots__ = ("_converters", "_own", "decode", "fields", "names", "table")
 
-    def __init__(self, fields: Sequence[query_pb2.Field], table: str = "") -> None:
+    def __init__(
+        self,
+        fields: Sequence[query_pb2.Field],
+        table: str = "",
+        converters: Sequence[Converter] | None = None,
+    ) -> None:
         self.fields: tuple[query_pb2.Field, ...] = tuple(fields)
         self.names: tuple[str, ...] = tuple(f.name for f in self.fields)
         self.table = table
-        self._converters: tuple[Converter, ...] = tuple(converter_for(f) for f in self.fields)
+        # ``converters``: the caller's, one per field (a stager's hashed columns): never pickled.
+        self._own = converters is not None
+        self._converters: tuple[Converter, ...] = (
+            tuple(converters) if converters is not None else tuple(converter_for(f) for f in self.fields)
+        )
         # An attribute, not a method: a call per row saved. ``explain`` is a partial, not a
         # bound method, so decoder and function do not form a reference cycle.
         explain = functools.partial(_explain, self.fields, self._converters, self.names, table)
@@ -353,6 +362,8 @@ class RowDecoder:
     def __reduce__(self) -> tuple[Any, ...]:
         # Spilled row events carry their decoder: rebuilt from the fields (its compiled loop
         # cannot be pickled, and is cached per column count anyway).
+        if self._own:
+            raise TypeError("a RowDecoder with its caller's converters is not pickled")
         return (RowDecoder, (self.fields, self.table))
 
 

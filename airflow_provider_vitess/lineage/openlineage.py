@@ -14,15 +14,18 @@ renamed at most.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS
 from airflow_provider_vitess.lineage.assets import changed_tables
 from airflow_provider_vitess.lineage.uris import DatasetName, location_dataset, vitess_dataset
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableResult, TableStatus
 from airflow_provider_vitess.staging.manifest import Manifest, TableSchema, load_manifest
+
+HASHED = "salted SHA-256 (hash_columns)"
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -91,7 +94,11 @@ def _manifest(plan: MergePlan, seq: int) -> Manifest | None:
     return load_manifest(location, plan.sync_id, seq)
 
 
-def _column_lineage(source: DatasetName, renames: dict[str, str], schema: TableSchema) -> Any:
+def _column_lineage(
+    source: DatasetName, renames: dict[str, str], schema: TableSchema, hashed: Collection[str] = ()
+) -> Any:
+    """Identity lineage per column; a ``hash_columns`` column (lower-cased in ``hashed``) is a
+    masking transformation of its source column (docs/column-control.md)."""
     from airflow.providers.common.compat.openlineage.facet import (
         ColumnLineageDatasetFacet,
         Fields,
@@ -100,20 +107,31 @@ def _column_lineage(source: DatasetName, renames: dict[str, str], schema: TableS
     from openlineage.client.generated.column_lineage_dataset import Transformation
 
     identity = Transformation(type="DIRECT", subtype="IDENTITY")
+    masked = Transformation(type="DIRECT", subtype="TRANSFORMATION", description=HASHED, masking=True)
+
+    def fields(name: str) -> Any:
+        hash_ = name.lower() in hashed
+        return Fields(
+            inputFields=[
+                InputField(
+                    source.namespace, source.name, name, transformations=[masked if hash_ else identity]
+                )
+            ],
+            transformationType="MASKED" if hash_ else "IDENTITY",
+            transformationDescription=HASHED if hash_ else "",
+        )
+
     return ColumnLineageDatasetFacet(
-        fields={
-            renames.get(c.name, c.name): Fields(
-                inputFields=[InputField(source.namespace, source.name, c.name, transformations=[identity])],
-                transformationType="IDENTITY",
-                transformationDescription="",
-            )
-            for c in schema.columns
-        }
+        fields={renames.get(c.name, c.name): fields(c.name) for c in schema.columns}
     )
 
 
 def _target(
-    result: TableResult, plan: MergePlan, source: DatasetName | None, schema: TableSchema | None
+    result: TableResult,
+    plan: MergePlan,
+    source: DatasetName | None,
+    schema: TableSchema | None,
+    hashed: Collection[str] = (),
 ) -> Any:
     from airflow.providers.common.compat.openlineage.facet import (
         OutputDataset,
@@ -126,7 +144,7 @@ def _target(
     if schema is not None:
         facets["schema"] = _schema_facet([(renames.get(c.name, c.name), c.arrow) for c in schema.columns])
         if source is not None:
-            facets["columnLineage"] = _column_lineage(source, renames, schema)
+            facets["columnLineage"] = _column_lineage(source, renames, schema, hashed)
     output_facets: dict[str, Any] = {}
     if result.status is TableStatus.WRITTEN:
         # Rows this window changed in the table (a replace: every row it now holds).
@@ -153,5 +171,7 @@ def merge_facets(lineage: MergeLineage | None) -> OperatorLineage:
         if lineage.vtgate is not None and tm is not None:
             source = vitess_dataset(lineage.vtgate, tm.keyspace, result.table)
             inputs.append(_source(lineage.vtgate, tm.keyspace, result.table, schema))
-        outputs.append(_target(result, lineage.plan, source, schema))
+        chosen = {} if manifest is None else dict(manifest.stats.get(WINDOW_COLUMNS) or {})
+        hashed = (chosen.get(result.table) or {}).get("hash") or ()
+        outputs.append(_target(result, lineage.plan, source, schema, hashed))
     return OperatorLineage(inputs=inputs, outputs=outputs)

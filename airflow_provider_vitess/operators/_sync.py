@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from airflow_provider_vitess.capture.columns import parse as parse_columns
 from airflow_provider_vitess.capture.spec import SyncSpec
 from airflow_provider_vitess.connections import s3_settings, store_url
 from airflow_provider_vitess.exceptions import VitessProviderError
@@ -34,11 +35,14 @@ def sync_spec(
     key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     zero_date_policy: str | None = None,
     zero_date_policies: Mapping[str, str] | None = None,
+    include_columns: Mapping[str, Any] | None = None,
+    exclude_columns: Mapping[str, Any] | None = None,
+    hash_columns: Mapping[str, Any] | None = None,
     **spec: Any,
 ) -> SyncSpec:
     """The capture runner's :class:`SyncSpec` from operator arguments (after template rendering):
-    the sync id checked, per-table key overrides and zero-date policies parsed from the DAG's
-    dicts."""
+    the sync id checked, per-table key overrides, zero-date policies and column control parsed
+    from the DAG's dicts."""
     if not _SYNC_ID.match(sync_id):
         raise VitessProviderError(
             f"sync_id {sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
@@ -58,6 +62,7 @@ def sync_spec(
         staging_location=staging_location,
         key_overrides=overrides,
         zero_dates=ZeroDatePolicies.parse(zero_date_policy, zero_date_policies, tables),
+        columns=parse_columns(tables, include_columns, exclude_columns, hash_columns),
         **spec,
     )
 

@@ -16,12 +16,14 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
+from airflow_provider_vitess.capture.columns import parse as parse_columns
 from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
-from airflow_provider_vitess.connections import open_store, s3_settings
+from airflow_provider_vitess.connections import hash_salt, open_store, s3_settings
+from airflow_provider_vitess.exceptions import ColumnChoiceError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
@@ -46,6 +48,10 @@ _SYNC_FIELDS = (
     "checkpoint_conn_id",
     "key_columns",
     "key_overrides",
+    "include_columns",
+    "exclude_columns",
+    "hash_columns",
+    "hash_salt_conn_id",
 )
 
 
@@ -58,6 +64,9 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         "storage_options": "json",
         "key_columns": "json",
         "key_overrides": "json",
+        "include_columns": "json",
+        "exclude_columns": "json",
+        "hash_columns": "json",
     }
     operator_extra_links = (VitessSyncStatusLink(),)
 
@@ -79,10 +88,24 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         zero_date_policy: str = "null",
         zero_date_policies: Mapping[str, str] | None = None,
         spill_dir: str | None = None,
+        include_columns: Mapping[str, Sequence[str]] | None = None,
+        exclude_columns: Mapping[str, Sequence[str]] | None = None,
+        hash_columns: Mapping[str, Sequence[str]] | None = None,
+        hash_salt_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         ZeroDatePolicies.parse(zero_date_policy, zero_date_policies)  # a typo fails the DAG's import
+        given = (include_columns, exclude_columns, hash_columns)
+        if "{{" not in str(tables) and all(v is None or isinstance(v, Mapping) for v in given):
+            # Column control that cannot apply fails the DAG's import (capture/columns.py); a
+            # templated argument is checked when the task runs.
+            parse_columns(as_tables(tables), *given)
+        if hash_columns and not hash_salt_conn_id:
+            raise ColumnChoiceError(
+                f"task {kwargs.get('task_id')!r}: hash_columns need hash_salt_conn_id, an Airflow "
+                "connection whose password is the salt (a long random secret)"
+            )
         self.sync_id = sync_id
         self.keyspace = keyspace
         self.tables = tables
@@ -98,6 +121,11 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         self.zero_date_policy = zero_date_policy
         self.zero_date_policies = dict(zero_date_policies or {})
         self.spill_dir = spill_dir
+        self.include_columns = dict(include_columns or {})
+        self.exclude_columns = dict(exclude_columns or {})
+        self.hash_columns = dict(hash_columns or {})
+        # The connection's name only: its password (the salt) is read at run time (_runner).
+        self.hash_salt_conn_id = hash_salt_conn_id
         self._lineage: CaptureLineage | None = None
         self._running: SyncRun | None = None
 
@@ -128,6 +156,11 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
                     zero_date_policy=self.zero_date_policy,
                     zero_date_policies=self.zero_date_policies,
                     memory=memory_limits(self.spill_dir),
+                    include_columns=self.include_columns,
+                    exclude_columns=self.exclude_columns,
+                    hash_columns=self.hash_columns,
+                    # Read here, at run time: never in an operator field, a log or XCom.
+                    hash_salt=hash_salt(self.hash_salt_conn_id) if self.hash_columns else None,
                     **spec,
                 ),
                 holder=holder(context),

@@ -35,6 +35,7 @@ from airflow_provider_vitess.vstream.changes import (
     read_changes,
     start_verdict,
     unscanned_verdict,
+    watched_columns,
 )
 from airflow_provider_vitess.vstream.moves import refuse_moved
 from airflow_provider_vitess.vstream.position import capture_stop_position
@@ -135,6 +136,9 @@ class VitessChangesSensor(BaseSensorOperator):
         # how far the pokes read.
         self._watch_stop: Vgtid | None = None
         self._read_to: Vgtid | None = None
+        # Tables under column control: their key columns only are streamed (read with the
+        # committed position from the sync's config; capture/columns.watched_columns).
+        self._columns: dict[str, list[str]] = {}
 
     # ----- where to start -----------------------------------------------------------------
 
@@ -148,6 +152,8 @@ class VitessChangesSensor(BaseSensorOperator):
                 self.log.info("The checkpoint store has no tables yet: sync %r never ran", self.sync_id)
                 return None
             vgtid, seq = store.committed(self.sync_id)
+            if vgtid is not None:
+                self._columns = watched_columns(store.sync_config(self.sync_id))
         finally:
             store.close()
         if vgtid is not None:
@@ -214,6 +220,7 @@ class VitessChangesSensor(BaseSensorOperator):
                 heartbeat_interval=self.heartbeat_interval,
                 lag_check_interval=self.lag_check_interval,
                 timeout_at=time.time() + float(self.timeout),
+                columns=self._columns,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout + self.DEFERRAL_MARGIN_SECONDS),
@@ -272,6 +279,7 @@ class VitessChangesSensor(BaseSensorOperator):
             stop,
             target=target,
             seconds=self.poke_read_seconds,
+            columns=self._columns,
         )
         if scan.change is not None and not scan.reached_stop:
             return scan.change

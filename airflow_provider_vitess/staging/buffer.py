@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_vitess.decoding.events import Operation, RawRows
+from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.decoding.events import Operation, RawRows, decode_changes
 from airflow_provider_vitess.decoding.rowwire import LocatedRows, locate_rows
+from airflow_provider_vitess.decoding.values import RowDecoder
 from airflow_provider_vitess.exceptions import StagingError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
@@ -81,7 +83,11 @@ class RowBuffer:
     """Rows of one table version (one schema), and the Arrow batches made of them."""
 
     def __init__(
-        self, table: str, schema: TableSchema, zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL
+        self,
+        table: str,
+        schema: TableSchema,
+        zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL,
+        hashed: Mapping[str, Callable[[bytes], Any]] | None = None,
     ) -> None:
         self.table = table
         self.schema = schema
@@ -104,7 +110,11 @@ class RowBuffer:
         self.dictionary_columns = [arrow_types.OP, arrow_types.KEYSPACE, arrow_types.SHARD] + [
             f.name for f in fields if f.type in arrow_types.FEW_VALUE_TYPES
         ]
-        self.plans = [ColumnPlan(f, table, zero_dates) for f in fields]
+        # Hashed columns (staging/hashing.py): their plan converts the raw bytes to the hash, and
+        # so does the per-row decoder of this buffer; nothing else ever reads their values.
+        self.hashed = dict(hashed or {})
+        self.plans = [ColumnPlan(f, table, zero_dates, self.hashed.get(f.name)) for f in fields]
+        self._decoder = RowDecoder(fields, table, [p.convert_one for p in self.plans])
         self.key_index = idx
         # The plan of each staged column (None for the metadata ones), in schema order.
         self._staged_plans = [None] * len(arrow_types.META_FIELDS) + self.plans + [self.plans[j] for j in idx]
@@ -284,7 +294,9 @@ class RowBuffer:
             self.key_of,
         )
         seq = block.first_seq
-        for row, change in enumerate(block.rows.decode()):
+        # This buffer's decoder, not the event's: a hashed column decodes to its hash.
+        rows = binlogdata_pb2.RowEvent.FromString(block.rows.data).row_changes
+        for row, change in enumerate(decode_changes(rows, self._decoder, block.rows.json_columns)):
             before = change.before
             if change.present_columns is not None or change.json_partial_columns:
                 left_out = absent_columns(

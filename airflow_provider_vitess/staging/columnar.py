@@ -64,14 +64,20 @@ class ColumnPlan:
     __slots__ = ("_repair", "arrow_type", "convert_one", "field", "kind", "name", "table")
 
     def __init__(
-        self, field: query_pb2.Field, table: str, zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL
+        self,
+        field: query_pb2.Field,
+        table: str,
+        zero_dates: ZeroDatePolicy = ZeroDatePolicy.NULL,
+        convert: Callable[[bytes], Any] | None = None,
     ) -> None:
         self.field = field
         self.name = field.name
         self.table = table
         self.arrow_type = arrow_types.arrow_type(field)
-        self.convert_one = values.converter_for(field)
-        self.kind = self._kind()
+        # ``convert``: a converter of the raw bytes instead of the type's (a hashed column,
+        # staging/hashing.py): then every value of the column goes through it, row by row.
+        self.convert_one = convert or values.converter_for(field)
+        self.kind = "python" if convert is not None else self._kind()
         t = self.arrow_type
         self._repair: arrow_types.Repair | None = None
         if pa.types.is_date(t) or pa.types.is_timestamp(t):

@@ -37,6 +37,7 @@ from airflow_provider_vitess.staging.files import (
     window_dir,
     write_atomically,
 )
+from airflow_provider_vitess.staging.hashing import ColumnHasher
 from airflow_provider_vitess.staging.manifest import (
     DdlRecord,
     Manifest,
@@ -91,6 +92,7 @@ class WindowStager:
         storage_options: Mapping[str, Any] | None = None,
         writer_id: str | None = None,
         zero_dates: ZeroDatePolicies | None = None,
+        hashing: ColumnHasher | None = None,
     ) -> None:
         if row_group_bytes <= 0:
             raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
@@ -102,6 +104,7 @@ class WindowStager:
         self._dir = window_dir(root, sync_id, window_seq)
         self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
         self._zero_dates = zero_dates or ZeroDatePolicies()
+        self._hashing = hashing if hashing else None  # hash_columns: see .hashing
         self._row_group_bytes = row_group_bytes
         self._py_limit = min(row_group_bytes, _PY_BATCH_MAX)
         self._raw_limit = min(row_group_bytes, _RAW_BATCH_MAX)
@@ -142,6 +145,9 @@ class WindowStager:
         """
         self._check_open()
         check_name("table", table)
+        hashing = self._hashing
+        if hashing is not None:
+            fields = hashing.staged_fields(table, fields)
         schema = TableSchema.from_fields(table, fields, self._key_columns.get(table))
         state = self._tables.setdefault(table, _TableState())
         state.keyspaces.setdefault(keyspace, None)
@@ -149,7 +155,8 @@ class WindowStager:
         buf = state.buffers.get(key)
         if buf is None:
             state.schemas.setdefault(key, schema)
-            buf = state.buffers[key] = RowBuffer(table, schema, self._zero_dates.for_table(table))
+            hashed = hashing.converters(table, fields) if hashing is not None else None
+            buf = state.buffers[key] = RowBuffer(table, schema, self._zero_dates.for_table(table), hashed)
         shards = self._routes.setdefault(table, {}).setdefault(keyspace, {})
         if shards.get(shard) is buf and shard:
             return
@@ -180,6 +187,12 @@ class WindowStager:
             buf = self._routes[table][keyspace][shard]
         except KeyError:
             buf = self._route(keyspace, shard, table)
+        if buf.hashed:
+            # Decoded values are clear values: only raw rows (add_rows) are hashed.
+            raise StagingError(
+                f"table {table!r} has hash_columns: its rows are staged from the raw ROW events "
+                "(add_rows with RawRows), never from decoded values"
+            )
         flat = buf.flat
         if absent:
             buf.absent[len(flat) // W] = absent

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -82,6 +82,7 @@ class VitessChangesTrigger(BaseTrigger):
         lag_check_interval: float = 60.0,
         max_reconnects: int = 10,
         timeout_at: float | None = None,
+        columns: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__()
         if not tables:
@@ -99,6 +100,8 @@ class VitessChangesTrigger(BaseTrigger):
         # Wall-clock deadline (epoch seconds): ``dag.test()`` runs triggers inline and does not
         # enforce the deferral timeout, so the trigger ends the wait itself.
         self.timeout_at = timeout_at
+        # Tables under column control: the key columns streamed (capture/columns.watched_columns).
+        self.columns = {t: list(c) for t, c in (columns or {}).items()}
         self.streams_opened = 0  # for tests and logs: 1 + reconnects
         # The error of the last failed stream while no stream has answered since: a wait that
         # ends in that state ends in an error, not in "no change".
@@ -120,6 +123,7 @@ class VitessChangesTrigger(BaseTrigger):
                 "lag_check_interval": self.lag_check_interval,
                 "max_reconnects": self.max_reconnects,
                 "timeout_at": self.timeout_at,
+                "columns": self.columns,
             },
         )
 
@@ -229,6 +233,7 @@ class VitessChangesTrigger(BaseTrigger):
         return target.request(
             resume,
             self.tables,
+            self.columns,
             heartbeat_interval=self.heartbeat_interval,
             # A reshard is a change: without its journal vtgate would switch shards silently.
             include_reshard_journal_events=True,

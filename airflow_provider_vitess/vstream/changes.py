@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_provider_vitess._proto import binlogdata_pb2
+from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS
 from airflow_provider_vitess.decoding.events import (
     DdlEvent,
     Event,
@@ -291,6 +292,21 @@ class ChangeDetector:
         return start if self.position is None else Vgtid.from_proto(self.position)
 
 
+def watched_columns(config: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the changes sensor streams of each table under column control (``capture/columns.py``;
+    from the sync's recorded config): its key columns only. The sensor needs to see that a row
+    changed, not its values, so an excluded or hashed column does not reach it either."""
+    recorded = dict(config.get(WINDOW_COLUMNS) or {})
+    keys = dict(config.get("keys") or {})
+    out = {}
+    for table, record in recorded.items():
+        restricted = record.get("include") is not None or record.get("exclude") or record.get("hash")
+        key = keys.get(table) or {}
+        if restricted and key.get("source_columns"):
+            out[table] = list(key["source_columns"])
+    return out
+
+
 @dataclass(frozen=True)
 class ChangeScan:
     """What one bounded read found: the first change (or None) and where it read up to."""
@@ -308,6 +324,7 @@ def read_changes(
     *,
     target: StreamTarget,
     seconds: float,
+    columns: Mapping[str, Sequence[str]] | None = None,
 ) -> ChangeScan:
     """Reads the detector's tables from ``start`` until a change, ``stop`` or ``seconds``; a
     later read may go on from ``read_to``. The call's own deadline (the opener's) bounds it:
@@ -315,7 +332,8 @@ def read_changes(
     reader = VStreamReader(
         open_stream,
         vgtid=start,
-        filter=table_filter(detector.tables),
+        # Tables under column control: their key columns only (capture/columns.watched_columns).
+        filter=table_filter(detector.tables, columns),
         # A reshard is a change: without its journal vtgate would switch shards silently.
         flags=target.flags(heartbeat_interval=1, include_reshard_journal_events=True),
         tablet_type=target.tablet_type,

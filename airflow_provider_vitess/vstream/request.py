@@ -8,7 +8,7 @@ build its own request, and the capture runner once left out the connection's tab
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -38,11 +38,30 @@ def tablet_type_of(value: int | str) -> topodata_pb2.TabletType:
         raise ValueError(f"unknown tablet type {value!r}; expected one of {names}") from None
 
 
-def table_filter(tables: Sequence[str]) -> binlogdata_pb2.Filter:
-    """One rule per table (exact names: a rule's ``match`` is a name, never a pattern here)."""
-    return binlogdata_pb2.Filter(
-        rules=[binlogdata_pb2.Rule(match=t, filter=f"select * from `{t.replace('`', '``')}`") for t in tables]
-    )
+def quote_identifier(name: str) -> str:
+    """``name`` as a backquoted identifier of the filter's SQL (vttablet parses it with Vitess's
+    MySQL grammar): no name from a user reaches that text unquoted."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_filter(
+    tables: Sequence[str], columns: Mapping[str, Sequence[str] | None] | None = None
+) -> binlogdata_pb2.Filter:
+    """One rule per table (exact names: a rule's ``match`` is a name, never a pattern here).
+
+    ``columns``: per table, the only columns to stream (column control, ``capture/columns.py``):
+    vttablet projects every copied and binlog row onto them, so the others never leave it. A
+    table without an entry (or with None) streams every column."""
+    chosen = columns or {}
+
+    def select(table: str) -> str:
+        names = chosen.get(table)
+        if names is not None and not names:
+            raise ValueError(f"table {table!r}: an empty column list selects nothing")
+        listed = "*" if names is None else ", ".join(map(quote_identifier, names))
+        return f"select {listed} from {quote_identifier(table)}"
+
+    return binlogdata_pb2.Filter(rules=[binlogdata_pb2.Rule(match=t, filter=select(t)) for t in tables])
 
 
 def vstream_request(
@@ -88,12 +107,17 @@ class StreamTarget:
         return flags
 
     def request(
-        self, vgtid: Vgtid | binlogdata_pb2.VGtid, tables: Sequence[str] = (), **flags: Any
+        self,
+        vgtid: Vgtid | binlogdata_pb2.VGtid,
+        tables: Sequence[str] = (),
+        columns: Mapping[str, Sequence[str] | None] | None = None,
+        **flags: Any,
     ) -> vtgate_pb2.VStreamRequest:
-        """The request for ``tables`` (none: the whole keyspace) from ``vgtid``."""
+        """The request for ``tables`` (none: the whole keyspace) from ``vgtid``; ``columns``: per
+        table, the only columns to stream (see :func:`table_filter`)."""
         return vstream_request(
             vgtid,
             tablet_type=self.tablet_type,
-            filter=table_filter(tables) if tables else None,
+            filter=table_filter(tables, columns) if tables else None,
             flags=self.flags(**flags),
         )

@@ -128,6 +128,7 @@ class WindowReader:
         reset_connection: Callable[[], None] | None = None,
         copy_stall_seconds: float = COPY_STALL_SECONDS,
         copied_at: Mapping[str, Vgtid] | None = None,
+        columns: Mapping[str, Sequence[str] | None] | None = None,
     ) -> None:
         self._snapshot = stop is None
         # Re-snapshotted tables' units their copy holds are skipped, for those tables only.
@@ -152,7 +153,8 @@ class WindowReader:
         self._reader = VStreamReader(
             open_stream,
             vgtid=start,
-            filter=table_filter(tables),
+            # Column control: per table, the only columns vttablet sends (capture/columns.py).
+            filter=table_filter(tables, columns),
             flags=flags,
             tablet_type=tablet_type,
             # Without journals vtgate switches to the new shards silently, and the checkpoint

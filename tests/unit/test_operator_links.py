@@ -56,6 +56,9 @@ def test_connection_ids_are_templated_and_dicts_render_as_json() -> None:
             "storage_options": "json",
             "key_columns": "json",
             "key_overrides": "json",
+            "include_columns": "json",
+            "exclude_columns": "json",
+            "hash_columns": "json",
         }
     assert {"vitess_conn_id", "checkpoint_conn_id"} <= set(VitessChangesSensor.template_fields)
     assert {"checkpoint_conn_id", "targets", "spark_history_url"} <= set(VitessMergeOperator.template_fields)
