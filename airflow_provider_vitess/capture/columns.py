@@ -164,18 +164,15 @@ class ColumnChoice:
         return {**self.given.record(), "select": None if self.select is None else list(self.select)}
 
 
+# What a wrong name in a column list is, and what to do about it.
+_UNKNOWN_COLUMN = (
+    "; fix the name in the DAG (a column dropped at the source: take it out of the list, no "
+    "re-snapshot needed)"
+)
+
+
 def _spelt(shape: TableShape, names: Sequence[str], what: str) -> tuple[str, ...]:
-    out = []
-    for name in names:
-        column = shape.column(name)
-        if column is None:
-            raise ColumnChoiceError(
-                f"{what} names column {name!r}, which table {shape.qualified_name} does not have "
-                f"(columns: {', '.join(c.name for c in shape.columns)}); fix the name in the DAG (a "
-                "column dropped at the source: take it out of the list, no re-snapshot needed)"
-            )
-        out.append(column.name)
-    return tuple(out)
+    return shape.spelling(names, what, ColumnChoiceError, _UNKNOWN_COLUMN)
 
 
 def key_columns(shape: TableShape, key: KeyChoice) -> dict[str, str]:

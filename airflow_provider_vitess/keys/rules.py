@@ -83,6 +83,22 @@ class TableShape:
         wanted = name.lower()
         return next((c for c in self.columns if c.name.lower() == wanted), None)
 
+    def spelling(
+        self, names: Sequence[str], what: str, error: type[Exception] = KeyChoiceError, remedy: str = ""
+    ) -> tuple[str, ...]:
+        """The table's own spelling of ``names``; a missing column raises ``error`` naming it,
+        ``what`` named them and the table's columns (and ``remedy``)."""
+        spelt = []
+        for name in names:
+            column = self.column(name)
+            if column is None:
+                raise error(
+                    f"{what} names column {name!r}, which table {self.qualified_name} does not have "
+                    f"(columns: {', '.join(c.name for c in self.columns)}){remedy}"
+                )
+            spelt.append(column.name)
+        return tuple(spelt)
+
 
 def _names(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """Accepts Vitess's comma-separated text as well as a list."""
@@ -276,25 +292,11 @@ def explain_no_key(shape: TableShape) -> str:
 # ----- the choice -------------------------------------------------------------------------------
 
 
-def _resolve(shape: TableShape, names: Sequence[str], what: str) -> tuple[str, ...]:
-    """The table's own spelling of ``names``; a missing column is an error naming it."""
-    resolved = []
-    for name in names:
-        column = shape.column(name)
-        if column is None:
-            raise KeyChoiceError(
-                f"{what} names column {name!r}, which table {shape.qualified_name} does not have "
-                f"(columns: {', '.join(c.name for c in shape.columns)})"
-            )
-        resolved.append(column.name)
-    return tuple(resolved)
-
-
 def _source_key(
     shape: TableShape, overrides: KeyOverrides, allow_all_columns_key: bool
 ) -> tuple[tuple[str, ...], str | None, str]:
     if overrides.source_unique_key_columns:
-        cols = _resolve(shape, overrides.source_unique_key_columns, "source_unique_key_columns")
+        cols = shape.spelling(overrides.source_unique_key_columns, "source_unique_key_columns")
         nullable = [c for c in cols if shape.column(c).nullable]  # type: ignore[union-attr]
         if nullable:  # the user's call, but say it: rows with NULL there cannot be told apart
             log.warning(
@@ -305,7 +307,7 @@ def _source_key(
         return cols, None, "source_unique_key_columns override"
     index = best_key(shape)
     if index is not None:
-        cols = _resolve(shape, index.columns, f"index {index.name}")
+        cols = shape.spelling(index.columns, f"index {index.name}")
         kind = "PRIMARY KEY" if index.primary else "best non-NULLable UNIQUE KEY"
         return cols, index.name, f"{kind} {index.name}"
     why = explain_no_key(shape)
@@ -347,7 +349,7 @@ def choose_key(
             f"column(s) but the source key ({', '.join(source_cols)}) has {len(source_cols)}"
         )
     if target is not None and renamed:
-        renamed = _resolve(target, renamed, "source_unique_key_target_columns")
+        renamed = target.spelling(renamed, "source_unique_key_target_columns")
     # target name (lower) -> source column, for the key columns the user renamed
     feeds = {t.lower(): s for s, t in zip(source_cols, renamed, strict=False)}
     renamed_away = {s.lower() for s in feeds.values()} - set(feeds)
@@ -365,7 +367,7 @@ def choose_key(
         what = "target_unique_key_columns"
         target_cols = ov.target_unique_key_columns
         if target is not None:
-            target_cols = _resolve(target, target_cols, what)
+            target_cols = target.spelling(target_cols, what)
         target_reason = "target_unique_key_columns override"
     elif target is not None and (candidates := _ranked_keys(target)):
         # The target's best key that the source can fill; a target-only column (an AUTO_INCREMENT
@@ -373,14 +375,14 @@ def choose_key(
         covered = [i for i in candidates if all(fed_by(c) for c in i.columns)]
         target_index = covered[0] if covered else candidates[0]
         what = f"target {_describe(target_index)}"
-        target_cols = _resolve(target, target_index.columns, what)
+        target_cols = target.spelling(target_index.columns, what)
         kind = "PRIMARY KEY" if target_index.primary else "UNIQUE KEY"
         target_reason = f"target {kind} {target_index.name}"
     else:
         what = "the source key on the target"
         target_cols = source_key_on_target
         if target is not None:
-            target_cols = _resolve(target, target_cols, what)
+            target_cols = target.spelling(target_cols, what)
         target_reason = "same key on the target" if not renamed else "source key, renamed on the target"
 
     from_source = []
