@@ -27,7 +27,6 @@ from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_vitess.connections import open_store, s3_settings
 from airflow_provider_vitess.exceptions import VitessConnectionError, permanent_by_name
@@ -39,6 +38,7 @@ from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, LOCAL_SUBMIT_CONF, packages_for
 from airflow_provider_vitess.operators.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
+from airflow_provider_vitess.utils.airflow_compat import AirflowException
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
 

@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import (
-    AirflowException,
-    AirflowFailException,
-    AirflowSensorTimeout,
-    AirflowSkipException,
-    TaskDeferred,
-)
 
 from airflow_provider_vitess.capture import moves
 from airflow_provider_vitess.capture.moves import TableMove
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.triggers import VitessChangesTrigger
+from airflow_provider_vitess.utils.airflow_compat import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    TaskDeferred,
+)
 from airflow_provider_vitess.vgtid import Vgtid
 
 START = Vgtid.from_json(
