@@ -30,6 +30,9 @@ class SparkLine:
     delta: str  # the Delta Lake release (jar and delta-spark Python package)
     delta_artifact: str  # the Maven artifact built for this Spark minor
     hadoop: str  # the Hadoop its PySpark ships (pyspark/jars/hadoop-client-api-*.jar): S3A's
+    # What else the client venv pins for this line (make test-compat installs them with it;
+    # docs/installation.md lists them): the Spark provider release first.
+    pins: tuple[str, ...] = ()
 
     @property
     def delta_package(self) -> str:
@@ -44,14 +47,47 @@ class SparkLine:
         return int(self.delta.split(".")[0])
 
 
-# Oldest first; the last is the default (and the one the repo's own .venv installs).
-# PySpark 4.2.1 is out, but every delta-spark 4.4 requires pyspark<=4.2.0.
+# Oldest first; the last is the default (and the one the repo's own .venv installs). The PySpark
+# of a Spark 4 line is the newest patch that has a pyspark-client of the same release: the Spark
+# provider (6.x) requires pyspark-client, whose files overlay pyspark's, so the two must be equal
+# or the client breaks the classic PySpark. PySpark 4.2.1 is out, but every delta-spark 4.4
+# requires pyspark<=4.2.0. On Spark 3.5 the Spark provider is 5.x (6.x needs pyspark-client 4),
+# and PySpark 3.5's connect extra holds numpy<2, which pyarrow 26 refuses at import.
 SPARK_LINES: tuple[SparkLine, ...] = (
-    SparkLine("3.5", "3.5.9", "3.3.2", "delta-spark_2.12", "3.3.4"),
-    SparkLine("4.0", "4.0.5", "4.4.0", "delta-spark_4.0_2.13", "3.4.1"),
-    SparkLine("4.1", "4.1.4", "4.4.0", "delta-spark_4.1_2.13", "3.4.2"),
-    SparkLine("4.2", "4.2.0", "4.4.0", "delta-spark_2.13", "3.5.0"),
+    SparkLine(
+        "3.5",
+        "3.5.9",
+        "3.3.2",
+        "delta-spark_2.12",
+        "3.3.4",
+        pins=("apache-airflow-providers-apache-spark==5.6.0", "pyarrow<26"),
+    ),
+    SparkLine(
+        "4.0",
+        "4.0.4",
+        "4.4.0",
+        "delta-spark_4.0_2.13",
+        "3.4.1",
+        pins=("apache-airflow-providers-apache-spark==6.3.4", "pyspark-client==4.0.4"),
+    ),
+    SparkLine(
+        "4.1",
+        "4.1.3",
+        "4.4.0",
+        "delta-spark_4.1_2.13",
+        "3.4.2",
+        pins=("apache-airflow-providers-apache-spark==6.3.4", "pyspark-client==4.1.3"),
+    ),
+    SparkLine(
+        "4.2",
+        "4.2.0",
+        "4.4.0",
+        "delta-spark_2.13",
+        "3.5.0",
+        pins=("apache-airflow-providers-apache-spark==6.3.4", "pyspark-client==4.2.0"),
+    ),
 )
+
 
 # Spark minors that are released but that no Delta Lake release supports yet: asked for one, the
 # merge says so instead of loading a Delta jar built for another Spark.

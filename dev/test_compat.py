@@ -61,6 +61,7 @@ class Cell:
     airflow: str
     pyspark: str
     delta: str
+    pins: tuple[str, ...] = ()
     unavailable: str | None = None
     results: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -77,11 +78,18 @@ class Cell:
 def cells(v: ModuleType) -> list[Cell]:
     newest_airflow, newest_line = v.AIRFLOW_RELEASES[-1], v.SPARK_LINES[-1]
     out = [
-        Cell(f"airflow-{'.'.join(a.split('.')[:2])}", a, newest_line.pyspark, newest_line.delta)
+        Cell(
+            f"airflow-{'.'.join(a.split('.')[:2])}",
+            a,
+            newest_line.pyspark,
+            newest_line.delta,
+            newest_line.pins,
+        )
         for a in v.AIRFLOW_RELEASES
     ]
     out += [
-        Cell(f"spark-{line.spark}", newest_airflow, line.pyspark, line.delta) for line in v.SPARK_LINES[:-1]
+        Cell(f"spark-{line.spark}", newest_airflow, line.pyspark, line.delta, line.pins)
+        for line in v.SPARK_LINES[:-1]
     ]
     out += [
         Cell(f"spark-{s}", newest_airflow, f"{s}.x", "-", unavailable=why)
@@ -141,6 +149,7 @@ def prepare(cell: Cell, wheel: Path, venvs: Path, logs: Path) -> Path | None:
         f"apache-airflow=={cell.airflow}",
         f"pyspark[connect]=={cell.pyspark}",
         f"delta-spark=={cell.delta}",
+        *cell.pins,
     ]
     # Dependencies resolve once per venv (a no-op later); the wheel itself is this run's.
     ok = run([*pip, f"{wheel}[spark,s3,test]", *pins], logs / f"{cell.name}-install.log") and run(

@@ -60,7 +60,15 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError, VitessProviderError, is_permanent
-from airflow_provider_vitess.merge import apply, conflicts, context, delta_log, delta_state, partial
+from airflow_provider_vitess.merge import (
+    apply,
+    conflicts,
+    context,
+    delta_features,
+    delta_log,
+    delta_state,
+    partial,
+)
 from airflow_provider_vitess.merge.connect import MODE_VARIABLES
 from airflow_provider_vitess.merge.integrity import check_targets
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -375,6 +383,7 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
+        delta_features.require_type_widening(spark, step.table, ev.widen)  # before any change
         apply.evolve_table(
             spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
         )

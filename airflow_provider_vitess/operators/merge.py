@@ -210,6 +210,17 @@ class VitessMergeOperator(SparkSubmitOperator):
             return False
         return (conn.host or "").startswith("local")
 
+    def _cluster_spark(self) -> dict[str, str | None]:
+        """The Spark connection's extra ``spark_version`` (the cluster's Spark, when it is not the
+        installed PySpark's) and ``delta_package`` (a Delta coordinate of the user's choosing)."""
+        from airflow.sdk.bases.hook import BaseHook
+
+        try:
+            extra = BaseHook.get_connection(self._conn_id).extra_dejson
+        except Exception:  # no connection: SparkSubmitHook's defaults, the installed PySpark's Spark
+            return {"spark_version": None, "delta_package": None}
+        return {"spark_version": extra.get("spark_version"), "delta_package": extra.get("delta_package")}
+
     def _get_hook(self) -> SparkSubmitHook:
         # Object-store credentials reach spark-submit through its process environment only:
         # never through a rendered field (env_vars is one) nor the logged command line.
@@ -257,7 +268,7 @@ class VitessMergeOperator(SparkSubmitOperator):
             self.conf = {**LOCAL_SUBMIT_CONF, **(self.conf or {})}
         if not self._packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            self.packages = packages_for(paths)
+            self.packages = packages_for(paths, **self._cluster_spark())
         with (
             log_group(f"Merge window {plan.windows[-1].seq} of sync {self.sync_id} into Delta"),
             tempfile.TemporaryDirectory(prefix="vitess-merge-") as tmp,

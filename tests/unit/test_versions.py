@@ -4,6 +4,7 @@ fail here, not silently change the merge)."""
 
 from __future__ import annotations
 
+import json
 import re
 from importlib.metadata import version
 
@@ -12,9 +13,15 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from airflow_provider_vitess.merge.spark_conf import installed_spark_line
+from airflow_provider_vitess.merge.spark_conf import installed_spark_line, packages_for
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
-from airflow_provider_vitess.versions import AIRFLOW_RELEASES, SPARK_LINES, newest_spark_line
+from airflow_provider_vitess.versions import (
+    AIRFLOW_RELEASES,
+    SPARK_LINES,
+    UnsupportedSparkVersionError,
+    newest_spark_line,
+    spark_line,
+)
 from tests.conftest import REPO
 
 
@@ -79,10 +86,14 @@ def test_the_installed_pyspark_and_delta_are_a_tested_pair() -> None:
     assert (version("pyspark"), version("delta-spark")) == (line.pyspark, line.delta)
 
 
-def test_the_spark_provider_is_claimed_from_the_tested_release() -> None:
+def test_the_spark_provider_is_claimed_from_the_tested_releases() -> None:
+    # Each Spark line pins the Spark provider it is tested with (5.x on Spark 3.5: 6.x requires
+    # pyspark-client 4); the installed one is its line's.
     req = _requirement("apache-airflow-providers-apache-spark", "spark")
+    pinned = {Version(p.split("==")[1]) for line in SPARK_LINES for p in line.pins if "apache-spark==" in p}
+    assert _floor(req) == min(pinned) and all(req.specifier.contains(v) for v in pinned), (req, pinned)
     installed = Version(version("apache-airflow-providers-apache-spark"))
-    assert req.specifier.contains(installed) and _floor(req) == installed, (req, installed)
+    assert f"apache-airflow-providers-apache-spark=={installed}" in installed_spark_line().pins
 
 
 def test_the_spark_submit_private_attributes_the_merge_relies_on_exist() -> None:
@@ -90,3 +101,45 @@ def test_the_spark_submit_private_attributes_the_merge_relies_on_exist() -> None
     # _local_master() reads the Spark connection id; _submit() drops the cached hook.
     assert op._conn_id == "spark_x"
     assert "_hook" in vars(op) and op._hook is None
+
+
+@pytest.mark.parametrize(
+    ("spark", "package"),
+    [
+        ("3.5.1", "io.delta:delta-spark_2.12:3.3.2"),
+        ("4.0.0", "io.delta:delta-spark_4.0_2.13:4.4.0"),
+        ("4.1.4", "io.delta:delta-spark_4.1_2.13:4.4.0"),
+        ("4.2.0", "io.delta:delta-spark_2.13:4.4.0"),
+    ],
+)
+def test_the_delta_package_follows_the_clusters_spark_line(spark: str, package: str) -> None:
+    assert spark_line(spark).delta_package == package
+    assert packages_for(["/lake/t"], spark_version=spark) == package
+    hadoop = spark_line(spark).hadoop_aws_package
+    assert packages_for(["/lake/t", "s3a://b/s"], spark_version=spark) == f"{package},{hadoop}"
+    # The connection's own coordinate wins, whatever the Spark.
+    assert packages_for(["/lake/t"], spark_version=spark, delta_package="io.delta:x:1") == "io.delta:x:1"
+
+
+@pytest.mark.parametrize("spark", ["4.3.0", "3.4.4", "5.0.0"])
+def test_a_spark_without_a_tested_delta_is_refused_by_name(spark: str) -> None:
+    with pytest.raises(UnsupportedSparkVersionError) as err:
+        packages_for(["/lake/t"], spark_version=spark)
+    message = str(err.value)
+    assert f"Spark {spark}:" in message and "delta_package" in message
+    assert "3.5, 4.0, 4.1, 4.2" in message
+    if spark == "4.3.0":
+        assert "no Delta Lake release supports Spark 4.3 yet" in message
+
+
+def test_the_merge_operator_reads_the_clusters_spark_from_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extra = {"spark_version": "3.5.2", "delta_package": "io.delta:delta-spark_2.12:3.3.0"}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_X", json.dumps({"conn_type": "spark", "host": "yarn", "extra": extra})
+    )
+    op = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_x")
+    assert op._cluster_spark() == extra
+    none = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_absent")
+    assert none._cluster_spark() == {"spark_version": None, "delta_package": None}
