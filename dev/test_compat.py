@@ -158,13 +158,13 @@ def prepare(cell: Cell, wheel: Path, venvs: Path, logs: Path) -> Path | None:
     return venv if ok else None
 
 
-def installed(venv: Path) -> dict[str, str]:
+def installed(venv: Path, src: Path) -> dict[str, str]:
     code = (
         "import importlib.metadata as m, airflow_provider_vitess as p\n"
         "print(m.version('apache-airflow'), m.version('pyspark'), m.version('delta-spark'), p.__file__)"
     )
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+        [str(venv / "bin" / "python"), "-c", code], cwd=src, capture_output=True, text=True, check=True
     )
     airflow, pyspark, delta, where = out.stdout.split()[-4:]
     if str(venv) not in where:
@@ -208,14 +208,14 @@ def main() -> int:
         if venv is None:
             cell.results = {"install": "fail"}
         else:
-            found = installed(venv)
+            found = installed(venv, src)
             if (found["airflow"], found["pyspark"], found["delta"]) != key:
                 raise SystemExit(f"{cell.name}: the venv holds {found}, not {key}")
             python = str(venv / "bin" / "python")
             for step in args.steps:
                 log = logs / f"{cell.name}-{step}.log"
                 ok = run(
-                    [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *STEPS[step]],
+                    [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *STEPS[step]],
                     log,
                     cwd=src,
                     env=env,

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 from airflow_provider_vitess.merge.delta_log import log_dir, log_file
@@ -132,6 +132,24 @@ def redacted(url: str) -> str:
     return plain if token is None else f"{plain};{_TOKEN_PARAM}=***"
 
 
+def _channel_builder(url: str, token: str | None) -> Any:
+    """A Connect channel builder for ``url`` with ``token`` set apart (PySpark 4's
+    DefaultChannelBuilder.set; PySpark 3.5's ChannelBuilder keeps the URL's parameters in a dict)."""
+    try:
+        from pyspark.sql.connect.client import DefaultChannelBuilder
+    except ImportError:  # PySpark 3.5
+        from pyspark.sql.connect.client import ChannelBuilder
+
+        legacy = ChannelBuilder(url)
+        if token is not None:
+            legacy.params[_TOKEN_PARAM] = token
+        return legacy
+    channel = DefaultChannelBuilder(url)
+    if token is not None:
+        channel.set(_TOKEN_PARAM, token)
+    return channel
+
+
 @contextmanager
 def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
@@ -139,7 +157,6 @@ def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     default and active sessions are what they were, and the Connect mark is taken off the
     process's environment once no other block runs (the mark is process-wide: while a block
     runs, this process cannot use classic Spark)."""
-    from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     global _mode_users
@@ -157,9 +174,7 @@ def remote_sessions(url: str) -> Iterator[Callable[[], SparkSession]]:
     def new() -> SparkSession:
         # A channel builder given the token apart, not a URL holding it (see split_token); the
         # Connect mark as SparkSession.builder.remote(url).create() would set it.
-        channel = DefaultChannelBuilder(plain)
-        if token is not None:
-            channel.set(_TOKEN_PARAM, token)
+        channel = _channel_builder(plain, token)
         os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
         session = cast("SparkSession", RemoteSession.builder.channelBuilder(channel).create())
         made.append(session)
