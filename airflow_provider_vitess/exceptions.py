@@ -161,6 +161,12 @@ class MergeInterruptedError(VitessProviderError):
     Delta transaction ids skip whatever a table committed before the kill)."""
 
 
+class DeltaFeatureError(UnsupportedDeltaError):
+    """The merge needs a Delta Lake feature that the cluster's Delta release lacks (type widening
+    of an existing column on Delta 3.x): the message names the feature, the column and the Delta
+    release that has it; the table is left as it was."""
+
+
 class KeyChangedError(KeyChoiceError):
     """A table's key is not the one its Delta table was built with (a new override, a new
     primary key at the source): the table must be re-snapshotted with the new key."""

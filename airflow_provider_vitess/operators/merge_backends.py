@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_vitess.connections import s3_settings
 from airflow_provider_vitess.exceptions import MergeInterruptedError, VitessConnectionError, permanent_by_name
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import LOCAL_SUBMIT_CONF, packages_for
+from airflow_provider_vitess.utils.airflow_compat import AirflowException
 from airflow_provider_vitess.utils.failures import fail_permanently
 from airflow_provider_vitess.utils.task import log_group
 
@@ -58,6 +58,18 @@ def _connection_host(conn_id: str) -> str | None:
         return BaseHook.get_connection(conn_id).host or ""
     except Exception:  # SparkSubmitHook falls back to yarn without the connection
         return None
+
+
+def _cluster_spark(conn_id: str) -> dict[str, str | None]:
+    """The Spark connection's extra ``spark_version`` (the cluster's Spark, when it is not the
+    installed PySpark's) and ``delta_package`` (a Delta coordinate of the user's choosing)."""
+    from airflow.sdk.bases.hook import BaseHook
+
+    try:
+        extra = BaseHook.get_connection(conn_id).extra_dejson
+    except Exception:  # no connection: SparkSubmitHook's defaults, the installed PySpark's Spark
+        return {"spark_version": None, "delta_package": None}
+    return {"spark_version": extra.get("spark_version"), "delta_package": extra.get("delta_package")}
 
 
 class SparkSubmitMerge:
@@ -101,7 +113,7 @@ class SparkSubmitMerge:
             job.conf = {**LOCAL_SUBMIT_CONF, **(op.conf or {})}
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            job.packages = packages_for(paths)
+            job.packages = packages_for(paths, **_cluster_spark(self.spark_conn_id))
         s3 = s3_settings(self.aws_conn_id)
         if s3 is not None:
             master = _connection_host(self.spark_conn_id) or ""
