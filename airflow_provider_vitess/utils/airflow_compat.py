@@ -55,9 +55,9 @@ def dag_bag(dag_folder: str | None = None) -> Any:
     try:
         from airflow.dag_processing.dagbag import DagBag
     except ImportError:  # Airflow 3.1
-        from airflow.models.dagbag import DagBag
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef,unused-ignore]
     if "include_examples" in inspect.signature(DagBag).parameters:  # Airflow 3.1, 3.2
-        return DagBag(dag_folder=dag_folder, include_examples=False)
+        return DagBag(dag_folder=dag_folder, include_examples=False)  # type: ignore[call-arg,unused-ignore]
     return DagBag(dag_folder=dag_folder)
 
 

@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "keyrange": 0,
     "delta_txns": 0,
     "object_storage": 0,
+    "versions": 0,
     "utils": 0,
 }
 

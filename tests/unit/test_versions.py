@@ -15,6 +15,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from airflow_provider_vitess.merge.spark_conf import installed_spark_line, packages_for
+from airflow_provider_vitess.operators import merge_backends
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.versions import (
     AIRFLOW_RELEASES,
@@ -145,7 +146,5 @@ def test_the_merge_operator_reads_the_clusters_spark_from_the_connection(
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_X", json.dumps({"conn_type": "spark", "host": "yarn", "extra": extra})
     )
-    op = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_x")
-    assert op._cluster_spark() == extra
-    none = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_absent")
-    assert none._cluster_spark() == {"spark_version": None, "delta_package": None}
+    assert merge_backends._cluster_spark("spark_x") == extra
+    assert merge_backends._cluster_spark("spark_absent") == {"spark_version": None, "delta_package": None}

@@ -156,9 +156,9 @@ def _channel_builder(url: str, token: str | None) -> Any:
     except ImportError:  # PySpark 3.5
         from pyspark.sql.connect.client import ChannelBuilder
 
-        legacy = ChannelBuilder(url)
+        legacy = ChannelBuilder(url)  # type: ignore[arg-type,unused-ignore]
         if token is not None:
-            legacy.params[_TOKEN_PARAM] = token
+            legacy.params[_TOKEN_PARAM] = token  # type: ignore[attr-defined,unused-ignore]
         return legacy
     channel = DefaultChannelBuilder(url)
     if token is not None:
