@@ -50,7 +50,7 @@ from airflow_provider_vitess.merge.report import (
     WriteMode,
     parse_report_line,
 )
-from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_conf, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.versions import TYPE_WIDENING_DELTA_MAJOR
 from airflow_provider_vitess.vgtid import Vgtid
@@ -331,7 +331,7 @@ def test_a_merge_whose_commit_the_session_does_not_record_is_an_error_and_a_reru
         merge(spark, sync.plan(tmp_path, 2))
     message = str(failed.value)
     assert f"window {last} table {wl.ORDERS}: Delta ran the MERGE into {table}" in message
-    assert "io.delta:delta-spark_2.13:4.4.0" in message
+    assert DELTA_PACKAGE in message  # the Delta built for the session's Spark line
     assert history_versions(spark, table) == before + 1
     assert txn_versions(table)[(app_id, last)] == 1
 
