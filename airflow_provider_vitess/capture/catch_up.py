@@ -119,7 +119,7 @@ class CatchUpRun(SyncRun):
         now); how one run reads a long backlog as several windows (:mod:`.backlog`).
         """
         spec = self.spec
-        chosen_keys = self._check_source()
+        chosen_keys = self._check_source(reuse=extend)  # a backlog's later window: its run's check
         with self._locked():
             found = self._window_to_read(
                 WindowKind.CATCHUP, chosen_keys, lambda: self._plan_catch_up(stop), extend=extend

@@ -78,7 +78,7 @@ class SyncRun:
         self._emit = emit_progress or (lambda p: log.info("snapshot progress: %s", p.line()))
         self._progress_interval = progress_interval
         self._keys: dict[str, KeyChoice] = {}
-        self._checked: dict[str, KeyChoice] | None = None  # _check_source's, once per run
+        self._checked: dict[str, KeyChoice] | None = None  # the last _check_source's
         self._copied_at: dict[str, Vgtid] = {}  # re-copied tables' copy positions (copy_positions)
         self._writer_id: str | None = None
         self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
@@ -126,11 +126,12 @@ class SyncRun:
     def _stop_position(self) -> Vgtid:
         return capture_stop_position(self._open, self.spec.keyspace, target=self._target)
 
-    def _check_source(self) -> dict[str, KeyChoice]:
+    def _check_source(self, *, reuse: bool = False) -> dict[str, KeyChoice]:
         """Before the lock: no table was moved to another keyspace, the keyspace and tables exist,
-        and each table's key as chosen now. Once per run: a backlog's later windows (the same
-        runner) reuse it, rather than ask information_schema again for every table."""
-        if self._checked is None:
+        and each table's key as chosen now. ``reuse``: a backlog's later windows (one run) take
+        its first window's check rather than ask information_schema again for every table; every
+        other run checks afresh (a runner object may serve many runs)."""
+        if not reuse or self._checked is None:
             self._checked = self._read_source()
         return self._checked
 

@@ -131,3 +131,12 @@ def make_airflow_env(
     airflow_env = AirflowEnv(home, env)
     airflow_env.airflow("db", "migrate")
     return airflow_env
+
+
+def assert_succeeded(result: dict[str, Any], *tasks: str) -> None:
+    """Each of ``tasks`` of a run (``AirflowEnv.run_dag``'s result) ended in success; else the
+    states and the log's tail."""
+    states = result["tasks"]
+    assert isinstance(states, dict)
+    bad = {t: states.get(t) for t in tasks if states.get(t) != "success"}
+    assert not bad, f"tasks not successful: {bad}; all: {states}\n{str(result['log'])[-5000:]}"

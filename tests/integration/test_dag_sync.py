@@ -8,14 +8,13 @@ import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
@@ -88,19 +87,13 @@ def _workload(hook: VitessHook, seed: int) -> None:
     run_workload(hook, seed, id_base=ID_BASE, customers=40, orders=80, rounds=60, tag="s")
 
 
-def _ok(result: dict[str, Any], *tasks: str) -> None:
-    states = result["tasks"]
-    bad = {t: states.get(t) for t in tasks if states.get(t) != "success"}
-    assert not bad, f"tasks not successful: {bad}; all: {states}\n{result['log'][-5000:]}"
-
-
 def test_first_run_snapshots_and_later_runs_catch_up_to_the_source(
     airflow: AirflowEnv, hook: VitessHook, lake: Path
 ) -> None:
     _workload(hook, seed=1)  # rows for the snapshot to copy
 
     first = airflow.run_dag("dag_test_sync")
-    _ok(first, "snapshot", "merge_snapshot")
+    assert_succeeded(first, "snapshot", "merge_snapshot")
     store = _store(airflow)
     _, seq = store.committed(SYNC)
     assert seq >= 1
@@ -108,7 +101,7 @@ def test_first_run_snapshots_and_later_runs_catch_up_to_the_source(
 
     _workload(hook, seed=2)
     second = airflow.run_dag("dag_test_sync")
-    _ok(second, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert_succeeded(second, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert "no snapshot needed" in second["log"]
     assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
     latest, latest_seq = store.committed(SYNC)
@@ -141,7 +134,7 @@ def test_a_failed_merge_is_rerun_without_moving_the_checkpoint_on_failure(
 
     # dag.test() on the same logical date clears the run's task instances and runs them again.
     rerun = failing.run_dag("dag_test_sync", logical_date=date)
-    _ok(rerun, "snapshot", "merge_snapshot")
+    assert_succeeded(rerun, "snapshot", "merge_snapshot")
     assert store.open_window(SYNC) is None
     assert store.committed(SYNC)[1] == window.seq
     assert_delta_equals_source(hook, "customer", TABLES, lake / "delta")
@@ -164,7 +157,7 @@ def test_resnapshot_param_replaces_only_the_chosen_table(
     versions_before = {t: max(v for _, _, v in delta_txns(lake / "delta" / t)) for t in TABLES}
     events_before = airflow.asset_events()
     result = airflow.run_dag("dag_test_sync", conf={"resnapshot_tables": ["customer"]})
-    _ok(result, "snapshot", "merge_snapshot")
+    assert_succeeded(result, "snapshot", "merge_snapshot")
     assert "re-snapshot of customer" in result["log"]
     txns = {t: delta_txns(lake / "delta" / t) for t in TABLES}
     assert max(v for _, _, v in txns["customer"]) > versions_before["customer"]

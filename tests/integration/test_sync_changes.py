@@ -19,7 +19,7 @@ import sqlalchemy
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
@@ -104,13 +104,6 @@ def _workload(hook: VitessHook) -> None:
             conn.execute(sqlalchemy.text(f"DELETE FROM commerce.{table} WHERE id = :id"), {"id": ids[1]})
 
 
-def _ok(result: dict[str, object], *tasks: str) -> None:
-    states = result["tasks"]
-    assert isinstance(states, dict)
-    bad = {t: states.get(t) for t in tasks if states.get(t) != "success"}
-    assert not bad, f"tasks not successful: {bad}; all: {states}\n{str(result['log'])[-5000:]}"
-
-
 def _store(airflow: AirflowEnv) -> CheckpointStore:
     return CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
 
@@ -127,18 +120,18 @@ def test_a_table_added_to_a_running_sync_or_back_after_leaving_it_is_snapshotted
     store = _store(airflow)
     both = BOTH
     _workload(hook)
-    _ok(airflow.run_dag("table_list_one"), "snapshot", "merge_snapshot")
+    assert_succeeded(airflow.run_dag("table_list_one"), "snapshot", "merge_snapshot")
     assert not (lake / "delta" / COMES_AND_GOES).exists()
 
     _workload(hook)
     added = airflow.run_dag("table_list_two")
-    _ok(added, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert_succeeded(added, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert f"re-snapshot of {COMES_AND_GOES}" in str(added["log"])
     assert_delta_equals_source(hook, "commerce", both, lake / "delta")
 
     _workload(hook)  # the table that leaves changes while it is out of the sync
     left = airflow.run_dag("table_list_one")
-    _ok(left, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert_succeeded(left, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert f"table '{COMES_AND_GOES}' left the sync's tables; its Delta table stays as of window" in str(
         left["log"]
     )
@@ -147,7 +140,7 @@ def test_a_table_added_to_a_running_sync_or_back_after_leaving_it_is_snapshotted
     assert_delta_equals_source(hook, "commerce", (STAYS,), lake / "delta")
 
     back = airflow.run_dag("table_list_two")
-    _ok(back, "snapshot", "merge_snapshot")
+    assert_succeeded(back, "snapshot", "merge_snapshot")
     assert f"re-snapshot of {COMES_AND_GOES}" in str(back["log"])
     assert max(v for _, _, v in delta_txns(lake / "delta" / COMES_AND_GOES)) > before
     assert_delta_equals_source(hook, "commerce", both, lake / "delta")
@@ -188,7 +181,7 @@ def test_a_staged_window_whose_files_are_lost_is_read_again_and_the_next_run_hea
     assert store.window(SYNC, window.seq).state is WindowState.FAILED
 
     healed = airflow.run_dag("table_list_two")
-    _ok(healed, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert_succeeded(healed, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert store.committed(SYNC)[1] > window.seq
     assert_delta_equals_source(hook, "commerce", BOTH, lake / "delta")
 
@@ -224,7 +217,7 @@ def test_a_replaced_checkpoint_store_is_refused_at_the_first_task_and_a_copied_o
     assert new.committed(SYNC) == old.committed(SYNC)
 
     carried_on = moved.run_dag("table_list_new_store")
-    _ok(carried_on, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
+    assert_succeeded(carried_on, "snapshot", "merge_snapshot", "wait_for_changes", "catch_up", "merge")
     assert "no snapshot needed" in carried_on["log"]
     assert new.committed(SYNC)[1] > old_seq
     assert_delta_equals_source(hook, "commerce", BOTH, lake / "delta")
