@@ -4,9 +4,12 @@ fail here, not silently change the merge)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from importlib.metadata import version
+from types import ModuleType
 
 import pytest
 import tomllib
@@ -148,3 +151,41 @@ def test_the_merge_operator_reads_the_clusters_spark_from_the_connection(
     )
     assert merge_backends._cluster_spark("spark_x") == extra
     assert merge_backends._cluster_spark("spark_absent") == {"spark_version": None, "delta_package": None}
+
+
+def _compat_script() -> ModuleType:
+    """dev/test_compat.py by path (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("compat_script", REPO / "dev" / "test_compat.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _matrix_rows(text: str) -> dict[str, list[str]]:
+    """docs/installation.md's compatibility matrix: ``{cell: [its other columns]}``."""
+    head = "| cell | Airflow | PySpark | Delta |"
+    lines = text[text.index(head) :].splitlines()
+    rows: dict[str, list[str]] = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        rows[cols[0]] = cols[1:]
+    return rows
+
+
+def test_the_documented_matrix_is_the_cells_make_test_compat_runs() -> None:
+    # The versions of each row, not its results: the unit step of make test-compat runs this
+    # test before the run's results exist.
+    compat = _compat_script()
+    rows = _matrix_rows((REPO / "docs" / "installation.md").read_text())
+    cells = compat.cells(compat._versions())
+    assert list(rows) == [c.name for c in cells], "docs/installation.md's matrix is not make test-compat's"
+    for cell in cells:
+        airflow, pyspark, delta, *results = rows[cell.name]
+        if cell.unavailable:
+            assert "no Delta Lake release supports" in " ".join(results), (cell.name, results)
+            continue
+        assert (airflow, pyspark, delta) == (cell.airflow, cell.pyspark, cell.delta), cell.name
