@@ -167,6 +167,12 @@ class DeltaFeatureError(UnsupportedDeltaError):
     release that has it; the table is left as it was."""
 
 
+class SparkSubmitSetupError(VitessProviderError):
+    """The worker's spark-submit cannot start (a ``SPARK_HOME`` without Spark, a driver Python
+    that is not on the worker): it would exit with code 127 on every retry. The message names
+    the setting and the remedy (see ``merge/submit_env.py``)."""
+
+
 class KeyChangedError(KeyChoiceError):
     """A table's key is not the one its Delta table was built with (a new override, a new
     primary key at the source): the table must be re-snapshotted with the new key."""
@@ -199,6 +205,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     KeyConflictError,
     PartialRowImageError,
     BinlogSettingsError,
+    SparkSubmitSetupError,
 )
 
 
