@@ -20,6 +20,13 @@ from dataclasses import dataclass
 # claims from the first to the minor after the last (exclusive).
 AIRFLOW_RELEASES: tuple[str, ...] = ("3.1.8", "3.2.2", "3.3.2")
 
+# What an Airflow release needs pinned besides it when installed without Airflow's constraints
+# file (make test-compat installs them with it; docs/installation.md lists them). Airflow 3.2.2
+# leaves FastAPI and svcs unbounded: with FastAPI 0.137+ (and cadwyn 9) its task execution API
+# fails at import, and with svcs 26 its in-process API (dag.test) never registers its services;
+# every task fails. Airflow 3.3 fixed both.
+AIRFLOW_PINS: dict[str, tuple[str, ...]] = {"3.2.2": ("fastapi<0.137", "svcs<26")}
+
 
 @dataclass(frozen=True)
 class SparkLine:

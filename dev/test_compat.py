@@ -94,12 +94,18 @@ def cells(v: ModuleType) -> list[Cell]:
             a,
             newest_line.pyspark,
             newest_line.delta,
-            newest_line.pins,
+            (*newest_line.pins, *v.AIRFLOW_PINS.get(a, ())),
         )
         for a in v.AIRFLOW_RELEASES
     ]
     out += [
-        Cell(f"spark-{line.spark}", newest_airflow, line.pyspark, line.delta, line.pins)
+        Cell(
+            f"spark-{line.spark}",
+            newest_airflow,
+            line.pyspark,
+            line.delta,
+            (*line.pins, *v.AIRFLOW_PINS.get(newest_airflow, ())),
+        )
         for line in v.SPARK_LINES[:-1]
     ]
     out += [

@@ -21,6 +21,7 @@ from airflow_provider_vitess.merge.spark_conf import installed_spark_line, packa
 from airflow_provider_vitess.operators import merge_backends
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.versions import (
+    AIRFLOW_PINS,
     AIRFLOW_RELEASES,
     SPARK_LINES,
     UnsupportedSparkVersionError,
@@ -192,14 +193,15 @@ def test_the_documented_matrix_is_the_cells_make_test_compat_runs() -> None:
         assert (airflow, pyspark, delta) == (cell.airflow, cell.pyspark, cell.delta), cell.name
 
 
-def test_the_installed_airflows_task_api_builds_with_the_required_releases() -> None:
-    # Airflow 3.2.2 does not bound FastAPI, and with FastAPI 0.137+ its execution API (what
-    # every task talks to) failed at import; pyproject.toml requires fastapi<0.137.
+def test_the_installed_airflows_task_api_builds_with_its_pins() -> None:
+    # Airflow 3.2.2 does not bound FastAPI or svcs; with FastAPI 0.137+ its execution API (what
+    # every task talks to) failed at import. versions.AIRFLOW_PINS holds what it needs.
     from airflow.api_fastapi.execution_api.app import create_task_execution_api_app
     from airflow.api_fastapi.execution_api.routes import execution_api_router
 
-    fastapi = _requirement("fastapi")
-    assert fastapi.specifier.contains(version("fastapi")), (fastapi, version("fastapi"))
+    for pin in AIRFLOW_PINS.get(version("apache-airflow"), ()):
+        req = Requirement(pin)
+        assert req.specifier.contains(version(req.name)), (pin, version(req.name))
     assert create_task_execution_api_app() is not None
     paths = [getattr(route, "path", "") for route in execution_api_router.routes]
     assert any(p.startswith("/task-instances") for p in paths), paths
