@@ -6,11 +6,14 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The Airflow release we test on (the provider supports 3.x).
+# The releases `make test` runs on: the newest of airflow_provider_vitess/versions.py (which
+# `make test-compat` runs all of; tests/unit/test_versions.py keeps the two equal).
 AIRFLOW_VERSION ?= 3.3.2
-STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)
+PYSPARK_VERSION ?= 4.2.0
+DELTA_VERSION ?= 4.4.0
+STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)-$(PYSPARK_VERSION)-$(DELTA_VERSION)
 
-.PHONY: demo test lint unit integration soak vitess vitess-stop protos clean bench-peers
+.PHONY: demo test lint unit integration soak vitess vitess-stop protos clean bench-peers test-compat
 
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
@@ -24,7 +27,8 @@ test: lint vitess
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)"
+	$(BIN)/pip install -q -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)" \
+		"pyspark[connect]==$(PYSPARK_VERSION)" "delta-spark==$(DELTA_VERSION)"
 	touch $@
 
 # The editable install leaves an *.egg-info in the checkout. Any process with the checkout on
@@ -58,6 +62,15 @@ bench-peers: $(STAMP) protos vitess
 SEEDS ?= 50
 soak: $(STAMP) protos vitess
 	SOAK_FULL=1 SOAK_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_soak.py
+
+# Not part of `test`: every Airflow minor and every Spark/Delta pair of
+# airflow_provider_vitess/versions.py, each from the repo's wheel in a venv of its own (kept in
+# COMPAT_DIR, reused by later runs): unit tests, a DAG-factory sync, the merge tests. Prints the
+# matrix. E.g. COMPAT_ARGS="--only airflow" or "--only spark-3.5".
+COMPAT_DIR ?= $(HOME)/.cache/airflow-provider-vitess/compat
+COMPAT_ARGS ?=
+test-compat: vitess
+	$(PYTHON) dev/test_compat.py --cache-dir "$(COMPAT_DIR)" $(COMPAT_ARGS)
 
 vitess:
 	dev/local_vitess.sh start

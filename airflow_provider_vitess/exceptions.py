@@ -166,6 +166,18 @@ class MergeInterruptedError(VitessProviderError):
     Delta transaction ids skip whatever a table committed before the kill)."""
 
 
+class DeltaFeatureError(UnsupportedDeltaError):
+    """The merge needs a Delta Lake feature that the cluster's Delta release lacks (type widening
+    of an existing column on Delta 3.x): the message names the feature, the column and the Delta
+    release that has it; the table is left as it was."""
+
+
+class SparkSubmitSetupError(VitessProviderError):
+    """The worker's spark-submit cannot start (a ``SPARK_HOME`` without Spark, a driver Python
+    that is not on the worker): it would exit with code 127 on every retry. The message names
+    the setting and the remedy (see ``merge/submit_env.py``)."""
+
+
 class KeyChangedError(KeyChoiceError):
     """A table's key is not the one its Delta table was built with (a new override, a new
     primary key at the source): the table must be re-snapshotted with the new key."""
@@ -216,6 +228,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     PartialRowImageError,
     BinlogSettingsError,
     FreshnessBreachError,
+    SparkSubmitSetupError,
 )
 
 

@@ -2,11 +2,10 @@
 
 The merge job (``merge/job/main.py``) needs the Delta Lake jar on the JVM side and the ``delta-spark``
 Python package (and this provider) in the driver's Python. The jar comes from Maven through
-``spark.jars.packages`` (:data:`DELTA_PACKAGE`), pinned to the same release as the Python
-package, and built for the Scala version of the pinned PySpark (Spark 4 is Scala 2.13 only).
-
-``delta-spark``'s own ``configure_spark_with_delta_pip`` derives the coordinate from the Python
-package's version; we name it ourselves so the jar and the pin stay one decision.
+``spark.jars.packages``: the Delta release built for the Spark the job runs on
+(:mod:`airflow_provider_vitess.versions`), by default the Spark of the installed PySpark, whose
+``spark-submit`` the operator runs. A cluster whose Spark differs from the client's names its
+version (or its Delta package) in the Spark connection's extra (operators/merge.py).
 
 No Spark import here: the operator builds its ``spark-submit`` arguments from these values
 without PySpark installed on the Airflow worker.
@@ -15,18 +14,39 @@ without PySpark installed on the Airflow worker.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
 
 from airflow_provider_vitess.object_storage import is_s3_url
+from airflow_provider_vitess.versions import SparkLine, newest_spark_line, spark_line
 
-# Keep in step with the `spark` extra's pins (pyspark / delta-spark) in pyproject.toml.
-SPARK_VERSION = "4.2.0"
-DELTA_VERSION = "4.4.0"
-SCALA_BINARY_VERSION = "2.13"
-DELTA_PACKAGE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
-# Hadoop's S3A file system (``s3a://``) for the Hadoop that the pinned PySpark ships
-# (pyspark/jars/hadoop-client-api-*.jar); it brings the AWS SDK bundle it was built with.
-HADOOP_VERSION = "3.5.0"
-HADOOP_AWS_PACKAGE = f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}"
+
+def installed_spark_line() -> SparkLine:
+    """The Spark line of the installed PySpark (the newest line without PySpark). Raises
+    :class:`~airflow_provider_vitess.versions.UnsupportedSparkVersionError` for a Spark that
+    no Delta release supports, rather than load a jar built for another Spark."""
+    try:
+        installed = version("pyspark")
+    except PackageNotFoundError:
+        return newest_spark_line()
+    return spark_line(installed)
+
+
+def _default_line() -> SparkLine:
+    try:
+        return installed_spark_line()
+    except ValueError:  # refused again, with its message, where a run's packages are built
+        return newest_spark_line()
+
+
+LINE = _default_line()
+SPARK_VERSION = LINE.pyspark
+DELTA_VERSION = LINE.delta
+SCALA_BINARY_VERSION = LINE.delta_artifact.rsplit("_", 1)[1]
+DELTA_PACKAGE = LINE.delta_package
+# Hadoop's S3A file system (``s3a://``) for the Hadoop that this line's PySpark ships; it brings
+# the AWS SDK bundle it was built with.
+HADOOP_VERSION = LINE.hadoop
+HADOOP_AWS_PACKAGE = LINE.hadoop_aws_package
 
 # What every session of the job needs, whatever the cluster.
 BASE_CONF: Mapping[str, str] = {
@@ -89,16 +109,21 @@ COLUMN_MAPPING_PROPERTIES: Mapping[str, str] = {
 }
 
 
-def packages_for(locations: Iterable[str]) -> str:
-    """``--packages`` for a job touching ``locations``: Delta, plus S3A for S3 URLs."""
+def packages_for(
+    locations: Iterable[str], *, spark_version: str | None = None, delta_package: str | None = None
+) -> str:
+    """``--packages`` for a job touching ``locations``: Delta (``delta_package``, else the one
+    for ``spark_version``, else for the installed PySpark), plus S3A for S3 URLs."""
+    line = spark_line(spark_version) if spark_version else installed_spark_line()
+    delta = delta_package or line.delta_package
     s3 = any(is_s3_url(loc) for loc in locations)
-    return ",".join((DELTA_PACKAGE, HADOOP_AWS_PACKAGE) if s3 else (DELTA_PACKAGE,))
+    return ",".join((delta, line.hadoop_aws_package) if s3 else (delta,))
 
 
 def spark_conf(*, local: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``--conf`` values of a job run (``extra`` wins), with the Delta package; ``local``:
     a spark-submit on a local master (:data:`LOCAL_SUBMIT_CONF`)."""
-    conf = {"spark.jars.packages": DELTA_PACKAGE, **BASE_CONF}
+    conf = {"spark.jars.packages": installed_spark_line().delta_package, **BASE_CONF}
     if local:
         conf.update(LOCAL_SUBMIT_CONF)
     conf.update(extra or {})

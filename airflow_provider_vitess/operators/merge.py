@@ -121,11 +121,12 @@ class VitessMergeOperator(SparkSubmitOperator):
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        binary = spark_binary or _default_spark_binary()
         super().__init__(
             application=application or default_application(),
             packages=packages or DELTA_PACKAGE,
             conf={**BASE_CONF, **(conf or {})},
-            spark_binary=spark_binary or _default_spark_binary(),
+            spark_binary=binary,
             # The driver runs this Python (the provider is installed in it), unless told otherwise.
             env_vars={**python, **(env_vars or {})},
             name=kwargs.pop("name", f"vitess-merge-{sync_id}"),
@@ -147,6 +148,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         # SparkSubmitOperator keeps these two private; the spark-submit backend needs them.
         self.spark_conn_id: str = kwargs.get("conn_id", "spark_default")
         self.repositories: str | None = kwargs.get("repositories")
+        self.submit_binary = binary or "spark-submit"  # None: the provider's, from PATH
         self._merge_backend: SparkSubmitMerge | SparkConnectMerge | None = None
 
     def _make_backend(self) -> SparkSubmitMerge | SparkConnectMerge:
@@ -161,6 +163,7 @@ class VitessMergeOperator(SparkSubmitOperator):
             packages_given=self.packages_given,
             aws_conn_id=self.aws_conn_id,
             jars_cache_dir=self.jars_cache_dir,
+            binary=self.submit_binary,
         )
 
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.

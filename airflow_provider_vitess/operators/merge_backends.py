@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +25,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_vitess.connections import s3_settings
-from airflow_provider_vitess.exceptions import MergeInterruptedError, VitessConnectionError, permanent_by_name
+from airflow_provider_vitess.exceptions import (
+    MergeInterruptedError,
+    SparkSubmitSetupError,
+    VitessConnectionError,
+    permanent_by_name,
+)
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import LOCAL_SUBMIT_CONF, packages_for
+from airflow_provider_vitess.merge.submit_env import spark_submit_problem
+from airflow_provider_vitess.utils.airflow_compat import AirflowException
 from airflow_provider_vitess.utils.failures import fail_permanently
 from airflow_provider_vitess.utils.task import log_group
 
@@ -60,6 +67,18 @@ def _connection_host(conn_id: str) -> str | None:
         return None
 
 
+def _cluster_spark(conn_id: str) -> dict[str, str | None]:
+    """The Spark connection's extra ``spark_version`` (the cluster's Spark, when it is not the
+    installed PySpark's) and ``delta_package`` (a Delta coordinate of the user's choosing)."""
+    from airflow.sdk.bases.hook import BaseHook
+
+    try:
+        extra = BaseHook.get_connection(conn_id).extra_dejson
+    except Exception:  # no connection: SparkSubmitHook's defaults, the installed PySpark's Spark
+        return {"spark_version": None, "delta_package": None}
+    return {"spark_version": extra.get("spark_version"), "delta_package": extra.get("delta_package")}
+
+
 class SparkSubmitMerge:
     """spark-submit of the job with ``operator``'s ``SparkSubmitOperator`` arguments, plus what
     ``SparkSubmitOperator`` keeps private (its connection id and repositories), given apart."""
@@ -74,6 +93,7 @@ class SparkSubmitMerge:
         packages_given: bool = False,
         aws_conn_id: str | None = None,
         jars_cache_dir: Path,
+        binary: str = "spark-submit",
     ) -> None:
         self.operator = operator
         self.log = operator.log
@@ -83,6 +103,7 @@ class SparkSubmitMerge:
             aws_conn_id,
             jars_cache_dir,
         )
+        self.binary = binary  # the spark-submit the provider runs (a path, or a name on PATH)
         self._job: SparkSubmitOperator | None = None
         self.application_id: str | None = None  # from the job's report, for the "Spark UI" link
 
@@ -101,7 +122,7 @@ class SparkSubmitMerge:
             job.conf = {**LOCAL_SUBMIT_CONF, **(op.conf or {})}
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            job.packages = packages_for(paths)
+            job.packages = packages_for(paths, **_cluster_spark(self.spark_conn_id))
         s3 = s3_settings(self.aws_conn_id)
         if s3 is not None:
             master = _connection_host(self.spark_conn_id) or ""
@@ -113,7 +134,20 @@ class SparkSubmitMerge:
                     "configuration)"
                 )
             job.env_vars = {**(op.env_vars or {}), **s3.environment()}
+        self._check_can_start(job)
         return job
+
+    def _check_can_start(self, job: SparkSubmitOperator) -> None:
+        """Refuse, naming the setting, a spark-submit that would exit 127 before Spark starts
+        (merge/submit_env.py), instead of the provider's bare exit code retried in vain."""
+        # The Spark provider runs spark-submit with the worker's environment plus env_vars, except
+        # on Kubernetes, where env_vars become the driver's (spark.kubernetes.driverEnv.*).
+        master = _connection_host(self.spark_conn_id) or ""
+        given = {} if master.startswith("k8s") else job.env_vars or {}
+        env = {**os.environ, **{k: str(v) for k, v in given.items()}}
+        problem = spark_submit_problem(self.binary, env)
+        if problem is not None:
+            raise SparkSubmitSetupError(problem)
 
     def _jars_from_cache(self, job: SparkSubmitOperator) -> tuple[str | None, ...] | None:
         """Swap the job's ``packages`` for the jars an earlier submit resolved for them (no Ivy

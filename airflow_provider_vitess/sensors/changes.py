@@ -16,13 +16,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
+from airflow_provider_vitess.utils.airflow_compat import (
+    AirflowException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+)
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import airflow_conf
 from airflow_provider_vitess.vgtid import Vgtid

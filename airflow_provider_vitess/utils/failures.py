@@ -13,9 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from airflow.sdk.exceptions import AirflowFailException
-
 from airflow_provider_vitess.exceptions import VitessProviderError, is_permanent
+from airflow_provider_vitess.utils.airflow_compat import AirflowFailException
 
 
 class _Log(Protocol):

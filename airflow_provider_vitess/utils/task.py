@@ -36,23 +36,17 @@ def log_group(title: str) -> Iterator[None]:
 
 def airflow_conf() -> Any:
     """Airflow's configuration as the task side reads it."""
-    from airflow.sdk.configuration import conf
+    from airflow_provider_vitess.utils.airflow_compat import airflow_conf as compat_conf
 
-    return conf
-
-
-def _stats() -> Any:
-    try:
-        from airflow.sdk.observability.stats import Stats
-    except ImportError:  # Airflow 3.0/3.1
-        from airflow.stats import Stats
-    return Stats
+    return compat_conf()
 
 
 def emit_metrics(prefix: str, sync_id: str, values: Mapping[str, float], *, timing: bool = False) -> None:
     """Airflow metrics ``vitess.<prefix>.<name>`` tagged with the sync; never fails the task."""
     try:
-        stats = _stats()
+        from airflow_provider_vitess.utils.airflow_compat import stats as airflow_stats
+
+        stats = airflow_stats()
         for name, value in values.items():
             metric = f"vitess.{prefix}.{name}"
             if timing:

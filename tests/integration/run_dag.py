@@ -12,11 +12,11 @@ from datetime import datetime
 
 
 def main(argv: list[str]) -> None:
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_provider_vitess.utils.airflow_compat import dag_bag
 
     dag_id, conf = argv[0], json.loads(argv[1])
     logical_date = datetime.fromisoformat(argv[2]) if len(argv) > 2 else None
-    bag = DagBag()
+    bag = dag_bag()
     if bag.import_errors:
         raise SystemExit(f"DAG import errors: {bag.import_errors}")
     dag = bag.get_dag(dag_id)

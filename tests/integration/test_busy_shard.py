@@ -162,7 +162,7 @@ def test_a_poke_timeout_before_the_start_position_is_not_no_change(hook: VitessH
     start = current(hook)
     write_busy(hook, 20)
     assert trigger_payload(start, timeout=4)["status"] == "timeout"
-    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow_provider_vitess.utils.airflow_compat import AirflowSkipException
 
     with pytest.raises(AirflowSkipException, match=r"No change to commerce\.stall_quiet"):
         poke_sensor(start).execute({})

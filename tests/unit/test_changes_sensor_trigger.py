@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import (
+
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.sensors import VitessChangesSensor
+from airflow_provider_vitess.triggers import VitessChangesTrigger
+from airflow_provider_vitess.utils.airflow_compat import (
     AirflowException,
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
     TaskDeferred,
 )
-
-from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.sensors import VitessChangesSensor
-from airflow_provider_vitess.triggers import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import moves
 from airflow_provider_vitess.vstream.moves import TableMove

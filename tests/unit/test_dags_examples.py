@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow.dag_processing.dagbag import DagBag
+from airflow_provider_vitess.utils.airflow_compat import dag_bag
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "dags_examples"
 
 
 def test_every_example_dag_loads() -> None:
-    bag = DagBag(dag_folder=str(EXAMPLES))
+    bag = dag_bag(dag_folder=str(EXAMPLES))
     assert bag.import_errors == {}
     assert sorted(bag.dag_ids) == [
         "vitess_commerce_multi",

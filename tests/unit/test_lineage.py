@@ -6,12 +6,11 @@ import importlib
 import json
 import subprocess
 import sys
-from collections import defaultdict
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from airflow.sdk import Asset
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_vitess.checkpoints import WindowKind
 from airflow_provider_vitess.get_provider_info import get_provider_info
@@ -149,7 +148,7 @@ def test_outlets_are_withheld_then_only_changed_tables_come_back_with_their_extr
 
     task.outlets = assets.withhold(task.outlets, uris)
     assert task.outlets == [other]
-    outlet_events: dict[Any, Any] = defaultdict(lambda: SimpleNamespace(extra={}))
+    outlet_events = OutletEventAccessors()  # Airflow's own (3.1's Asset is not hashable)
     emitted = assets.emit(task, {"outlet_events": outlet_events}, uris, {"customer": {"rows_inserted": 1}})
     assert emitted == ["file:///lake/delta/customer"]
     assert task.outlets == [other, Asset(uri="file:///lake/delta/customer")]
@@ -170,4 +169,5 @@ def test_the_provider_works_without_the_openlineage_provider() -> None:
         "print(sorted(o.uri for o in dag.get_task('merge').outlets))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['file:///d/t']"
+    # The last line: Airflow 3.1/3.2 log their alembic plugins' setup to stdout.
+    assert out.strip().splitlines()[-1] == "['file:///d/t']"

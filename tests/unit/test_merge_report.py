@@ -18,7 +18,13 @@ from airflow_provider_vitess.merge.report import (
     WriteMode,
     parse_report_line,
 )
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_conf, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import (
+    DELTA_PACKAGE,
+    QUICK_JIT,
+    installed_spark_line,
+    spark_conf,
+    spark_submit_args,
+)
 
 
 def test_report_round_trip_and_line() -> None:
@@ -70,7 +76,9 @@ def test_plan_round_trip_keeps_renames_and_replace_tables() -> None:
 
 
 def test_spark_settings_name_the_delta_package_and_extensions() -> None:
-    assert DELTA_PACKAGE == "io.delta:delta-spark_2.13:4.4.0"
+    # The Delta built for the installed PySpark's Spark line (4.2 in the repo's own .venv).
+    assert installed_spark_line().delta_package == DELTA_PACKAGE
+    assert installed_spark_line().spark != "4.2" or DELTA_PACKAGE == "io.delta:delta-spark_2.13:4.4.0"
     conf = spark_conf(extra={"spark.sql.shuffle.partitions": "8"})
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.shuffle.partitions"] == "8"

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
@@ -36,6 +35,7 @@ from airflow_provider_vitess.merge.report import (
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan, merged_targets
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.staging import WindowStager
+from airflow_provider_vitess.utils.airflow_compat import AirflowFailException
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.vgtid import Vgtid
 

@@ -1,13 +1,19 @@
-"""The merge operator's spark-submit command for a plan that names many tables."""
+"""The merge operator's spark-submit: its command for a plan that names many tables, and a
+spark-submit that cannot start on the worker."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_provider_vitess.exceptions import is_permanent
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 
 
@@ -59,3 +65,61 @@ def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pyt
     assert seen["exit"] == 0
     assert seen["plan"] == plan
     assert "--plan-json" not in (op.application_args or [])
+
+
+@pytest.mark.parametrize("setting", ["SPARK_HOME", "PYSPARK_DRIVER_PYTHON"])
+def test_a_spark_submit_that_cannot_start_is_refused_naming_the_setting(
+    setting: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The worker's real spark-submit (the installed PySpark's) exits 127 before Spark starts when
+    SPARK_HOME names no Spark (a removed installation) or the driver's Python is a path of the
+    cluster's nodes; the task says which setting, not ``Error code is: 127`` on every retry."""
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+    from airflow_provider_vitess.operators.merge_backends import SparkSubmitMerge
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_X", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    env_vars: dict[str, Any] = {}
+    if setting == "SPARK_HOME":
+        value = str(tmp_path / "spark-3.4.1-bin-hadoop3")  # an installation since removed
+        monkeypatch.setenv("SPARK_HOME", value)
+    else:
+        value = str(tmp_path / "opt" / "cluster-venv" / "bin" / "python")  # on the cluster only
+        env_vars = {"PYSPARK_DRIVER_PYTHON": value}
+    op = VitessMergeOperator(
+        task_id="merge",
+        sync_id="s",
+        target_location=str(tmp_path / "delta"),
+        conn_id="spark_x",
+        env_vars=env_vars,
+    )
+    # The premise, on the real script: this spark-submit with this environment exits 127.
+    binary = shutil.which(op.submit_binary) or op.submit_binary
+    env = {**os.environ, **env_vars}
+    assert subprocess.run([binary, "--version"], env=env, capture_output=True).returncode == 127
+
+    plan = MergePlan(
+        "s",
+        (WindowToMerge(1, str(tmp_path / "staging" / "window=0000000001" / "_manifest.json")),),
+        {"t": TableTarget("t", str(tmp_path / "delta" / "t"), ("id",), ("id",))},
+    )
+    monkeypatch.setattr(SparkSubmitMerge, "_jars_from_cache", lambda self, job: None)  # no Ivy run
+    with pytest.raises(Exception) as failed:
+        op._make_backend().submit(plan, {})
+    message = str(failed.value)
+    assert f"{setting}={value}" in message, message
+    assert "spark-submit cannot start" in message and "Remedy:" in message
+    assert type(failed.value).__name__ == "SparkSubmitSetupError"
+    assert is_permanent(failed.value)
+
+
+def test_a_spark_submit_that_can_start_is_not_refused() -> None:
+    from airflow_provider_vitess.merge.submit_env import spark_submit_problem
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    op = VitessMergeOperator(task_id="merge", sync_id="s", target_location="/tmp/unused")
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    assert spark_submit_problem(op.submit_binary, {**env, **(op.env_vars or {})}) is None
+    pyspark = Path(importlib.import_module("pyspark").__file__ or "").parent
+    assert spark_submit_problem(op.submit_binary, {**env, "SPARK_HOME": str(pyspark)}) is None

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 from airflow_provider_vitess.exceptions import MergeInterruptedError
@@ -148,6 +148,24 @@ class RemoteSessions:
                 log.warning("could not release a Spark Connect session: %s", exc)
 
 
+def _channel_builder(url: str, token: str | None) -> Any:
+    """A Connect channel builder for ``url`` with ``token`` set apart (PySpark 4's
+    DefaultChannelBuilder.set; PySpark 3.5's ChannelBuilder keeps the URL's parameters in a dict)."""
+    try:
+        from pyspark.sql.connect.client import DefaultChannelBuilder
+    except ImportError:  # PySpark 3.5
+        from pyspark.sql.connect.client import ChannelBuilder
+
+        legacy = ChannelBuilder(url)  # type: ignore[arg-type,unused-ignore]
+        if token is not None:
+            legacy.params[_TOKEN_PARAM] = token  # type: ignore[attr-defined,unused-ignore]
+        return legacy
+    channel = DefaultChannelBuilder(url)
+    if token is not None:
+        channel.set(_TOKEN_PARAM, token)
+    return channel
+
+
 @contextmanager
 def remote_sessions(url: str) -> Iterator[RemoteSessions]:
     """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
@@ -155,7 +173,6 @@ def remote_sessions(url: str) -> Iterator[RemoteSessions]:
     default and active sessions are what they were, and the Connect mark is taken off the
     process's environment once no other block runs (the mark is process-wide: while a block
     runs, this process cannot use classic Spark)."""
-    from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     global _mode_users
@@ -171,9 +188,7 @@ def remote_sessions(url: str) -> Iterator[RemoteSessions]:
     def new() -> SparkSession:
         # A channel builder given the token apart, not a URL holding it (see split_token); the
         # Connect mark as SparkSession.builder.remote(url).create() would set it.
-        channel = DefaultChannelBuilder(plain)
-        if token is not None:
-            channel.set(_TOKEN_PARAM, token)
+        channel = _channel_builder(plain, token)
         os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
         return cast("SparkSession", RemoteSession.builder.channelBuilder(channel).create())
 

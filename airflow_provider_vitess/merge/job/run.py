@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError
-from airflow_provider_vitess.merge.job import apply, conflicts, delta_log, lookback, partial
+from airflow_provider_vitess.merge.job import apply, conflicts, delta_features, delta_log, lookback, partial
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess, for_session
 from airflow_provider_vitess.merge.job.integrity import check_targets
 from airflow_provider_vitess.merge.job.schema import (
@@ -349,6 +349,7 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
+        delta_features.require_type_widening(spark, step.table, ev.widen)  # before any change
         apply.evolve_table(
             spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
         )

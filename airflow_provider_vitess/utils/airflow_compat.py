@@ -1,0 +1,70 @@
+"""What differs between the Airflow minors the provider supports (versions.AIRFLOW_RELEASES), in
+one place: every other module imports these names from here, never with a version check of its
+own. Each fallback names the release that lacks the newer spelling; drop it with that release.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+# Airflow 3.1's Task SDK does not re-export the task exceptions yet (3.2 does, and 3.3 warns on
+# the airflow.exceptions spelling).
+try:
+    from airflow.sdk.exceptions import (
+        AirflowException,
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+        TaskDeferred,
+    )
+except ImportError:  # Airflow 3.1
+    from airflow.exceptions import (  # type: ignore[no-redef,attr-defined,unused-ignore]
+        AirflowException,
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+        TaskDeferred,
+    )
+
+__all__ = [
+    "AirflowException",
+    "AirflowFailException",
+    "AirflowSensorTimeout",
+    "AirflowSkipException",
+    "TaskDeferred",
+    "airflow_conf",
+    "dag_bag",
+    "stats",
+]
+
+
+def stats() -> Any:
+    """Airflow's metrics client (``Stats``): the Task SDK's from 3.2, the core's before."""
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:  # Airflow 3.1
+        from airflow.stats import Stats
+    return Stats
+
+
+def dag_bag(dag_folder: str | None = None) -> Any:
+    """A ``DagBag`` of ``dag_folder`` (Airflow's dags folder by default) without Airflow's own
+    example DAGs, for tests and tools: 3.2 moved the class to airflow.dag_processing, 3.3 dropped
+    its ``include_examples`` (3.1 and 3.2 read ``[core] load_examples``, True by default)."""
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef,unused-ignore]
+    if "include_examples" in inspect.signature(DagBag).parameters:  # Airflow 3.1, 3.2
+        return DagBag(dag_folder=dag_folder, include_examples=False)  # type: ignore[call-arg,unused-ignore]
+    return DagBag(dag_folder=dag_folder)
+
+
+def airflow_conf() -> Any:
+    """Airflow's configuration as the task side reads it: the Task SDK's from 3.2."""
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # Airflow 3.1
+        from airflow.configuration import conf
+    return conf
