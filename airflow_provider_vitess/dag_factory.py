@@ -87,6 +87,11 @@ def vitess_sync_dag(
     lag_threshold: int | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
+    target_mode: str = "mirror",
+    metadata_columns: bool | None = None,
+    metadata_prefix: str = "_vitess_",
+    change_data_feed: bool = False,
+    targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
@@ -109,6 +114,11 @@ def vitess_sync_dag(
     of them per run and each run fits its interval; without an interval a run reads it all.
     ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
     both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
+
+    ``target_mode`` (``mirror``, ``soft_delete``, ``history`` or ``changelog``), with per table
+    overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
+    ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
+    the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
     """
     # One name is one table, not its characters: "customer" or "customer, corder" as the
     # operators read text (a JSON list too).
@@ -137,6 +147,11 @@ def vitess_sync_dag(
         "conn_id": spark_conn_id,
         "conf": dict(spark_conf or {}),
         "tables": table_list,  # each Delta table an outlet Asset
+        "target_mode": target_mode,
+        "metadata_columns": metadata_columns,
+        "metadata_prefix": metadata_prefix,
+        "change_data_feed": change_data_feed,
+        **({"targets": dict(targets)} if targets is not None else {}),
         **dict(merge_kwargs or {}),
     }
     dag = DAG(

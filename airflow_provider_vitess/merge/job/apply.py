@@ -55,6 +55,7 @@ from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
 OP = "_op"  # in the per-key frame: "upsert" or "delete" (a name no staged column may have)
 UPSERT, DELETE = "upsert", "delete"
 _SHARD, _ORD, _UP, _CTX = "_shard", "_ord", "_up", "_ctx"
+CHANGE = "_change"  # per key event: insert, update or delete (target modes' metadata, .shapes)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -162,22 +163,25 @@ def _key_events(
     update that changes the key, the before image's key (a delete)."""
     op = col(A.OP)
     blobs = partial.in_frame(frame, data) if partial_names is None else partial_names
+    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     after = frame.where(op != "delete").select(
         col(A.SEQ),
         col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(1).alias("_sub"),
         F.lit(True).alias(_UP),
+        # What the change is to this key: an update that changes the key inserts the new one.
+        F.when((op == "update") & before_differs, F.lit("insert")).otherwise(op).alias(CHANGE),
         *[col(c) for c in data],
         *[partial.has_value(frame, c, after=True) for c in blobs],
     )
-    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
         col(A.SEQ),
         col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(0).alias("_sub"),
         F.lit(False).alias(_UP),
+        F.lit("delete").alias(CHANGE),
         *[
             col(A.BEFORE_PREFIX + c).alias(c)
             if c in keys
@@ -200,6 +204,7 @@ def last_per_key(
     table: str = "",
     covered: Mapping[str, int] | None = None,
     replace: bool = False,
+    meta: bool = False,
 ) -> DataFrame:
     """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
@@ -234,7 +239,11 @@ def last_per_key(
         op = partial.keep_guard(blobs, table, op, col(_UP))
     ranked = ranked.withColumn("_guarded", conflicts.guarded_op(keys, table, covered or {}, op))
     keep = [col(partial.KEEP + c) for c in blobs]
-    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *[col(c) for c in data], *keep)
+    # ``meta``: the deciding event's commit second and change, for the target modes (.shapes).
+    extra = [col(A.COMMIT_TS), col(CHANGE)] if meta else []
+    return ranked.where(col("_rank") == 1).select(
+        col("_guarded").alias(OP), *[col(c) for c in data], *keep, *extra
+    )
 
 
 # -- Delta --------------------------------------------------------------------------------------
@@ -284,6 +293,7 @@ def write_replace(
     *,
     files: int,
     column_mapping: bool,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
     """Create or overwrite the table with ``rows``, range-partitioned and sorted by key (so a later
     MERGE's key ranges skip most files), as one commit carrying (app id, seq); which one, if
@@ -300,6 +310,7 @@ def write_replace(
     props = dict(TABLE_PROPERTIES)
     if column_mapping:
         props.update(COLUMN_MAPPING_PROPERTIES)
+    props.update(properties or {})  # a target mode's (.shapes)
     for k, v in props.items():
         writer = writer.option(k, v)
     forget_last_commit(rows.sparkSession)
@@ -419,6 +430,20 @@ def merge_into(
         + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(map(q, values))}) "
         f"VALUES ({', '.join(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items())})"
     )
+    return run_merge(spark, final, view, statement, app_id, seq, rewrite_files)
+
+
+def run_merge(
+    spark: SparkSession,
+    final: DataFrame,
+    view: str,
+    statement: str,
+    app_id: str,
+    seq: int,
+    rewrite_files: bool,
+) -> bool:
+    """Run a MERGE ``statement`` whose source is ``final`` as the temporary view ``view``, as one
+    commit carrying (app id, seq); whether Delta ran it (:func:`merge_into`)."""
     final.createOrReplaceTempView(view)
     forget_last_commit(spark)
     spark.conf.set(TXN_APP_ID_CONF, app_id)
