@@ -130,17 +130,18 @@ class TargetShape:
 
     @property
     def plain(self) -> bool:
-        """A mirror without metadata columns: today's tables, written as they always were."""
-        return self.mode is TargetMode.MIRROR and not self.metadata
+        """A mirror without metadata columns or Change Data Feed: today's tables, written as
+        they always were."""
+        return self.mode is TargetMode.MIRROR and not self.metadata and not self.change_data_feed
 
     def key(self) -> tuple[str, bool, str]:
         """What fixes the rows' shape (Change Data Feed does not: a property of the table)."""
         return (self.mode.value, self.metadata, self.prefix if self.columns() else "")
 
     def properties(self) -> dict[str, str]:
-        """The table properties that record the shape (none for a plain mirror: its tables stay
-        as they always were)."""
-        if self.plain:
+        """What records the shape, in the first metadata column's metadata (:func:`shape_marker`;
+        none for a plain mirror: its tables stay as they always were)."""
+        if not self.columns():
             return {}
         return {
             MODE_PROPERTY: self.mode.value,
@@ -151,6 +152,16 @@ class TargetShape:
     def describe(self) -> str:
         meta = f"metadata columns {self.prefix}*" if self.metadata else "no metadata columns"
         return f"mode {self.mode.value!r} ({meta})"
+
+
+def shape_marker(schema: Any) -> Mapping[str, str]:
+    """The shape a table's schema records: the metadata of its first metadata column (written
+    with the table's first rows, in the same commit; a Delta table property could not be: Delta
+    takes only ``delta.*`` properties from a write). Empty: a plain mirror."""
+    for f in schema.fields:
+        if MODE_PROPERTY in (f.metadata or {}):
+            return {k: str(v) for k, v in f.metadata.items() if k in SHAPE_PROPERTIES}
+    return {}
 
 
 def recorded_shape(properties: Mapping[str, str]) -> TargetShape:

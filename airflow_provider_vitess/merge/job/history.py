@@ -41,7 +41,7 @@ from airflow_provider_vitess.merge.job import apply, partial
 from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
-from airflow_provider_vitess.merge.job.shapes import ROLE_TYPES, commit_time
+from airflow_provider_vitess.merge.job.shapes import ROLE_TYPES, commit_time, meta_columns
 from airflow_provider_vitess.merge.modes import (
     COMMIT_TS,
     CURRENT,
@@ -176,7 +176,7 @@ def versions(
         F.lit(None).cast(T.LongType()).alias("_heal_ts"),
         *key_cols,
         *[col("_vals")[c].alias(c) for c in data if c not in keys],
-        *[meta[r].cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()],
+        *meta_columns(shape, meta),
     )
     # The first group of the key in this window ends the version Delta holds as current.
     close_meta = {VALID_TO: ts, DELETED: (col("_kind") == CLOSE) | col("_gap")}

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError, TargetModeChangedError
 from airflow_provider_vitess.merge.job.steps import TableState
-from airflow_provider_vitess.merge.modes import recorded_shape, shape_change
+from airflow_provider_vitess.merge.modes import recorded_shape, shape_change, shape_marker
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
 
 
@@ -71,7 +71,7 @@ def _refuse_shape_change(plan: MergePlan, table: str, state: TableState) -> None
     if not state.exists:
         return
     target = plan.targets[table]
-    change = shape_change(recorded_shape(state.properties), target.shape)
+    change = shape_change(recorded_shape(shape_marker(state.schema)), target.shape)
     if change is None:
         return
     raise TargetModeChangedError(

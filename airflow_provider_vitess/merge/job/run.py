@@ -155,7 +155,7 @@ def merge(
                 state,
             )
             if state is not None and result.status is TableStatus.WRITTEN:  # for the next window
-                written = shapes.properties(plan.targets[step.table].shape)
+                written = {**state.properties, **shapes.properties(plan.targets[step.table].shape)}
                 state = dataclasses.replace(state, exists=True, properties=written)
             if result.status is TableStatus.WRITTEN:
                 size = None

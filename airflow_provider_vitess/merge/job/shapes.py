@@ -68,15 +68,28 @@ ROLE_TYPES: Mapping[str, T.DataType] = {
 
 
 def meta_fields(shape: TargetShape) -> list[T.StructField]:
-    return [T.StructField(shape.name(r), ROLE_TYPES[r]) for r in shape.roles()]
+    return [
+        T.StructField(shape.name(r), ROLE_TYPES[r], True, _marker(shape, i))
+        for i, r in enumerate(shape.roles())
+    ]
+
+
+def _marker(shape: TargetShape, i: int) -> dict[str, str]:
+    """The first metadata column records the table's shape (:func:`...modes.shape_marker`)."""
+    return shape.properties() if i == 0 else {}
+
+
+def meta_columns(shape: TargetShape, values: Mapping[str, Column]) -> list[Column]:
+    """The shape's metadata columns from their values by role, typed, the first one marked."""
+    return [
+        values[r].cast(ROLE_TYPES[r]).alias(shape.name(r), metadata=_marker(shape, i))
+        for i, r in enumerate(shape.roles())
+    ]
 
 
 def properties(shape: TargetShape) -> dict[str, str]:
-    """The table properties a shaped table is created with (its mode, Change Data Feed)."""
-    out = shape.properties()
-    if shape.change_data_feed:
-        out[CDF_PROPERTY] = "true"
-    return out
+    """The table properties a shaped table is created with: Change Data Feed."""
+    return {CDF_PROPERTY: "true"} if shape.change_data_feed else {}
 
 
 def commit_time(seconds: Column) -> Column:
@@ -116,7 +129,7 @@ def replace_rows(final: DataFrame, data: Sequence[Column], shape: TargetShape, s
         CURRENT: F.lit(True),
     }
     rows = final.where(col(OP) == apply.UPSERT)
-    return rows.select(*data, *[values[r].alias(shape.name(r)) for r in shape.roles()])
+    return rows.select(*data, *meta_columns(shape, values))
 
 
 def empty_rows(spark: SparkSession, schema: T.StructType, shape: TargetShape) -> DataFrame:
@@ -144,7 +157,7 @@ def merge_rows(final: DataFrame, types: Mapping[str, T.DataType], shape: TargetS
         col(OP),
         *[col(n).cast(t).alias(n) for n, t in types.items()],
         *keep,
-        *[values[r].cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()],
+        *meta_columns(shape, values),
     )
 
 
@@ -166,8 +179,10 @@ def merge_statement(
     values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
     meta = list(shape.columns())
     is_delete = f"s.{q(OP)} = '{DELETE}'"
-    set_meta = ", ".join(f"t.{q(m)} = s.{q(m)}" for m in meta)
-    update = ", ".join(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items())
+    set_meta = [f"t.{q(m)} = s.{q(m)}" for m in meta]
+    update = ", ".join(
+        [*(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items()), *set_meta]
+    )
     insert_names = ", ".join(q(n) for n in [*values, *meta])
     insert_values = ", ".join(
         [
@@ -176,7 +191,7 @@ def merge_statement(
         ]
     )
     if shape.mode is TargetMode.SOFT_DELETE:
-        flag = ", ".join(f"t.{q(m)} = s.{q(m)}" for m in meta)  # data kept, flagged deleted
+        flag = ", ".join(set_meta)  # data kept, flagged deleted
         # A key Delta does not hold, deleted: a flagged row with its key (the others are NULL).
         tombstone = (
             f" WHEN NOT MATCHED AND {is_delete} THEN INSERT ({insert_names}) "
@@ -188,7 +203,7 @@ def merge_statement(
     return (
         f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
         f"WHEN MATCHED AND {is_delete} THEN {on_delete} "
-        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET {update}, {set_meta} "
+        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET {update} "
         f"WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({insert_names}) VALUES ({insert_values})"
         + tombstone
     )
@@ -240,7 +255,7 @@ def changelog_rows(
     out = [
         (col(f.name) if f.name in data else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields
     ]
-    return events.select(*out, *[values[r].cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()])
+    return events.select(*out, *meta_columns(shape, values))
 
 
 def append(
