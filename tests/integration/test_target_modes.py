@@ -66,6 +66,28 @@ globals()["{sync}"] = vitess_sync_dag(
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
 )
+
+# The same sync, edited to ask another mode of the mirror's existing table.
+globals()["{sync}_changed"] = vitess_sync_dag(
+    "{sync}_changed",
+    sync_id="{sync}",
+    keyspace="customer",
+    tables={tables!r},
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    wait_for_changes=False,
+    max_events=40,
+    targets={{
+        "{mirror}": {{"mode": "soft_delete"}},
+        "{soft}": {{"mode": "soft_delete"}},
+        "{hist}": {{"mode": "history"}},
+        "{log}": {{"mode": "changelog"}},
+        "{cdf}": {{"change_data_feed": True}},
+    }},
+    default_args={{"retries": 0}},
+    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
+)
 """
 
 # The real spark-submit, then a failure: the job committed to Delta, the task fails before the
@@ -96,7 +118,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
     env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
-    source = DAGS.format(sync=SYNC, tables=list(TABLES), lake=lake, soft=SOFT, hist=HIST, log=LOG, cdf=CDF)
+    source = DAGS.format(
+        sync=SYNC, tables=list(TABLES), lake=lake, mirror=MIRROR, soft=SOFT, hist=HIST, log=LOG, cdf=CDF
+    )
     env.write_dag("modes_dags", source)
     return env
 
@@ -300,6 +324,31 @@ def test_a_merge_killed_after_its_delta_commits_is_rerun_and_leaves_each_window_
     for table in TABLES:
         counts = Counter(v for _, v, _ in delta_txns(lake / "delta" / table))
         assert all(n == 1 for n in counts.values()), (table, counts)
+    _assert_all(hook, lake, workload.record)
+
+
+def test_a_mode_change_on_an_existing_target_is_refused_and_nothing_is_written(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+) -> None:
+    store = _store(airflow)
+    workload.round()
+    logs = {t: sorted(p.name for p in (lake / "delta" / t / "_delta_log").glob("*.json")) for t in TABLES}
+    refused = airflow.run_dag(f"{SYNC}_changed")
+    assert refused["tasks"]["merge"] == "failed", refused["tasks"]
+    assert (
+        f"table '{MIRROR}': the Delta table at {lake / 'delta' / MIRROR} was built in mode 'mirror' "
+        "(no metadata columns), and the merge asks for mode 'soft_delete' (metadata columns _vitess_*); "
+        "a table's target mode cannot change, so nothing was written"
+    ) in refused["log"]
+    assert (
+        "a new target location" in refused["log"]
+        and '{"resnapshot_tables": ["modes_mirror"]}' in refused["log"]
+    )
+    after = {t: sorted(p.name for p in (lake / "delta" / t / "_delta_log").glob("*.json")) for t in TABLES}
+    assert after == logs, "no table got a commit"
+    assert any(w.state is WindowState.STAGED for w in store.open_windows(SYNC))
+    # Back to the modes the tables were built in: the staged windows merge, exact.
+    assert_succeeded(airflow.run_dag(SYNC), "snapshot", "merge_snapshot", "catch_up", "merge")
     _assert_all(hook, lake, workload.record)
 
 
