@@ -15,12 +15,14 @@ shards and a delete's two halves fall in different windows. Oracles:
 
 Then a merge killed after its Delta commits and before the checkpoint (its spark-submit fails
 after the job succeeded), and the rerun: each window once in every table, the oracles hold (the
-changelog has no window twice). Tables of its own (``customer.modes_*``).
+changelog has no window twice). Tables of its own (``customer.modes_*``; ``modes_meta``: a mirror
+with metadata columns).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -31,6 +33,8 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job.connect import split_token
+from airflow_provider_vitess.staging import load_manifest
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.delta_check import delta_txns, source_rows, spark_session
@@ -39,7 +43,8 @@ from tests.integration.modes_workload import ModesWorkload, Record, State, creat
 pytestmark = pytest.mark.integration
 
 MIRROR, SOFT, HIST, LOG, CDF = "modes_mirror", "modes_soft", "modes_hist", "modes_log", "modes_cdf"
-TABLES = (MIRROR, SOFT, HIST, LOG, CDF)
+META = "modes_meta"  # a mirror with metadata columns
+TABLES = (MIRROR, SOFT, HIST, LOG, CDF, META)
 SYNC = "modes_small"
 P = "_vitess_"
 
@@ -61,10 +66,33 @@ globals()["{sync}"] = vitess_sync_dag(
         "{hist}": {{"mode": "history"}},
         "{log}": {{"mode": "changelog"}},
         "{cdf}": {{"change_data_feed": True}},
+        "{meta}": {{"metadata_columns": True}},
     }},
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+)
+
+# The same sync, its merges on a Spark Connect server.
+globals()["{sync}_connect"] = vitess_sync_dag(
+    "{sync}_connect",
+    sync_id="{sync}",
+    keyspace="customer",
+    tables={tables!r},
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    wait_for_changes=False,
+    max_events=40,
+    targets={{
+        "{soft}": {{"mode": "soft_delete"}},
+        "{hist}": {{"mode": "history"}},
+        "{log}": {{"mode": "changelog"}},
+        "{cdf}": {{"change_data_feed": True}},
+        "{meta}": {{"metadata_columns": True}},
+    }},
+    default_args={{"retries": 0}},
+    merge_kwargs={{"spark_connect_conn_id": "spark_connect_default"}},
 )
 
 # The same sync, edited to ask another mode of the mirror's existing table.
@@ -84,6 +112,7 @@ globals()["{sync}_changed"] = vitess_sync_dag(
         "{hist}": {{"mode": "history"}},
         "{log}": {{"mode": "changelog"}},
         "{cdf}": {{"change_data_feed": True}},
+        "{meta}": {{"metadata_columns": True}},
     }},
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
@@ -119,7 +148,15 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
     env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
     source = DAGS.format(
-        sync=SYNC, tables=list(TABLES), lake=lake, mirror=MIRROR, soft=SOFT, hist=HIST, log=LOG, cdf=CDF
+        sync=SYNC,
+        tables=list(TABLES),
+        lake=lake,
+        mirror=MIRROR,
+        soft=SOFT,
+        hist=HIST,
+        log=LOG,
+        cdf=CDF,
+        meta=META,
     )
     env.write_dag("modes_dags", source)
     return env
@@ -144,6 +181,17 @@ def _assert_mirror(hook: VitessHook, lake: Path, table: str) -> None:
     assert all(not c.startswith(P) for c in rows[0]), "a plain mirror has no metadata columns"
     got = {(r["id"], r["vid"], r["note"], r["qty"]) for r in rows}
     assert got == source_rows(hook, "customer", table)
+
+
+def _assert_mirror_with_metadata(hook: VitessHook, lake: Path, record: Record) -> None:
+    rows = _rows(lake / "delta" / META)
+    assert list(rows[0])[-4:] == [P + "op", P + "commit_ts", P + "window_seq", P + "synced_at"]
+    assert {(r["id"], r["vid"], r["note"], r["qty"]) for r in rows} == source_rows(hook, "customer", META)
+    changed = {k for k, cs in record.changes.items() if cs}
+    for r in rows:
+        assert r[P + "op"] in ("insert", "update") and r[P + "window_seq"] >= 1 and r[P + "synced_at"], r
+        # A row the workload changed after the snapshot carries its source commit time.
+        assert (r[P + "commit_ts"] is not None) == (r["id"] in changed), r
 
 
 def _assert_soft_delete(hook: VitessHook, lake: Path, record: Record) -> None:
@@ -272,6 +320,7 @@ def _assert_change_data_feed(hook: VitessHook, lake: Path) -> None:
 
 def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
     _assert_mirror(hook, lake, MIRROR)
+    _assert_mirror_with_metadata(hook, lake, record)
     _assert_soft_delete(hook, lake, record)
     _assert_history(lake, record)
     _assert_changelog(lake, record)
@@ -313,9 +362,10 @@ def test_a_merge_killed_after_its_delta_commits_is_rerun_and_leaves_each_window_
     staged = [w for w in store.open_windows(SYNC) if w.state is WindowState.STAGED]
     assert staged and store.committed(SYNC)[1] == before, "the windows are in Delta, not committed"
     seqs = [w.seq for w in staged]
-    for table in (HIST, LOG):  # the killed run's commits hold the windows already
+    for table in (HIST, LOG):  # the killed run's commits hold the windows with rows already
         held = {v for app, v, _ in delta_txns(lake / "delta" / table) if app.endswith(f":{table}")}
-        assert set(seqs) <= held, (table, seqs, held)
+        with_rows = {seq for seq in seqs if _has_rows(lake, seq, table)}
+        assert with_rows and with_rows <= held, (table, seqs, with_rows, held)
 
     rerun = airflow.run_dag(SYNC)
     assert_succeeded(rerun, "snapshot", "merge_snapshot", "catch_up", "merge")
@@ -350,6 +400,29 @@ def test_a_mode_change_on_an_existing_target_is_refused_and_nothing_is_written(
     # Back to the modes the tables were built in: the staged windows merge, exact.
     assert_succeeded(airflow.run_dag(SYNC), "snapshot", "merge_snapshot", "catch_up", "merge")
     _assert_all(hook, lake, workload.record)
+
+
+def test_the_modes_over_spark_connect(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, spark_connect: str
+) -> None:
+    """The same sync's next windows merged on a Spark Connect server (the tables' state read
+    from their logs, no JVM on this side): the oracles hold."""
+    url, token = split_token(spark_connect)
+    conn = json.dumps({"conn_type": "spark_connect", "host": url.rstrip("/"), "password": token})
+    connect = AirflowEnv(airflow.home, {**airflow.env, "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": conn})
+    before = _store(airflow).committed(SYNC)[1]
+    for i in range(2):
+        workload.round(big=i == 0)
+    assert_succeeded(connect.run_dag(f"{SYNC}_connect"), "snapshot", "merge_snapshot", "catch_up", "merge")
+    assert _store(airflow).committed(SYNC)[1] > before
+    _assert_all(hook, lake, workload.record)
+
+
+def _has_rows(lake: Path, seq: int, table: str) -> bool:
+    manifest = load_manifest(str(lake / "staging"), SYNC, seq)
+    assert manifest is not None
+    tm = manifest.tables.get(table)
+    return tm is not None and bool(tm.parts)
 
 
 def _spark_submit() -> Path:

@@ -56,6 +56,7 @@ from airflow_provider_vitess.merge.modes import OP as OP_ROLE
 from airflow_provider_vitess.staging import arrow_types as A
 
 ACTION, INSERT, CLOSE = "_action", "insert", "close"
+HEAL_TS = "_heal_ts"  # a close row: the end of the version an earlier window ended at a move's delete
 _TS = A.COMMIT_TS
 
 
@@ -138,7 +139,7 @@ def versions(
         F.first(F.when(col("_i") == 1, col("_vals")), True).alias("_vals"),
         F.first(col("_h0")).alias("_h0"),
         # A move's first half (a delete) merged by an earlier window, its second half here.
-        F.max(F.when(col("_healed") & col(_CTX), col(_TS))).alias("_heal_ts"),
+        F.max(F.when(col("_healed") & col(_CTX), col(_TS))).alias(HEAL_TS),
     )
     by_run = Window.partitionBy(*key_cols).orderBy(col("_run"))
     before = F.coalesce(F.lag(col("_end")).over(by_run), (col("_h0") > 0).cast("int"))
@@ -173,7 +174,7 @@ def versions(
     }
     inserts = runs.where(col("_kind") == INSERT).select(
         F.lit(INSERT).alias(ACTION),
-        F.lit(None).cast(T.LongType()).alias("_heal_ts"),
+        F.lit(None).cast(T.LongType()).alias(HEAL_TS),
         *key_cols,
         *[col("_vals")[c].alias(c) for c in data if c not in keys],
         *meta_columns(shape, meta),
@@ -182,7 +183,7 @@ def versions(
     close_meta = {VALID_TO: ts, DELETED: (col("_kind") == CLOSE) | col("_gap")}
     closes = runs.where(col("_opens_window")).select(
         F.lit(CLOSE).alias(ACTION),
-        col("_heal_ts"),
+        col(HEAL_TS),
         *key_cols,
         *[F.lit(None).cast(staged.schema[c].dataType).alias(c) for c in data if c not in keys],
         *[close_meta.get(r, F.lit(None)).cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()],
@@ -209,7 +210,7 @@ def merge_versions(
     current, valid_to, deleted = (q(shape.name(r)) for r in (CURRENT, VALID_TO, DELETED))
     # The current version, or the one an earlier window ended at a move's delete (``_heal_ts``):
     # it is the key's latest and none is current, so one row matches.
-    healed = f"(t.{deleted} AND t.{valid_to} = timestamp_seconds(s.`_heal_ts`))"
+    healed = f"(t.{deleted} AND t.{valid_to} = timestamp_seconds(s.{q(HEAL_TS)}))"
     on = f"({on}) AND (t.{current} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
     if prune is not None:
         on = f"{on} AND ({prune})"

@@ -84,7 +84,9 @@ def write(
             shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
         elif shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
             versions = history.versions(staged, None, keys, data, shape, seq, table)
-            rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(history.ACTION)
+            rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(
+                history.ACTION, history.HEAL_TS
+            )
             apply.write_replace(
                 rows,
                 path,
