@@ -3,7 +3,8 @@ of a workload that records every state it commits per key (``modes_workload``).
 
 One sync holds one table per mode (each table's mode from ``targets``; the same DML runs on all
 of them in the same transactions), merged with small windows (``max_events``), so moves between
-shards and a delete's two halves fall in different windows. Oracles:
+shards and a delete's two halves fall in different windows (and, on Spark Connect, one large
+window). Oracles:
 
 * ``mirror`` == ``SELECT *``; a mirror with Change Data Feed: its ``table_changes`` after the
   snapshot, applied to the snapshot, give ``SELECT *``, one commit per window;
@@ -73,7 +74,7 @@ globals()["{sync}"] = vitess_sync_dag(
     merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
 )
 
-# The same sync, its merges on a Spark Connect server.
+# The same sync, its merges on a Spark Connect server, its windows large (no max_events).
 globals()["{sync}_connect"] = vitess_sync_dag(
     "{sync}_connect",
     sync_id="{sync}",
@@ -83,7 +84,6 @@ globals()["{sync}_connect"] = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes=False,
-    max_events=40,
     targets={{
         "{soft}": {{"mode": "soft_delete"}},
         "{hist}": {{"mode": "history"}},
@@ -405,8 +405,8 @@ def test_a_mode_change_on_an_existing_target_is_refused_and_nothing_is_written(
 def test_the_modes_over_spark_connect(
     airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, spark_connect: str
 ) -> None:
-    """The same sync's next windows merged on a Spark Connect server (the tables' state read
-    from their logs, no JVM on this side): the oracles hold."""
+    """The same sync's next changes in one large window, merged on a Spark Connect server (the
+    tables' state read from their logs, no JVM on this side): the oracles hold."""
     url, token = split_token(spark_connect)
     conn = json.dumps({"conn_type": "spark_connect", "host": url.rstrip("/"), "password": token})
     connect = AirflowEnv(airflow.home, {**airflow.env, "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": conn})
