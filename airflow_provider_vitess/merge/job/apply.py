@@ -28,9 +28,7 @@ for the key: a row inserted on shard ``0`` and deleted on ``-80`` after the swit
 
 from __future__ import annotations
 
-import datetime
 import math
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -45,7 +43,12 @@ from pyspark.sql import types as T
 from airflow_provider_vitess.merge.job import conflicts, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
-from airflow_provider_vitess.merge.job.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
+from airflow_provider_vitess.merge.job.pruning import (
+    MAX_COLLECTED_KEYS,
+    key_ranges,
+    numeric_distance,
+    sql_literal,
+)
 from airflow_provider_vitess.merge.job.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
@@ -239,11 +242,8 @@ def last_per_key(
         op = partial.keep_guard(blobs, table, op, col(_UP))
     ranked = ranked.withColumn("_guarded", conflicts.guarded_op(keys, table, covered or {}, op))
     keep = [col(partial.KEEP + c) for c in blobs]
-    # ``meta``: the deciding event's commit second and change, for the target modes (.shapes).
-    extra = [col(A.COMMIT_TS), col(CHANGE)] if meta else []
-    return ranked.where(col("_rank") == 1).select(
-        col("_guarded").alias(OP), *[col(c) for c in data], *keep, *extra
-    )
+    extra = [col(A.COMMIT_TS), col(CHANGE)] if meta else []  # the deciding event's (.shapes)
+    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *map(col, data), *keep, *extra)
 
 
 # -- Delta --------------------------------------------------------------------------------------
@@ -365,23 +365,6 @@ def prune_condition(spark: SparkSession, final: DataFrame, key: str, key_type: T
     if has_null:
         terms.append(f"{target} IS NULL")
     return " OR ".join(terms) or "false"
-
-
-_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
-
-
-def sql_literal(value: Any) -> str:
-    """A key value as SQL literal text: numbers and dates by their checked digits, strings as
-    UTF-8 hex (``X'..'`` cast to STRING), so no value can end the literal."""
-    if isinstance(value, str):
-        return f"CAST(X'{value.encode().hex()}' AS STRING)"
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-        return f"DATE '{value.isoformat()}'"
-    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
-        text = format(value, "f") if isinstance(value, Decimal) else repr(value)
-        if _NUMBER.match(text):
-            return f"'{text}'"
-    raise TypeError(f"no SQL literal for key value of type {type(value).__name__}")
 
 
 # Below this many bytes of data a table's MERGE rewrites the files it touches instead of writing

@@ -225,19 +225,8 @@ def _run(
     merged = False  # whether Delta says it ran a MERGE (a replace answers nothing either way)
     shaped_step = None
     if not target.shape.plain:  # a target mode of its own (.shaped); a plain mirror goes on here
-        tm = manifest.tables.get(step.table)
-        shaped_step = shaped.ShapedStep(
-            target,
-            step,
-            app_id,
-            manifest,
-            exists=state is not None and state.exists,
-            properties={} if state is None else state.properties,
-            column_mapping=column_mapping
-            or (step.schema is not None and needs_column_mapping(step.schema.fieldNames())),
-            size=size,
-            files=apply.files_for(tm.rows if tm is not None else 0, rows_per_file),
-            snapshot=step.table in window.replace_tables,
+        shaped_step = shaped.ShapedStep.of(
+            target, step, app_id, manifest, state, column_mapping, size, rows_per_file, window.replace_tables
         )
     if step.action is Action.TRUNCATE and shaped_step is not None:
         shaped.truncate(spark, shaped_step)

@@ -15,8 +15,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 
 from airflow_provider_vitess.merge.job import apply, conflicts, history, shapes
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
-from airflow_provider_vitess.merge.job.schema import write_types
-from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize
+from airflow_provider_vitess.merge.job.schema import needs_column_mapping, write_types
+from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
 from airflow_provider_vitess.merge.modes import TargetMode
 from airflow_provider_vitess.merge.plan import TableTarget
 from airflow_provider_vitess.staging.manifest import Manifest
@@ -36,6 +36,34 @@ class ShapedStep:
     size: TableSize | None
     files: int  # for a replace
     snapshot: bool  # the window is a snapshot of the table (its copy), not a catch-up
+
+    @classmethod
+    def of(
+        cls,
+        target: TableTarget,
+        step: Step,
+        app_id: str,
+        manifest: Manifest,
+        state: TableState | None,
+        column_mapping: bool,
+        size: TableSize | None,
+        rows_per_file: int,
+        replace_tables: Sequence[str],
+    ) -> ShapedStep:
+        tm = manifest.tables.get(step.table)
+        names = step.schema.fieldNames() if step.schema is not None else []
+        return cls(
+            target,
+            step,
+            app_id,
+            manifest,
+            exists=state is not None and state.exists,
+            properties={} if state is None else state.properties,
+            column_mapping=column_mapping or needs_column_mapping(names),
+            size=size,
+            files=apply.files_for(tm.rows if tm is not None else 0, rows_per_file),
+            snapshot=step.table in replace_tables,
+        )
 
 
 def truncate(spark: SparkSession, s: ShapedStep) -> None:
