@@ -98,6 +98,11 @@ def vitess_sync_dag(
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
     freshness_sla: float | None = None,
+    target_mode: str = "mirror",
+    metadata_columns: bool | None = None,
+    metadata_prefix: str = "_vitess_",
+    change_data_feed: bool = False,
+    targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
@@ -134,6 +139,11 @@ def vitess_sync_dag(
     ``exclude_columns`` (all but these) are pushed into the VStream filter, so the others never
     leave vtgate; ``hash_columns`` are staged as ``sha256(salt + value)`` in hex, the salt being
     the password of the connection ``hash_salt_conn_id``. Key columns are always read in clear.
+
+    ``target_mode`` (``mirror``, ``soft_delete``, ``history`` or ``changelog``), with per table
+    overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
+    ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
+    the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
     """
     # One name is one table, not its characters: "customer" or "customer, corder" as the
     # operators read text (a JSON list too).
@@ -176,6 +186,11 @@ def vitess_sync_dag(
         "conf": dict(spark_conf or {}),
         "tables": table_list,  # each Delta table an outlet Asset
         "freshness_sla": freshness_sla,
+        "target_mode": target_mode,
+        "metadata_columns": metadata_columns,
+        "metadata_prefix": metadata_prefix,
+        "change_data_feed": change_data_feed,
+        **({"targets": dict(targets)} if targets is not None else {}),
         **dict(merge_kwargs or {}),
     }
     dag = DAG(

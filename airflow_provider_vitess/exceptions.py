@@ -144,6 +144,17 @@ class TargetIntegrityError(VitessProviderError):
     refuses before writing; the message names the table, the versions and the remedy."""
 
 
+class TargetModeError(MergePlanError):
+    """A target mode, metadata option or ``targets`` entry that is not valid (names it and what
+    is allowed), or metadata columns whose names a source column already has."""
+
+
+class TargetModeChangedError(TargetIntegrityError):
+    """A Delta table built in one target mode (or with other metadata columns) that the merge is
+    asked to write in another: refused, nothing written; the remedy is a new target location
+    and a re-snapshot of the table."""
+
+
 # The remedy for a target ahead of its checkpoint store. Not a re-snapshot: the store numbers its
 # windows below the table's, so the snapshot would be taken for already applied, again and again.
 STORE_REMEDY = (

@@ -15,8 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from pydantic import SerializerFunctionWrapHandler, model_serializer
+
 from airflow_provider_vitess.delta_txns import txn_app_id
 from airflow_provider_vitess.exceptions import MergePlanError as MergePlanError
+from airflow_provider_vitess.merge.modes import TargetShape
 from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
 
 
@@ -27,7 +30,8 @@ class TableTarget:
     ``path`` is the Delta table's location. ``key_columns`` identify a row on the target, in
     target names; ``key_from_source[i]`` is the source column that feeds ``key_columns[i]`` (its
     before image is staged, so an update that changes it deletes the old row). ``renames`` maps
-    source column -> target column for the columns named differently on the target.
+    source column -> target column for the columns named differently on the target. ``shape``:
+    the target mode and metadata columns (:mod:`.modes`).
     """
 
     table: str
@@ -40,6 +44,8 @@ class TableTarget:
     # the table against them before writing (``merge.integrity``).
     last_merged_seq: int | None = None
     last_delta_version: int | None = None
+    # The target mode and metadata columns (``merge.modes``); the table records them itself.
+    shape: TargetShape = field(default_factory=TargetShape)
 
     def __post_init__(self) -> None:
         if not self.key_columns:
@@ -49,6 +55,14 @@ class TableTarget:
                 f"table {self.table!r}: {len(self.key_columns)} target key column(s) "
                 f"{list(self.key_columns)} but {len(self.key_from_source)} source column(s) feeding them"
             )
+
+    @model_serializer(mode="wrap")
+    def _omit_plain_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plain mirror's plan is written as before target modes existed (no ``shape``)."""
+        out: dict[str, Any] = handler(self)
+        if self.shape == TargetShape():
+            out.pop("shape", None)
+        return out
 
     def target_name(self, source_column: str) -> str:
         return self.renames.get(source_column, source_column)

@@ -46,6 +46,7 @@ from airflow_provider_vitess.exceptions import (
     UnknownSyncError,
 )
 from airflow_provider_vitess.keys import KeyChoice
+from airflow_provider_vitess.merge.modes import ModeOptions
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.staging.manifest import load_manifest, missing_part
@@ -87,12 +88,15 @@ def build_plan(
     window: Window | Sequence[Window],
     target_location: str,
     targets: Mapping[str, Mapping[str, Any]] | None = None,
+    modes: ModeOptions | None = None,
 ) -> MergePlan:
     """The plan for staged windows (one, or a chain staged with the same keys, in order): each
-    table's Delta path and the key the windows were staged with, and what the sync last wrote
-    to each table (for the job's integrity check)."""
+    table's Delta path, the key the windows were staged with, its target mode (``modes`` and
+    ``targets``: :mod:`.modes`; the job checks it against the one the Delta table records), and
+    what the sync last wrote to each table (for the job's integrity check)."""
     windows = [window] if isinstance(window, Window) else list(window)
     keys = window_keys(store, sync_id, windows[0])
+    shapes = (modes or ModeOptions()).shapes(keys, targets)
     written = store.target_versions(sync_id)
     root = target_location.rstrip("/")
     planned: dict[str, TableTarget] = {}
@@ -109,6 +113,7 @@ def build_plan(
             renames={**renames, **dict(given.get("renames") or {})},
             last_merged_seq=None if last is None else last.merged_seq,
             last_delta_version=None if last is None else last.delta_version,
+            shape=shapes[table],
         )
     to_merge = []
     for w in windows:
@@ -214,8 +219,10 @@ class MergeRunner:
         keep_window_records: int = KEEP_WINDOW_RECORDS,
         storage_options: Mapping[str, Any] | None = None,
         freshness_sla: float | None = None,
+        modes: ModeOptions | None = None,
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
+        self.modes = modes
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
         self._keep, self._storage_options = keep_staged_windows, storage_options
@@ -253,7 +260,9 @@ class MergeRunner:
                 )
             if batch:
                 self._hand_back_lost(batch)
-                plan = build_plan(self.store, self.sync_id, batch, self.target_location, self.targets)
+                plan = build_plan(
+                    self.store, self.sync_id, batch, self.target_location, self.targets, self.modes
+                )
                 merged = submit(plan)
                 report = joined(report, merged)
                 # Window by window, in order: a kill in between leaves a prefix COMMITTED (and
@@ -267,7 +276,9 @@ class MergeRunner:
                     done.append(w)
             last = done[-1]
             if plan is None:
-                plan = build_plan(self.store, self.sync_id, last, self.target_location, self.targets)
+                plan = build_plan(
+                    self.store, self.sync_id, last, self.target_location, self.targets, self.modes
+                )
             committed = self.store.committed(self.sync_id)[0]
             assert committed is not None
             self._prune(last)

@@ -33,6 +33,7 @@ from airflow_provider_vitess.exceptions import FreshnessBreachError
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
+from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE
 from airflow_provider_vitess.operators.merge_backends import SparkConnectMerge, SparkSubmitMerge
@@ -60,7 +61,18 @@ class VitessMergeOperator(SparkSubmitOperator):
     :param sync_id: the sync whose window to merge (as given to the capture operators).
     :param target_location: Delta tables go to ``<target_location>/<table>`` (any URI Spark
         writes to: a local path, ``s3a://``, ``abfss://``...).
-    :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst}}}``.
+    :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst},
+        "mode": ..., "metadata_columns": bool, "change_data_feed": bool}}``.
+    :param target_mode: the sync-wide target mode, ``mirror`` (default), ``soft_delete``,
+        ``history`` or ``changelog`` (``docs/target-modes.md``); ``targets[table]["mode"]``
+        overrides it per table. A Delta table keeps the mode it was built with: asking another
+        fails the merge, nothing written (remedy: a new target location and a re-snapshot).
+    :param metadata_columns: add ``<prefix>op``, ``commit_ts``, ``window_seq`` and ``synced_at``
+        (default: on in the new modes, off in ``mirror``).
+    :param metadata_prefix: the metadata columns' prefix (default ``_vitess_``); a source column
+        with one of their names fails the merge, naming it.
+    :param change_data_feed: turn on Delta's Change Data Feed (``delta.enableChangeDataFeed``) on
+        the tables, so downstream jobs can read them incrementally (``table_changes``).
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
         the first submit resolves them and later ones pass ``--jars`` (default
@@ -118,6 +130,10 @@ class VitessMergeOperator(SparkSubmitOperator):
         freshness_sla: float | None = None,
         tables: Sequence[str] | None = None,
         spark_connect_conn_id: str | None = None,
+        target_mode: str = "mirror",
+        metadata_columns: bool | None = None,
+        metadata_prefix: str = DEFAULT_PREFIX,
+        change_data_feed: bool = False,
         **kwargs: Any,
     ) -> None:
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -135,6 +151,10 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.sync_id = sync_id
         self.target_location = target_location
         self.targets = targets
+        self.modes = ModeOptions(target_mode, metadata_columns, metadata_prefix, change_data_feed)
+        # Bad options fail the DAG's parse, naming them (templated targets: when the task runs).
+        given = targets if isinstance(targets, Mapping) else None
+        self.modes.shapes({*([] if isinstance(tables, str) else tables or ()), *(given or {})}, given)
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url
         self.freshness_sla = freshness_sla
@@ -179,6 +199,7 @@ class VitessMergeOperator(SparkSubmitOperator):
             # The staging's credentials, for the lost-file check and retention on S3.
             storage_options=s3.storage_options() if s3 else None,
             freshness_sla=self.freshness_sla,
+            modes=self.modes,
         )
         backend = self._merge_backend = self._make_backend()
         started = time.monotonic()

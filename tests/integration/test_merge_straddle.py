@@ -4,12 +4,15 @@ A move is a DELETE on the old shard and an INSERT on the new one: two shard comm
 stop position is read per shard, so it can fall between them. The test makes that happen on
 purpose: it plans a catch-up window whose stop is the position of the old shard before the move
 and of the new shard after it, then lets the next window read the rest. Merged window by window
-through the job, the Delta table must equal ``SELECT *`` through vtgate.
+through the job, the Delta table must equal ``SELECT *`` through vtgate; merged in ``history``
+mode, each move is one version contiguous with the one before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import itertools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table, writer
 from tests.conftest import LocalVitess
@@ -124,6 +128,36 @@ def test_moves_split_by_a_window_stop_keep_the_row(
         merge(spark, MergePlan(sync.sync_id, (window,), sync.targets(root)))
     rows = wl.assert_equal_to_source(spark, hook, "customer", TABLE, target_path, ["order_id"])
     assert rows == 19
+    _assert_history(spark, sync, tmp_path / "history")
     # Every catch-up window recorded the newest source time its read saw (a snapshot's copy has
     # none: the look-back ends at it anyway).
     assert [bool(m.source_ts_max) for m in sync.manifests] == [False] + [True] * (len(sync.manifests) - 1)
+
+
+def _assert_history(spark: Any, sync: Any, root: Path) -> None:
+    """The same windows merged in ``history`` mode: a move is one new version, contiguous with
+    the one before, whichever half a window stop left for the next window (row 12's DELETE is
+    merged a window before its INSERT: the version it ended is mended); row 5, moved and then
+    deleted, ends deleted."""
+    shape = TargetShape(TargetMode.HISTORY, metadata=True)
+    targets = {t: dataclasses.replace(target, shape=shape) for t, target in sync.targets(root).items()}
+    for i, manifest in enumerate(sync.manifests):
+        window = WindowToMerge(manifest.window_seq, manifest.path, (TABLE,) if i == 0 else ())
+        merge(spark, MergePlan(sync.sync_id, (window,), targets))
+    versions: dict[int, list[Any]] = {}
+    for r in spark.read.format("delta").load(str(root / TABLE)).collect():
+        versions.setdefault(r["order_id"], []).append(r)
+    p = "_vitess_"
+    for oid, vs in versions.items():
+        vs.sort(key=lambda r: (r[p + "valid_from"] is not None, r[p + "valid_from"] or 0))
+        notes = [(r["note"], r[p + "deleted"], r[p + "current"]) for r in vs]
+        if oid in (3, 4, 12):
+            assert notes == [(f"initial {oid}", False, False), (f"moved {oid}", False, True)], (oid, vs)
+        elif oid == 5:
+            assert notes == [("initial 5", False, False), ("moved 5", True, False)], vs
+        else:
+            assert notes == [(f"initial {oid}", False, True)], (oid, vs)
+        assert vs[0][p + "valid_from"] is None  # copied by the snapshot
+        for a, b in itertools.pairwise(vs):
+            assert a[p + "valid_to"] == b[p + "valid_from"] is not None, (oid, vs)
+    assert len(versions) == 20

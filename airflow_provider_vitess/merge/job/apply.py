@@ -28,9 +28,7 @@ for the key: a row inserted on shard ``0`` and deleted on ``-80`` after the swit
 
 from __future__ import annotations
 
-import datetime
 import math
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -45,7 +43,12 @@ from pyspark.sql import types as T
 from airflow_provider_vitess.merge.job import conflicts, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
-from airflow_provider_vitess.merge.job.pruning import MAX_COLLECTED_KEYS, key_ranges, numeric_distance
+from airflow_provider_vitess.merge.job.pruning import (
+    MAX_COLLECTED_KEYS,
+    key_ranges,
+    numeric_distance,
+    sql_literal,
+)
 from airflow_provider_vitess.merge.job.schema import Conversion, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
@@ -55,6 +58,7 @@ from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
 OP = "_op"  # in the per-key frame: "upsert" or "delete" (a name no staged column may have)
 UPSERT, DELETE = "upsert", "delete"
 _SHARD, _ORD, _UP, _CTX = "_shard", "_ord", "_up", "_ctx"
+CHANGE = "_change"  # per key event: insert, update or delete (target modes' metadata, .shapes)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -162,22 +166,25 @@ def _key_events(
     update that changes the key, the before image's key (a delete)."""
     op = col(A.OP)
     blobs = partial.in_frame(frame, data) if partial_names is None else partial_names
+    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     after = frame.where(op != "delete").select(
         col(A.SEQ),
         col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(1).alias("_sub"),
         F.lit(True).alias(_UP),
+        # What the change is to this key: an update that changes the key inserts the new one.
+        F.when((op == "update") & before_differs, F.lit("insert")).otherwise(op).alias(CHANGE),
         *[col(c) for c in data],
         *[partial.has_value(frame, c, after=True) for c in blobs],
     )
-    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
     before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
         col(A.SEQ),
         col(A.COMMIT_TS),
         col(_SHARD),
         F.lit(0).alias("_sub"),
         F.lit(False).alias(_UP),
+        F.lit("delete").alias(CHANGE),
         *[
             col(A.BEFORE_PREFIX + c).alias(c)
             if c in keys
@@ -200,6 +207,7 @@ def last_per_key(
     table: str = "",
     covered: Mapping[str, int] | None = None,
     replace: bool = False,
+    meta: bool = False,
 ) -> DataFrame:
     """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
     for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
@@ -234,7 +242,8 @@ def last_per_key(
         op = partial.keep_guard(blobs, table, op, col(_UP))
     ranked = ranked.withColumn("_guarded", conflicts.guarded_op(keys, table, covered or {}, op))
     keep = [col(partial.KEEP + c) for c in blobs]
-    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *[col(c) for c in data], *keep)
+    extra = [col(A.COMMIT_TS), col(CHANGE)] if meta else []  # the deciding event's (.shapes)
+    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *map(col, data), *keep, *extra)
 
 
 # -- Delta --------------------------------------------------------------------------------------
@@ -284,6 +293,7 @@ def write_replace(
     *,
     files: int,
     column_mapping: bool,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
     """Create or overwrite the table with ``rows``, range-partitioned and sorted by key (so a later
     MERGE's key ranges skip most files), as one commit carrying (app id, seq); which one, if
@@ -300,6 +310,7 @@ def write_replace(
     props = dict(TABLE_PROPERTIES)
     if column_mapping:
         props.update(COLUMN_MAPPING_PROPERTIES)
+    props.update(properties or {})  # a target mode's (.shapes)
     for k, v in props.items():
         writer = writer.option(k, v)
     forget_last_commit(rows.sparkSession)
@@ -356,23 +367,6 @@ def prune_condition(spark: SparkSession, final: DataFrame, key: str, key_type: T
     return " OR ".join(terms) or "false"
 
 
-_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
-
-
-def sql_literal(value: Any) -> str:
-    """A key value as SQL literal text: numbers and dates by their checked digits, strings as
-    UTF-8 hex (``X'..'`` cast to STRING), so no value can end the literal."""
-    if isinstance(value, str):
-        return f"CAST(X'{value.encode().hex()}' AS STRING)"
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-        return f"DATE '{value.isoformat()}'"
-    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
-        text = format(value, "f") if isinstance(value, Decimal) else repr(value)
-        if _NUMBER.match(text):
-            return f"'{text}'"
-    raise TypeError(f"no SQL literal for key value of type {type(value).__name__}")
-
-
 # Below this many bytes of data a table's MERGE rewrites the files it touches instead of writing
 # deletion vectors: on a small table the rewrite costs less than the vectors' extra pass over the
 # touched files (bench/bench_merge_latency.py, a 20,000-row table on 2 cores: 1.2 s vs 1.9 s a
@@ -419,6 +413,20 @@ def merge_into(
         + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(map(q, values))}) "
         f"VALUES ({', '.join(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items())})"
     )
+    return run_merge(spark, final, view, statement, app_id, seq, rewrite_files)
+
+
+def run_merge(
+    spark: SparkSession,
+    final: DataFrame,
+    view: str,
+    statement: str,
+    app_id: str,
+    seq: int,
+    rewrite_files: bool,
+) -> bool:
+    """Run a MERGE ``statement`` whose source is ``final`` as the temporary view ``view``, as one
+    commit carrying (app id, seq); whether Delta ran it (:func:`merge_into`)."""
     final.createOrReplaceTempView(view)
     forget_last_commit(spark)
     spark.conf.set(TXN_APP_ID_CONF, app_id)

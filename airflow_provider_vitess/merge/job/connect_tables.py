@@ -22,6 +22,7 @@ from airflow_provider_vitess.merge.job.checksum import read_checksum
 from airflow_provider_vitess.merge.job.delta_log import log_dir, log_file
 from airflow_provider_vitess.merge.job.delta_sql import q, restores
 from airflow_provider_vitess.merge.job.steps import TableSize, TableState
+from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -189,6 +190,7 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         version=version,
         restores=restores(spark, path, restores_after, version),
         size=crc.size if crc is not None else None,
+        properties={k: v for k, v in props.items() if k in SHAPE_PROPERTIES},
     )
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError
+from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError, TargetModeChangedError
 from airflow_provider_vitess.merge.job.steps import TableState
+from airflow_provider_vitess.merge.modes import recorded_shape, shape_change, shape_marker
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
 
 
@@ -40,6 +41,7 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
     last_seq = max(w.seq for w in plan.windows)
     for table in sorted(states):
         target, state = plan.targets[table], states[table]
+        _refuse_shape_change(plan, table, state)
         ahead = _ahead(target, state, last_seq)
         if ahead is not None:
             # Not a re-snapshot: its window would be numbered below the table's and taken for
@@ -61,6 +63,23 @@ def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
                 "written. Re-snapshot the table to rebuild it (trigger the DAG with "
                 f'{{"resnapshot_tables": ["{table}"]}}); the other tables are unaffected'
             )
+
+
+def _refuse_shape_change(plan: MergePlan, table: str, state: TableState) -> None:
+    """A table keeps the target mode it was built in (its properties record it): a window in
+    another mode would mix two shapes of rows in one table, so nothing is written."""
+    if not state.exists:
+        return
+    target = plan.targets[table]
+    change = shape_change(recorded_shape(shape_marker(state.schema)), target.shape)
+    if change is None:
+        return
+    raise TargetModeChangedError(
+        f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {change}; a "
+        "table's target mode cannot change, so nothing was written. Keep the mode it was built "
+        "in, or give the table a new target location (its entry in targets, or target_location) "
+        f'and re-snapshot it (trigger the DAG with {{"resnapshot_tables": ["{table}"]}})'
+    )
 
 
 def _ahead(target: TableTarget, state: TableState, last_seq: int) -> str | None:

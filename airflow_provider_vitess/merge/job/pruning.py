@@ -13,6 +13,7 @@ rows from stretching one range over the whole table.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -63,3 +64,20 @@ def numeric_distance(a: Any, b: Any) -> float:
     if isinstance(a, Decimal) or isinstance(b, Decimal):
         return float(Decimal(b) - Decimal(a))
     return float(b - a)
+
+
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+
+
+def sql_literal(value: Any) -> str:
+    """A key value as SQL literal text: numbers and dates by their checked digits, strings as
+    UTF-8 hex (``X'..'`` cast to STRING), so no value can end the literal."""
+    if isinstance(value, str):
+        return f"CAST(X'{value.encode().hex()}' AS STRING)"
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        text = format(value, "f") if isinstance(value, Decimal) else repr(value)
+        if _NUMBER.match(text):
+            return f"'{text}'"
+    raise TypeError(f"no SQL literal for key value of type {type(value).__name__}")

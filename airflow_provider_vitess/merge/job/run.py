@@ -31,7 +31,16 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError
-from airflow_provider_vitess.merge.job import apply, conflicts, delta_features, delta_log, lookback, partial
+from airflow_provider_vitess.merge.job import (
+    apply,
+    conflicts,
+    delta_features,
+    delta_log,
+    lookback,
+    partial,
+    shaped,
+    shapes,
+)
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess, for_session
 from airflow_provider_vitess.merge.job.integrity import check_targets
 from airflow_provider_vitess.merge.job.schema import (
@@ -142,8 +151,21 @@ def merge(
         for step in chain:
             began = time.monotonic()
             result = _run(
-                session, delta, plan, by_seq[step.seq], step, rows_per_file, report, mapping, known, size
+                session,
+                delta,
+                plan,
+                by_seq[step.seq],
+                step,
+                rows_per_file,
+                report,
+                mapping,
+                known,
+                size,
+                state,
             )
+            if state is not None and result.status is TableStatus.WRITTEN:  # for the next window
+                written = {**state.properties, **shapes.properties(plan.targets[step.table].shape)}
+                state = dataclasses.replace(state, exists=True, properties=written)
             if result.status is TableStatus.WRITTEN:
                 size = None
             if (
@@ -196,6 +218,7 @@ def _run(
     column_mapping: bool,
     known: dict[int, Manifest | None],
     size: TableSize | None = None,
+    state: TableState | None = None,
 ) -> TableResult:
     target = plan.targets[step.table]
     app_id = plan.txn_app_id(step.table)
@@ -209,10 +232,32 @@ def _run(
     keys = list(target.key_columns)
     changes: tuple[str, ...] = ()
     merged = False  # whether Delta says it ran a MERGE (a replace answers nothing either way)
-    if step.action is Action.TRUNCATE:
+    shaped_step = None
+    if not target.shape.plain:  # a target mode of its own (.shaped); a plain mirror goes on here
+        shaped_step = shaped.ShapedStep.of(
+            target, step, app_id, manifest, state, column_mapping, size, rows_per_file, window.replace_tables
+        )
+    if step.action is Action.TRUNCATE and shaped_step is not None:
+        shaped.truncate(spark, shaped_step)
+    elif step.action is Action.TRUNCATE:
         assert step.schema is not None
         empty = spark.createDataFrame([], step.schema)
         apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
+    elif shaped_step is not None:
+        assert step.columns is not None
+        tm = manifest.tables[step.table]
+        staged = apply.read_window(spark, manifest, tm, step.columns)
+        earlier, retired = None, None
+        if step.action is not Action.REPLACE:
+            earlier = _context(spark, plan, manifest, step, staged, known)
+            retired = _retired_shards(manifest, known)
+        try:
+            changes, merged = shaped.write(
+                spark, delta, shaped_step, staged, earlier, retired, _with_comments(step.columns)
+            )
+        except Exception as exc:
+            conflicts.raise_if_conflict(exc)
+            raise
     else:
         assert step.columns is not None
         tm = manifest.tables[step.table]

@@ -10,12 +10,14 @@ window fails the run before its first commit.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
+from airflow_provider_vitess.exceptions import TargetModeError
 from airflow_provider_vitess.merge.job.schema import (
     Evolution,
     WindowColumns,
@@ -23,6 +25,7 @@ from airflow_provider_vitess.merge.job.schema import (
     needs_column_mapping,
     window_columns,
 )
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape, collisions
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.staging.manifest import Manifest
 
@@ -55,6 +58,9 @@ class TableState:
     # Data files and their bytes at ``version``, when known without rebuilding the version's file
     # list (Spark Connect: the version's checksum file, :mod:`.checksum`).
     size: TableSize | None = None
+    # The table's properties that record its target mode (``merge.modes``; none: a plain mirror)
+    # and Change Data Feed.
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,9 @@ def plan_steps(
 
 def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, state: TableState) -> list[Step]:
     target = plan.targets[table]
-    schema: T.StructType | None = state.schema if state.exists else None
+    shape = target.shape
+    # The steps' schemas are the source's columns: a target mode's metadata columns are its own.
+    schema: T.StructType | None = data_schema(state.schema, shape) if state.exists else None
     mapping = state.column_mapping
     out = []
     for window, manifest in zip(plan.windows, manifests, strict=True):
@@ -122,13 +130,43 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
             out.append(Step(seq, table, Action.NO_CHANGES, schema=schema))
             continue
         wc = window_columns(tm, target)
+        if clash := collisions(shape, [c.name for c in wc.columns]):
+            raise TargetModeError(
+                f"table {table!r} (window {seq}): source column(s) {clash} have the names of the "
+                f"{shape.mode.value} target's metadata columns; nothing was written. Give the sync "
+                f"another metadata_prefix (now {shape.prefix!r})"
+            )
         if replace or schema is None:
             schema = T.StructType([c.struct_field() for c in wc.columns])
             mapping = mapping or needs_column_mapping(schema.fieldNames())
             out.append(Step(seq, table, Action.REPLACE, wc, schema=schema))
             continue
         evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
+        if shape.mode in KEEPS_DROPPED and evolution.drop:
+            evolution = keep_dropped(evolution, schema, mapping)
         schema = evolution.result
         mapping = mapping or evolution.column_mapping
         out.append(Step(seq, table, Action.MERGE, wc, evolution, schema))
     return out
+
+
+# Modes whose rows record the past: a column the source dropped stays, NULL in later rows.
+KEEPS_DROPPED = frozenset({TargetMode.HISTORY, TargetMode.CHANGELOG})
+
+
+def data_schema(schema: T.StructType, shape: TargetShape) -> T.StructType:
+    """A Delta table's schema without its target mode's metadata columns."""
+    own = set(shape.columns())
+    return T.StructType([f for f in schema.fields if f.name not in own])
+
+
+def keep_dropped(evolution: Evolution, current: T.StructType, column_mapping_enabled: bool) -> Evolution:
+    """``evolution`` without its drops: the dropped columns keep their place in the result."""
+    kept = [f for f in current.fields if f.name in evolution.drop]
+    mapping = not column_mapping_enabled and needs_column_mapping([f.name for f in evolution.add])
+    return dataclasses.replace(
+        evolution,
+        drop=(),
+        column_mapping=mapping,
+        result=T.StructType([*evolution.result.fields, *kept]),
+    )

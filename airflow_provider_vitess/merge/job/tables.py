@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job.delta_sql import restores
 from airflow_provider_vitess.merge.job.steps import TableSize, TableState
+from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES
 
 
 def _jvm(spark: SparkSession) -> Any:
@@ -49,8 +50,14 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         return TableState(exists=False)
     txn = snap.transactions().get(app_id)
     schema = T.StructType.fromJson(json.loads(snap.schema().json()))
-    mode = snap.metadata().configuration().get("delta.columnMapping.mode")
+    configuration = snap.metadata().configuration()
+    mode = configuration.get("delta.columnMapping.mode")
     version = int(snap.version())
+    props = {}
+    for name in SHAPE_PROPERTIES:
+        value = configuration.get(name)
+        if value.isDefined():
+            props[name] = str(value.get())
     return TableState(
         exists=True,
         schema=schema,
@@ -58,6 +65,7 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         column_mapping=bool(mode.isDefined() and mode.get() != "none"),
         version=version,
         restores=restores(spark, path, restores_after, version),
+        properties=props,
     )
 
 

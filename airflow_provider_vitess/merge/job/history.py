@@ -1,0 +1,229 @@
+"""``history`` (SCD type 2): each window's versions of each key it touches, and the MERGE.
+
+The events are the merge's own (:func:`.apply._key_events`, with the look-back's context, in
+the order ``_ord`` the mirror uses), and the same rule decides whether a key exists after each of
+them: it does while some shard holds it (that shard's last event is an upsert; a key lives on
+one shard at a time, so a row moved between shards, DELETE on one and INSERT on another, exists
+throughout whichever half comes first). Per key, in event order:
+
+* a shard's holding before its first event is read off that event (an insert: not held; an
+  update or a delete: held), so the holders after each event are a running sum;
+* a delete followed by the key's next event, an upsert on another shard, at most
+  :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
+  that upsert (no deleted gap between the two versions);
+* events run in *groups*: consecutive events of one shard and one commit second (the rows of
+  one transaction share both). A group that ends with the key existing and holds an upsert
+  gives one version, with the values of the latest upsert; one that ends with the key gone
+  ends the version before it (``deleted``). A delete and re-insert inside one group ends the
+  version before with ``deleted`` and starts the next at the same second.
+
+So a version is one transaction's result (one version per key per shard and commit second):
+updates of a key inside one transaction give one version. ``valid_from`` is the group's commit
+time, ``valid_to`` the next group's that ends it (NULL: current). A snapshot's rows start at an
+unknown time (``valid_from`` NULL).
+
+The MERGE closes the Delta table's current version of each key whose first group in the window
+ends it (``valid_to``, ``current`` false, ``deleted``) and inserts the window's versions, as one
+commit carrying the window's transaction id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from airflow_provider_vitess.merge.job import apply, partial
+from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
+from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
+from airflow_provider_vitess.merge.job.shapes import ROLE_TYPES, commit_time, meta_columns
+from airflow_provider_vitess.merge.modes import (
+    COMMIT_TS,
+    CURRENT,
+    DELETED,
+    SYNCED_AT,
+    VALID_FROM,
+    VALID_TO,
+    WINDOW_SEQ,
+    TargetShape,
+)
+from airflow_provider_vitess.merge.modes import OP as OP_ROLE
+from airflow_provider_vitess.staging import arrow_types as A
+
+ACTION, INSERT, CLOSE = "_action", "insert", "close"
+HEAL_TS = "_heal_ts"  # a close row: the end of the version an earlier window ended at a move's delete
+_TS = A.COMMIT_TS
+
+
+def _events(
+    staged: DataFrame, context: DataFrame | None, keys: Sequence[str], data: Sequence[str], table: str
+) -> DataFrame:
+    """The window's events at each key it touches, with the context's of those keys."""
+    events = apply._key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
+    if context is not None:
+        events = events.unionByName(apply._key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
+    blobs = [c for c in events.columns if c.startswith(partial.HAS)]
+    if blobs:  # a partial row image (NOBLOB): a version needs every value
+        left_out = reduce(lambda a, b: a | b, [~col(c) for c in blobs])
+        events = events.withColumn(
+            "_guard",
+            F.when(
+                col(_UP) & left_out,
+                F.raise_error(
+                    F.lit(
+                        f"table {table!r}: a row image leaves out BLOB/TEXT columns "
+                        "(binlog_row_image=NOBLOB), and a history version needs every value; "
+                        "set binlog_row_image=FULL on the source, or use another target mode"
+                    )
+                ),
+            ),
+        ).where(col("_guard").isNull())
+        events = events.drop("_guard", *blobs)
+    by_key = Window.partitionBy(*[col(k) for k in keys])
+    touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
+    return events.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
+
+
+def versions(
+    staged: DataFrame,
+    context: DataFrame | None,
+    keys: Sequence[str],
+    data: Sequence[str],
+    shape: TargetShape,
+    seq: int,
+    table: str,
+) -> DataFrame:
+    """The MERGE's source: ``_action`` = insert (a version of this window) or close (the end of
+    the Delta table's current version of the key), the key and data columns, and the shape's
+    metadata columns (module docstring)."""
+    e = _events(staged, context, keys, data, table)
+    key_cols = [col(k) for k in keys]
+    by_key = Window.partitionBy(*key_cols).orderBy(col(_ORD))
+    nxt = {n: F.lead(col(n)).over(by_key) for n in (_UP, _SHARD, _TS, _ORD)}
+    healed = ~col(_UP) & F.coalesce(nxt[_UP], F.lit(False))
+    healed = healed & (nxt[_SHARD] != col(_SHARD)) & (nxt[_TS] - col(_TS) <= CONTEXT_SECONDS)
+    e = (
+        e.withColumn("_healed", healed)
+        .withColumn("_eff", F.when(col("_healed"), nxt[_ORD] * 2 + 1).otherwise(col(_ORD) * 2))
+        .withColumn("_gshard", F.when(col("_healed"), nxt[_SHARD]).otherwise(col(_SHARD)))
+        .withColumn("_gts", F.when(col("_healed"), nxt[_TS]).otherwise(col(_TS)))
+    )
+    up = col(_UP).cast("int")
+    prior = F.when(col(CHANGE) == "insert", 0).otherwise(1)  # the shard's holding before it
+    by_shard = Window.partitionBy(*key_cols, col(_SHARD)).orderBy(col("_eff"))
+    first = F.lag(col(_ORD)).over(by_shard).isNull()
+    e = e.withColumn("_first", first).withColumn("_delta", up - F.coalesce(F.lag(up).over(by_shard), prior))
+    key_all = Window.partitionBy(*key_cols)
+    ordered = Window.partitionBy(*key_cols).orderBy(col("_eff"))
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    h0 = F.sum(F.when(col("_first"), prior).otherwise(0)).over(key_all)
+    e = e.withColumn("_h0", h0).withColumn("_exists", (col("_h0") + F.sum("_delta").over(running)) > 0)
+    e = e.withColumn("_vals", F.last(F.when(col(_UP), F.struct(*[col(c) for c in data])), True).over(running))
+    # Groups: runs of one shard and one commit second.
+    prev_g = F.lag(F.struct(col("_gshard"), col("_gts"))).over(ordered)
+    starts = F.when(prev_g.isNull() | (prev_g != F.struct(col("_gshard"), col("_gts"))), 1).otherwise(0)
+    e = e.withColumn("_run", F.sum(starts).over(running))
+    last_in_run = Window.partitionBy(*key_cols, col("_run")).orderBy(col("_eff").desc())
+    e = e.withColumn("_i", F.row_number().over(last_in_run))
+    runs = e.groupBy(*key_cols, col("_run")).agg(
+        F.min(F.when(col("_i") == 1, col("_gts"))).alias("_ts"),
+        F.max(F.when(col("_i") == 1, col("_exists").cast("int"))).alias("_end"),
+        F.min(col("_exists").cast("int")).alias("_min"),
+        F.max(up).alias("_has_up"),
+        F.max(F.when(~col(_CTX), 1).otherwise(0)).alias("_in_window"),
+        F.first(F.when(col("_i") == 1, col("_vals")), True).alias("_vals"),
+        F.first(col("_h0")).alias("_h0"),
+        # A move's first half (a delete) merged by an earlier window, its second half here.
+        F.max(F.when(col("_healed") & col(_CTX), col(_TS))).alias(HEAL_TS),
+    )
+    by_run = Window.partitionBy(*key_cols).orderBy(col("_run"))
+    before = F.coalesce(F.lag(col("_end")).over(by_run), (col("_h0") > 0).cast("int"))
+    runs = runs.withColumn("_before", before)
+    kind = (
+        F.when((col("_end") == 1) & (col("_has_up") == 1), F.lit(INSERT))
+        .when((col("_end") == 0) & (col("_before") == 1), F.lit(CLOSE))
+        .otherwise(F.lit(None))
+    )
+    runs = runs.withColumn("_kind", kind).where(col("_kind").isNotNull())
+    gap = (col("_kind") == INSERT) & (col("_min") == 0)  # deleted and inserted again in the run
+    runs = runs.withColumn("_gap", gap)
+    later = Window.partitionBy(*key_cols).orderBy(col("_run"))
+    nk, nts, ngap = (F.lead(col(c)).over(later) for c in ("_kind", "_ts", "_gap"))
+    prev_in_window = F.lag(col("_in_window")).over(later)
+    runs = (
+        runs.withColumn("_valid_to", nts)
+        .withColumn("_ended_by_delete", F.coalesce((nk == CLOSE) | ngap, F.lit(False)))
+        .withColumn("_opens_window", F.coalesce(prev_in_window, F.lit(0)) == 0)
+        .where(col("_in_window") == 1)
+    )
+    ts = commit_time(col("_ts"))
+    meta = {
+        OP_ROLE: F.when(col("_before") == 1, F.lit("update")).otherwise(F.lit("insert")),
+        COMMIT_TS: ts,
+        WINDOW_SEQ: F.lit(seq),
+        SYNCED_AT: F.current_timestamp(),
+        VALID_FROM: ts,
+        VALID_TO: commit_time(col("_valid_to")),
+        CURRENT: col("_valid_to").isNull(),
+        DELETED: col("_ended_by_delete"),
+    }
+    inserts = runs.where(col("_kind") == INSERT).select(
+        F.lit(INSERT).alias(ACTION),
+        F.lit(None).cast(T.LongType()).alias(HEAL_TS),
+        *key_cols,
+        *[col("_vals")[c].alias(c) for c in data if c not in keys],
+        *meta_columns(shape, meta),
+    )
+    # The first group of the key in this window ends the version Delta holds as current.
+    close_meta = {VALID_TO: ts, DELETED: (col("_kind") == CLOSE) | col("_gap")}
+    closes = runs.where(col("_opens_window")).select(
+        F.lit(CLOSE).alias(ACTION),
+        col(HEAL_TS),
+        *key_cols,
+        *[F.lit(None).cast(staged.schema[c].dataType).alias(c) for c in data if c not in keys],
+        *[close_meta.get(r, F.lit(None)).cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()],
+    )
+    return inserts.unionByName(closes)
+
+
+def merge_versions(
+    spark: SparkSession,
+    rows: DataFrame,
+    path: str,
+    keys: Sequence[str],
+    schema: T.StructType,
+    shape: TargetShape,
+    app_id: str,
+    seq: int,
+    prune: str | None,
+    rewrite_files: bool,
+) -> bool:
+    """One MERGE: close the current versions, insert the new ones (module docstring).
+    ``schema``: the table's data columns (a dropped one, absent from ``rows``, is NULL)."""
+    view = f"vitess_history_{uuid.uuid4().hex}"
+    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
+    current, valid_to, deleted = (q(shape.name(r)) for r in (CURRENT, VALID_TO, DELETED))
+    # The current version, or the one an earlier window ended at a move's delete (``_heal_ts``):
+    # it is the key's latest and none is current, so one row matches.
+    healed = f"(t.{deleted} AND t.{valid_to} = timestamp_seconds(s.{q(HEAL_TS)}))"
+    on = f"({on}) AND (t.{current} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
+    if prune is not None:
+        on = f"{on} AND ({prune})"
+    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
+    values = {
+        n: (f"CAST(s.{q(n)} AS {t})" if n in rows.columns else f"CAST(NULL AS {t})") for n, t in typed.items()
+    }
+    values.update({m: f"s.{q(m)}" for m in shape.columns()})
+    statement = (
+        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
+        f"WHEN MATCHED THEN UPDATE SET t.{valid_to} = s.{valid_to}, t.{current} = false, "
+        f"t.{deleted} = s.{deleted} "
+        f"WHEN NOT MATCHED AND s.{q(ACTION)} = '{INSERT}' THEN INSERT ({', '.join(map(q, values))}) "
+        f"VALUES ({', '.join(values.values())})"
+    )
+    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
