@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
 from tests.conftest import _start_cluster, connection_uri_env  # noqa: E402
 from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env  # noqa: E402
 from tests.integration.airflow_services import AirflowServices, airflow_services  # noqa: E402
+from tests.integration.delta_check import spark_session  # noqa: E402
 from tests.integration.merge_workload import execute  # noqa: E402
 
 TABLE = "bench_fresh"
@@ -138,13 +140,6 @@ def _breakdown(api: AirflowServices, dag_id: str) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in parts.items() if v}
 
 
-@contextmanager
-def _spark() -> Iterator[Any]:
-    from tests.integration.delta_check import spark_session
-
-    yield spark_session()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -154,8 +149,6 @@ def main() -> int:
     args = parser.parse_args()
     cluster = _start_cluster()
     name, value = connection_uri_env("vitess_bench_fresh", cluster)
-    import os
-
     os.environ[name] = value
     hook = VitessHook("vitess_bench_fresh")
     execute(
@@ -216,8 +209,7 @@ def _run_mode(
             written = {
                 int(r[0]): r[1].replace(tzinfo=timezone.utc).timestamp() for r in rows
             }  # the servers run in UTC
-        with _spark() as spark:
-            latencies = _latencies(spark, lake / "delta" / TABLE, written, since)
+        latencies = _latencies(spark_session(), lake / "delta" / TABLE, written, since)
         results.append((mode, latencies, breakdown))
     return first_id
 
@@ -241,7 +233,6 @@ def _connect_server(given: str | None) -> Iterator[str]:
     if given:
         yield given
         return
-    import os
     import secrets
     import subprocess
     from urllib.parse import quote

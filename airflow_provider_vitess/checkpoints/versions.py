@@ -83,7 +83,7 @@ def prune(conn: Connection, sync_id: str, before: int) -> None:
         select(_VERSION.c.table_name, _VERSION.c.seq).where(
             _VERSION.c.sync_id == sync_id, _VERSION.c.seq < before
         )
-    )
+    ).all()  # read whole before deleting on the same connection
     for row in old:
         if (row.table_name, int(row.seq)) not in keep:
             conn.execute(
