@@ -24,6 +24,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
+from airflow_provider_vitess.deadlines import freshness_deadline
 from airflow_provider_vitess.operators._sync import as_tables
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
@@ -98,6 +99,7 @@ def vitess_sync_dag(
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
     freshness_sla: float | None = None,
+    freshness_callback: Any = None,
     target_mode: str = "mirror",
     metadata_columns: bool | None = None,
     metadata_prefix: str = "_vitess_",
@@ -134,6 +136,10 @@ def vitess_sync_dag(
     ``freshness_sla`` (seconds): the data may be at most this old once a run committed; the
     merge task fails past it (after its commit) and the status page shows the sync in red while
     its data is older (a stalled sync); a quiet source is no breach (docs/design.md, freshness).
+    Each run also gets Airflow's deadline alert (``airflow_provider_vitess.deadlines``): a run
+    not succeeded by its queue time + the sensor's wait + ``freshness_sla`` calls
+    ``freshness_callback`` (an Airflow ``AsyncCallback``; default: an error in the triggerer's
+    log); a ``deadline`` of the caller's in ``dag_kwargs`` replaces it.
 
     Column control (docs/column-control.md), per table: ``include_columns`` (only these) or
     ``exclude_columns`` (all but these) are pushed into the VStream filter, so the others never
@@ -193,6 +199,9 @@ def vitess_sync_dag(
         **({"targets": dict(targets)} if targets is not None else {}),
         **dict(merge_kwargs or {}),
     }
+    if freshness_sla is not None and "deadline" not in dag_kwargs:
+        sensor_wait = sensor_timeout if wait_for_changes else None
+        dag_kwargs["deadline"] = freshness_deadline(sync, freshness_sla, sensor_wait, freshness_callback)
     dag = DAG(
         dag_id,
         schedule=schedule,

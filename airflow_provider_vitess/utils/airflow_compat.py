@@ -6,6 +6,7 @@ own. Each fallback names the release that lacks the newer spelling; drop it with
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 from typing import Any
 
 # Airflow 3.1's Task SDK does not re-export the task exceptions yet (3.2 does, and 3.3 warns on
@@ -35,6 +36,7 @@ __all__ = [
     "TaskDeferred",
     "airflow_conf",
     "dag_bag",
+    "deadline_alert",
     "stats",
 ]
 
@@ -68,3 +70,18 @@ def airflow_conf() -> Any:
     except ImportError:  # Airflow 3.1
         from airflow.configuration import conf
     return conf
+
+
+def deadline_alert(interval: timedelta, callback: Any, kwargs: dict[str, Any] | None = None) -> Any:
+    """A ``DeadlineAlert`` from each DAG run's queue time; ``callback`` an Airflow callback, or
+    the dotted path of an async function (made an ``AsyncCallback`` with ``kwargs``, the only
+    kind 3.1 runs). 3.1 keeps the callbacks in airflow.sdk.definitions.deadline."""
+    from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+
+    try:
+        from airflow.sdk.definitions.callback import AsyncCallback
+    except ImportError:  # Airflow 3.1
+        from airflow.sdk.definitions.deadline import AsyncCallback  # type: ignore[attr-defined,no-redef,unused-ignore]
+    if isinstance(callback, str):
+        callback = AsyncCallback(callback, kwargs=kwargs)
+    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=interval, callback=callback)

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "plugins": 4,
     "lineage": 4,
     "dag_factory": 4,
+    "deadlines": 4,
     "connections": 4,
     "get_provider_info": 4,
     "store_copy": 4,
