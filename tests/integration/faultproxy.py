@@ -64,6 +64,10 @@ class FaultProxy:
         return self.port
 
     def stop(self) -> None:
+        """Close the listener and every connection (vtgate unreachable from then on); again: no-op."""
+        if not self._thread.is_alive():
+            return
+
         async def close() -> None:
             if self._server is not None:
                 self._server.close()

@@ -8,12 +8,17 @@ Every source transaction committed before a sync's *as of* time is in its Delta 
 * a run with nothing to read still moves it (a quiet source is fresh), by the same rule;
 * a window cut short with shards behind its stop does not move it; the chain's window that
   reaches the stop moves it to the stop's time, the one the chain's first window took;
-* the status document shows it, and seconds behind = now - as of, never negative.
+* the status document shows it, and seconds behind = now - as of, never negative;
+* a freshness objective is met by runs on an idle source (each moves *as of*) and breached by a
+  sync whose vtgate is unreachable (through ``faultproxy.FaultProxy``): its runs fail and the
+  status document turns red once the last commit is older than the objective.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +30,7 @@ import sqlalchemy
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.checkpoints.freshness import STOP_TAKEN_AT
+from airflow_provider_vitess.exceptions import VitessConnectionError, VStreamDeadlineError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
@@ -32,6 +38,7 @@ from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vstream.window import ReadBounds
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, spark_session
+from tests.integration.faultproxy import FaultProxy
 from tests.integration.merge_workload import execute
 
 pytestmark = pytest.mark.integration
@@ -154,6 +161,61 @@ def test_as_of_is_the_stop_time_for_busy_and_quiet_tables_and_never_ahead(
     assert quiet_again > kept, "the quiet source's run moved as of"
     assert not breached(quiet_again + datetime.timedelta(seconds=299))
     store.close()
+
+
+SLA = 30.0  # seconds: longer than a run here (under -n 2), shorter than the stop probe's 60 s
+
+
+def test_freshness_sla_is_kept_by_an_idle_source_and_breached_by_a_stalled_sync(
+    vitess: LocalVitess, hook: VitessHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = FaultProxy(vitess.grpc_port)
+    through_proxy = dataclasses.replace(vitess, grpc_port=proxy.start())
+    env, value = connection_uri_env("vitess_fresh_proxy", through_proxy)
+    monkeypatch.setenv(env, value)
+    proxied = VitessHook("vitess_fresh_proxy")  # VStream through the proxy, SQL straight to vtgate
+    spark = spark_session()
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"sla-{uuid.uuid4().hex[:8]}", "commerce", (QUIET,), str(tmp_path / "stage"))
+    capture = CaptureRunner(proxied, store, spec, holder="test-sla")
+    merger = MergeRunner(store, spec.sync_id, str(tmp_path / "delta"), holder="test-sla", freshness_sla=SLA)
+
+    def breached() -> bool:
+        status = documents.sync_status(store, "default", spec.sync_id, _now())
+        assert status is not None and status.committed is not None
+        assert status.committed.freshness_sla == SLA
+        return status.freshness_breached
+
+    try:
+        capture.snapshot()
+        merger.run(lambda plan: merge(spark, plan))
+        # An idle source, synced in a loop: asked before and after each run, never breached.
+        for _ in range(3):
+            assert not breached()
+            before = history.checkpoint(store.engine, spec.sync_id)
+            capture.catch_up()  # nothing changed at the source
+            merger.run(lambda plan: merge(spark, plan))
+            after = history.checkpoint(store.engine, spec.sync_id)
+            assert before is not None and after is not None and before.as_of is not None
+            assert after.as_of is not None and after.as_of > before.as_of, "each idle run moves as of"
+            assert not breached()
+        # vtgate unreachable: the run fails (a failed task, never "nothing to do") and, its
+        # last commit now older than the objective, the status says so.
+        last = history.checkpoint(store.engine, spec.sync_id)
+        assert last is not None and last.as_of is not None
+        proxy.stop()
+        # The stop probe's reconnects give up (VitessConnectionError) or its 60 s run out.
+        with pytest.raises((VitessConnectionError, VStreamDeadlineError), match=r"gave up|no position"):
+            capture.catch_up()
+        stalled_for = (_now() - last.as_of).total_seconds()
+        time.sleep(max(0.0, SLA + 1 - stalled_for))  # nothing commits while the objective runs out
+        assert breached()
+        assert history.checkpoint(store.engine, spec.sync_id) == last, "nothing moved"
+    finally:
+        proxy.stop()
+        proxied.close()
+        store.close()
 
 
 def _written(hook: VitessHook) -> list[Any]:
