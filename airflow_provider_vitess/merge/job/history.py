@@ -172,23 +172,32 @@ def versions(
         CURRENT: col("_valid_to").isNull(),
         DELETED: col("_ended_by_delete"),
     }
-    inserts = runs.where(col("_kind") == INSERT).select(
+    inserts = [
         F.lit(INSERT).alias(ACTION),
         F.lit(None).cast(T.LongType()).alias(HEAL_TS),
         *key_cols,
         *[col("_vals")[c].alias(c) for c in data if c not in keys],
         *meta_columns(shape, meta),
-    )
+    ]
     # The first group of the key in this window ends the version Delta holds as current.
     close_meta = {VALID_TO: ts, DELETED: (col("_kind") == CLOSE) | col("_gap")}
-    closes = runs.where(col("_opens_window")).select(
+    closes = [
         F.lit(CLOSE).alias(ACTION),
-        col(HEAL_TS),
+        col(HEAL_TS).cast(T.LongType()).alias(HEAL_TS),
         *key_cols,
         *[F.lit(None).cast(staged.schema[c].dataType).alias(c) for c in data if c not in keys],
         *[close_meta.get(r, F.lit(None)).cast(ROLE_TYPES[r]).alias(shape.name(r)) for r in shape.roles()],
+    ]
+    # A run gives an insert, a close, or both: one pass over the runs (a union of two selects
+    # would compute every window above the shuffle twice).
+    both = F.array(
+        F.when(col("_kind") == INSERT, F.struct(*inserts)),
+        F.when(col("_opens_window"), F.struct(*closes)),
     )
-    return inserts.unionByName(closes)
+    rows = runs.select(F.explode(both).alias("_r")).where(col("_r").isNotNull()).select("_r.*")
+    marked = meta_columns(shape, {r: col(shape.name(r)) for r in shape.roles()})  # the field marker
+    names = set(shape.columns())
+    return rows.select(*[col(c) for c in rows.columns if c not in names], *marked)
 
 
 def merge_versions(
