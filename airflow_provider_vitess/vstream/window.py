@@ -263,7 +263,9 @@ class WindowReader:
         if not self._copy.complete and now - self._copy_moved > self._copy_stall_seconds:
             # Stuck, not slow: no copy query Vitess lets run is cut by the default (copy_stall).
             in_copy = {shard: self._copy.in_copy((ks, shard)) for ks, shard in self._copy.copying}
-            raise copy_stall.stalled(self._keyspace, in_copy, now - self._copy_moved, self._copy_stall_seconds)
+            raise copy_stall.stalled(
+                self._keyspace, in_copy, now - self._copy_moved, self._copy_stall_seconds
+            )
         if isinstance(event, VgtidEvent):
             self._copy.position(event.vgtid)
         elif isinstance(event, CopyCompletedEvent):

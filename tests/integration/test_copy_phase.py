@@ -98,6 +98,16 @@ def _log_size(cluster: FourShardCluster) -> int:
     return len(cluster.tablet_logs())
 
 
+def _big_row(i: int) -> dict[str, Any]:
+    return {
+        "i": i,
+        "t": TENANT,
+        "n": f"row {i} " + "x" * (i % 150),
+        "a": f"{i % 10_000}.{i % 100:02d}",
+        "s": f"2026-03-{i % 28 + 1:02d} 12:{i % 60:02d}:00.{i % 1_000_000:06d}",
+    }
+
+
 def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
     hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
 ) -> None:
@@ -108,13 +118,11 @@ def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
         "amount DECIMAL(12,2), seen DATETIME(6)",
     )  # fmt: skip
     insert = f"INSERT INTO {ks}.{BIG} (id, tenant, note, amount, seen) VALUES (:i, :t, :n, :a, :s)"
-    _fill(
-        hook, insert, BIG_ROWS,
-        lambda i: {"i": i, "t": TENANT, "n": f"row {i} " + "x" * (i % 150), "a": f"{i % 10_000}.{i % 100:02d}",
-                   "s": f"2026-03-{i % 28 + 1:02d} 12:{i % 60:02d}:00.{i % 1_000_000:06d}"},
-    )  # fmt: skip
+    _fill(hook, insert, BIG_ROWS, _big_row)
     # A few rows on the other shards too: every shard copies, one of them for long.
-    _fill(hook, insert, 40, lambda i: {"i": BIG_ROWS + i, "t": 100 + i, "n": "elsewhere", "a": None, "s": None})
+    _fill(
+        hook, insert, 40, lambda i: {"i": BIG_ROWS + i, "t": 100 + i, "n": "elsewhere", "a": None, "s": None}
+    )
     heavy = _shard_of_tenant(hook, cluster)
 
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")

@@ -153,7 +153,8 @@ class FourShardCluster:
     def tablet_logs(self) -> str:
         """Every vttablet's glog INFO text so far (what the row streamers did)."""
         return "\n".join(
-            f.read_text(errors="replace") for f in sorted((self.state_dir / "logs").glob("vttablet.*.log.INFO.*"))
+            f.read_text(errors="replace")
+            for f in sorted((self.state_dir / "logs").glob("vttablet.*.log.INFO.*"))
         )
 
 
@@ -192,7 +193,9 @@ def four_shard_cluster_running() -> Iterator[FourShardCluster]:
             state_dir=Path(env["VITESS_TOPO_STATE_DIR"]),
             start_seconds=round(time.monotonic() - started, 1),
         )
-        print(f"\nfour-shard cluster: start {cluster.start_seconds}s ({proc.stderr.strip().splitlines()[-1]})")
+        print(
+            f"\nfour-shard cluster: start {cluster.start_seconds}s ({proc.stderr.strip().splitlines()[-1]})"
+        )
         try:
             yield cluster
         finally:

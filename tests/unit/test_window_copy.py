@@ -257,7 +257,9 @@ def test_a_copy_that_stops_moving_while_heartbeats_go_on_fails_naming_its_shard_
     assert re.search(r"sent no row for \d+s \(shard 80-: table 'b'\)", message), message
     assert "copy_stall_timeout=900s" in message
     assert "--vreplication-copy-phase-duration" in message
-    assert "Remedy: raise --vreplication-copy-phase-duration on the vttablets of keyspace 'customer'" in message
+    assert (
+        "Remedy: raise --vreplication-copy-phase-duration on the vttablets of keyspace 'customer'" in message
+    )
 
 
 def test_a_copy_stalled_before_its_first_row_names_the_first_table_the_shard_has_not_copied() -> None:
@@ -290,5 +292,7 @@ def test_no_copy_query_vitess_lets_run_is_cut_by_the_default_stall_timeout() -> 
     ticks = iter(range(0, 1_000_000, 60))
     rows = Rows()
     start = Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[_entry(sh, "", []) for sh in SHARDS]))
-    WindowReader(Vtgate([call]), rows, keyspace=KS, tables=["t"], start=start, stop=None, clock=lambda: next(ticks)).run()
+    WindowReader(
+        Vtgate([call]), rows, keyspace=KS, tables=["t"], start=start, stop=None, clock=lambda: next(ticks)
+    ).run()
     assert sorted(rows.ids) == [1, 2]
