@@ -188,7 +188,7 @@ def test_a_copy_that_cannot_send_a_row_within_the_duration_fails_naming_table_fl
     assert "--vreplication-copy-phase-duration" in message and f"keyspace {ks!r}" in message, message
     assert "Remedy: raise --vreplication-copy-phase-duration" in message and "primary key" in message, message
     # Bounded: the stall timeout, plus the other shards' (empty) copies and the stream's start.
-    assert stall <= took < stall + 60, took
+    assert stall <= took < stall + 120, took
 
     # The condition: Vitess started the copy query over and over, each killed at the duration,
     # never past its start (no query resumes from a last key).
