@@ -136,6 +136,9 @@ FOUR_SHARDS = ("-40", "40-80", "80-c0", "c0-")
 # uses it: a few seconds, so a copy longer than it is a test input (tests/integration/
 # test_copy_phase.py) and every other snapshot there is checked across copy-phase restarts too.
 FOUR_SHARD_COPY_PHASE = "2s"
+# glog writes its files in 30-second flushes; its stderr copy (each tablet's log in the state dir,
+# ``vttablet-<uid>.log``) at once, so a test reads what a tablet did right after it did it.
+FOUR_SHARD_VTTABLET_FLAGS = "--alsologtostderr"
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,19 @@ class FourShardCluster:
     state_dir: Path  # the tablets' logs are in state_dir / "logs"
     start_seconds: float  # this session's start (a cluster already running: its reuse)
 
-    def tablet_logs(self) -> str:
-        """Every vttablet's glog INFO text so far (what the row streamers did)."""
-        return "\n".join(
-            f.read_text(errors="replace")
-            for f in sorted((self.state_dir / "logs").glob("vttablet.*.log.INFO.*"))
-        )
+    def tablet_log_sizes(self) -> dict[str, int]:
+        """Each vttablet log's size now: ``tablet_logs(since=)`` reads what comes after."""
+        return {f.name: f.stat().st_size for f in (self.state_dir / "logs").glob("vttablet-*.log")}
+
+    def tablet_logs(self, since: dict[str, int] | None = None) -> str:
+        """What every vttablet logged (after ``since``, from ``tablet_log_sizes``): e.g. the row
+        streamers' copy queries and their errors."""
+        texts = []
+        for f in sorted((self.state_dir / "logs").glob("vttablet-*.log")):
+            with open(f, "rb") as log:
+                log.seek((since or {}).get(f.name, 0))
+                texts.append(log.read().decode(errors="replace"))
+        return "\n".join(texts)
 
 
 def _four_shard_env() -> dict[str, str]:
@@ -164,6 +174,7 @@ def _four_shard_env() -> dict[str, str]:
         **os.environ,
         "VITESS_TOPO_LAYOUT": "shards4",
         "VITESS_TOPO_COPY_PHASE_DURATION": FOUR_SHARD_COPY_PHASE,
+        "VITESS_TOPO_VTTABLET_FLAGS": FOUR_SHARD_VTTABLET_FLAGS,
         "VITESS_TOPO_STATE_DIR": os.environ.get(
             "VITESS_TOPO_SHARDS4_STATE_DIR", f"{tmp}/airflow-provider-vitess-topology-shards4"
         ),
