@@ -5,16 +5,21 @@ On the four-shard cluster (``four_shard_cluster``), whose vttablets run with
 MAX_EXECUTION_TIME hint that carries it on MySQL, the same bound on the row streamer's MariaDB
 user: ``dev/vitess_topology.sh``), so each copy query is killed when that time runs out:
 
-* a table with a primary key, all its rows on one shard, copies there for several durations:
-  each killed query is started again from its last copied key (by vtgate, unseen by the
-  client), and the snapshot, merged into Delta, equals ``SELECT *``;
-* a table without a key is copied sorted whole (``order by`` every column): enough rows that
-  its copy query cannot send a row before the duration ends, so Vitess starts it over and over
-  without progress (vitessio/vitess#20039). The snapshot fails within its stall timeout with
-  an error naming the table, the flag and the remedy, instead of waiting for ever.
+a table with a primary key, nearly all its rows on one shard, copies there for longer than the
+duration: each killed query is started again from its last copied key (by vtgate, unseen by
+the client), every row is staged once, and the snapshot, merged into Delta, equals ``SELECT *``.
 
 The tablets' logs show the condition was there: the copy queries carry the flag's value as
-their MAX_EXECUTION_TIME hint, and were killed and started again.
+their MAX_EXECUTION_TIME hint, and were killed and started again from their last key.
+
+A copy query that cannot send a row within the duration (a keyless table whose sort outlasts
+it) is started over by Vitess for ever (vitessio/vitess#20039); the snapshot then fails with
+``CopyStalledError`` after ``copy_stall_seconds`` (``tests/unit/test_window_copy.py``). Not
+made here: a sort that outlasts 2 s on every run needs millions of rows on this machine (the
+first row of 1.6 million 230-byte rows sorted with LIMIT 1 took 2 s), more than the suite's
+time budget allows. A keyless table of 400,000 rows did
+copy here, but in 2-second cycles that each sorted the rest again and sent a few thousand rows
+(four minutes): too slow and too variable for the suite.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import sqlalchemy
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
-from airflow_provider_vitess.exceptions import CopyStalledError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
@@ -44,10 +48,8 @@ from tests.integration.topology import FourShardCluster
 pytestmark = pytest.mark.integration
 
 BIG = "copy_phase_big"
-NOKEY = "copy_phase_nokey"
-TENANT = 7  # every row of both tables on this tenant's shard (their vindex column)
+TENANT = 7  # every row but a few on this tenant's shard (the vindex column)
 BIG_ROWS = 600_000
-NOKEY_ROWS = 400_000
 BATCH = 10_000
 # A copy query's kill: MySQL's (MAX_EXECUTION_TIME, error 3024) or MariaDB's (error 1969).
 KILLED = re.compile(r"maximum statement execution time exceeded|max_statement_time exceeded")
@@ -157,43 +159,3 @@ def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
     spark = spark_session()
     assert wl.assert_equal_to_source(spark, hook, ks, BIG, target.path, list(key)) == BIG_ROWS + 40
     wl.execute(hook, f"DROP TABLE IF EXISTS {ks}.{BIG}")
-
-
-def test_a_copy_that_cannot_send_a_row_within_the_duration_fails_naming_table_flag_and_remedy(
-    hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
-) -> None:
-    cluster, ks = four_shard_cluster, four_shard_cluster.keyspace
-    # No primary key, no unique key: vttablet copies it `order by` every column, sorted whole
-    # before its first row, and the sort of this many rows outlasts the duration.
-    _create(hook, cluster, NOKEY, "tenant BIGINT NOT NULL, note VARCHAR(255) NOT NULL, n BIGINT NOT NULL")
-    _fill(
-        hook,
-        f"INSERT INTO {ks}.{NOKEY} (tenant, note, n) VALUES (:t, :note, :n)",
-        NOKEY_ROWS,
-        lambda i: {"t": TENANT, "note": "p" * 200 + f"{(i * 7919) % NOKEY_ROWS:08d}", "n": i},
-    )
-    heavy = _shard_of_tenant(hook, cluster)
-    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
-    spec = SyncSpec("copy-phase-nokey", ks, (NOKEY,), str(tmp_path / "stage"), allow_all_columns_key=True)
-    stall = 40.0
-    logs_before = cluster.tablet_log_sizes()
-    started = time.monotonic()
-    with pytest.raises(CopyStalledError) as failed:
-        CaptureRunner(hook, store, spec, holder="test").snapshot(copy_stall_seconds=stall)
-    took = time.monotonic() - started
-    print(f"\nno-key copy on shard {heavy}: failed after {took:.1f}s")
-    message = str(failed.value)
-    assert f"shard {heavy}: table {NOKEY!r}" in message, message
-    assert "--vreplication-copy-phase-duration" in message and f"keyspace {ks!r}" in message, message
-    assert "Remedy: raise --vreplication-copy-phase-duration" in message and "primary key" in message, message
-    # Bounded: the stall timeout, plus the other shards' (empty) copies and the stream's start.
-    assert stall <= took < stall + 120, took
-
-    # The condition: Vitess started the copy query over and over, each killed at the duration,
-    # never past its start (no query resumes from a last key).
-    logs = cluster.tablet_logs(since=logs_before)
-    queries = _copy_queries(logs, NOKEY)
-    killed = KILLED.findall(logs)
-    assert len(queries) >= 3 and len(killed) >= 3, (len(queries), len(killed))
-    assert not [q for q in queries if " where " in q], queries[:3]
-    wl.execute(hook, f"DROP TABLE IF EXISTS {ks}.{NOKEY}")
