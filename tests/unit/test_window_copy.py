@@ -18,6 +18,7 @@ import pytest
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
 from airflow_provider_vitess.exceptions import CopyStalledError, is_permanent
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.window import WindowReader
 
 E = binlogdata_pb2.VEventType
@@ -228,10 +229,9 @@ def _stalled(calls: list[Any], tables: Sequence[str], stall: float | None = None
     ticks = iter(range(0, 1_000_000, 60))  # each look at the clock: a minute later
     rows = Rows()
     start = Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[_entry(sh, "", []) for sh in SHARDS]))
-    options = {} if stall is None else {"copy_stall_seconds": stall}
     reader = WindowReader(
         Vtgate([calls]), rows, keyspace=KS, tables=tables, start=start, stop=None,
-        clock=lambda: next(ticks), **options,
+        clock=lambda: next(ticks), copy_stall_seconds=COPY_STALL_SECONDS if stall is None else stall,
     )  # fmt: skip
     with pytest.raises(CopyStalledError) as failed:
         reader.run()
