@@ -38,6 +38,14 @@ class ShardsGoneError(VStreamError):
     position and the journal went with them; only a new snapshot can bring the sync back."""
 
 
+class CopyStalledError(VStreamError):
+    """A snapshot's copy sent no row on a shard for longer than its stall timeout while vtgate
+    kept the stream alive: a copy query that cannot send its first rows within vttablet's
+    copy-phase duration is restarted by Vitess for ever (vstream/copy_stall.py). The message
+    names the table, the vttablet flag and the remedy; a retry with the same flags would stall
+    the same way."""
+
+
 class ValueDecodeError(VitessProviderError, ValueError):
     """A row value that does not parse as its declared query.Type."""
 
@@ -232,6 +240,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     MergeSchemaError,
     TargetIntegrityError,
     ShardsGoneError,
+    CopyStalledError,
     UnsupportedDeltaError,
     TableListChangedError,
     UnknownSyncError,

@@ -14,24 +14,52 @@
 #   dev/vitess_topology.sh vtctldclient ARGS...
 #                                    run vtctldclient against the cluster (workflows, topology)
 #
-# `start` brings up: etcd (Debian's etcd-server) as the topo server, vtctld, keyspace `commerce`
-# (unsharded: one primary tablet, uid 100, holding the tables of dev/vitess/schema), and vtgate.
+# `start` brings up: etcd (Debian's etcd-server) as the topo server, vtctld, the layout's keyspace
+# and vtgate. Layouts (VITESS_TOPO_LAYOUT):
+#   commerce  (default) keyspace `commerce`, unsharded: one primary tablet, uid 100, holding the
+#             tables of dev/vitess/schema. The workflows (MoveTables, Reshard) are run by the caller
+#             through `tablet` and `vtctldclient`, as in Vitess's own examples/local
+#             (tests/integration/topology.py).
+#   shards4   keyspace `sharded` of four shards -40,40-80,80-c0,c0- (one primary each, uids
+#             100..400, started side by side), empty, its vschema dev/vitess/topology/
+#             vschema_sharded.json (a `hash` vindex, no tables: tests add theirs by DDL through
+#             vtgate). Its own ports and state dir (below), so it runs beside a commerce cluster.
 # Tablets are primaries only (durability policy `none`): MoveTables and Reshard need no replicas.
-# The workflows themselves are run by the caller through `tablet` and `vtctldclient`, as in
-# Vitess's own examples/local (see tests/integration/topology.py).
 #
 # Environment knobs:
-#   VITESS_TOPO_BASE_PORT  first of 200 ports (default 17000): +0 etcd, +2/+3 vtctld web/gRPC,
-#                          +4/+5/+6 vtgate web/gRPC/MySQL, +100+n/+130+n/+160+n tablet n web/gRPC/mysqld
+#   VITESS_TOPO_LAYOUT     commerce (default) or shards4, as above; give the same one to every
+#                          subcommand of that cluster
+#   VITESS_TOPO_BASE_PORT  first of 200 ports (default 17000; shards4 uses the 200 after them):
+#                          +0 etcd, +2/+3 vtctld web/gRPC, +4/+5/+6 vtgate web/gRPC/MySQL,
+#                          +100+n/+130+n/+160+n tablet n web/gRPC/mysqld
 #   VITESS_CACHE_DIR       where built binaries live (as dev/local_vitess.sh)
-#   VITESS_TOPO_STATE_DIR  data, logs and pids (default ${TMPDIR:-/tmp}/airflow-provider-vitess-topology)
+#   VITESS_TOPO_STATE_DIR  data, logs and pids (default ${TMPDIR:-/tmp}/airflow-provider-vitess-topology,
+#                          -shards4 for that layout)
+#   VITESS_TOPO_VTTABLET_FLAGS  extra vttablet flags for every tablet this start brings up
+#                          (split on spaces), e.g. "--vstream-packet-size 16384"
+#   VITESS_TOPO_COPY_PHASE_DURATION  vttablet's --vreplication-copy-phase-duration (Go duration:
+#                          500ms, 3s, 1m, 1h) for every tablet this start brings up. On MySQL the
+#                          flag bounds each copy query with a MAX_EXECUTION_TIME hint; MariaDB
+#                          (before 12.0) ignores that hint, so the same bound is also set as MariaDB's
+#                          own per-user MAX_STATEMENT_TIME of vt_filtered, the user vttablet's row
+#                          streamer reads as: a copy query is killed when the duration runs out, as
+#                          MySQL would kill it (docs/design.md, "Large tables").
+# A running cluster started with other knob values is restarted by `start` (a fresh cluster).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=dev/vitess/common.sh
 . "$here/vitess/common.sh"
 
-base="${VITESS_TOPO_BASE_PORT:-17000}"
+layout="${VITESS_TOPO_LAYOUT:-commerce}"
+case "$layout" in
+    commerce) base="${VITESS_TOPO_BASE_PORT:-17000}" ;;
+    shards4) base=$((${VITESS_TOPO_BASE_PORT:-17000} + 200)) ;;
+    *) echo "VITESS_TOPO_LAYOUT must be commerce or shards4, not '$layout'" >&2; exit 2 ;;
+esac
+# The keyspace and shards of the shards4 layout.
+sharded_keyspace=sharded
+sharded_shards=(-40 40-80 80-c0 c0-)
 etcd_port=$base
 etcd_peer_port=$((base + 1))
 vtctld_web_port=$((base + 2))
@@ -41,7 +69,12 @@ vtgate_grpc_port=$((base + 5))
 vtgate_mysql_port=$((base + 6))
 cell=zone1
 bin="$vtroot/libexec"
-state_dir="${VITESS_TOPO_STATE_DIR:-${TMPDIR:-/tmp}/airflow-provider-vitess-topology}"
+default_state_dir="${TMPDIR:-/tmp}/airflow-provider-vitess-topology"
+[ "$layout" = commerce ] || default_state_dir="$default_state_dir-$layout"
+state_dir="${VITESS_TOPO_STATE_DIR:-$default_state_dir}"
+copy_phase_duration="${VITESS_TOPO_COPY_PHASE_DURATION:-}"
+# shellcheck disable=SC2206  # split on purpose: a list of flags
+extra_tablet_flags=(${VITESS_TOPO_VTTABLET_FLAGS:-})
 topo_flags=(--topo-implementation etcd2 --topo-global-server-address "127.0.0.1:$etcd_port"
     --topo-global-root /vitess/global)
 
@@ -112,6 +145,30 @@ vtctldclient() {
     "$bin/vtctldclient" --server "127.0.0.1:$vtctld_grpc_port" "$@"
 }
 
+# A Go duration (500ms, 3s, 1.5m, 1h) in seconds, as MariaDB's MAX_STATEMENT_TIME takes it.
+duration_seconds() {
+    local d="$1"
+    [[ "$d" =~ ^([0-9]+(\.[0-9]+)?)(ms|s|m|h)$ ]] || {
+        log "VITESS_TOPO_COPY_PHASE_DURATION must be a number with ms, s, m or h (e.g. 3s), not '$d'"
+        exit 2
+    }
+    awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
+        'BEGIN { f = (u == "ms") ? 0.001 : (u == "s") ? 1 : (u == "m") ? 60 : 3600; printf "%g", n * f }'
+}
+
+# What a start was asked for: a running cluster started otherwise is not the one wanted.
+settings() {
+    printf 'layout=%s\ncopy_phase_duration=%s\nvttablet_flags=%s\n' \
+        "$layout" "$copy_phase_duration" "${extra_tablet_flags[*]}"
+}
+
+tablet_flags() {
+    if [ -n "$copy_phase_duration" ]; then
+        printf '%s\n' --vreplication-copy-phase-duration "$copy_phase_duration"
+    fi
+    if [ ${#extra_tablet_flags[@]} -gt 0 ]; then printf '%s\n' "${extra_tablet_flags[@]}"; fi
+}
+
 make_credentials() {
     local auth="$state_dir/auth" password
     mkdir -p "$auth"
@@ -160,6 +217,8 @@ start_tablet() {
         --tablet-uid "$uid" --mysql-port "$mysql" --config-file-not-found-handling=ignore \
         init --init-db-sql-file "$state_dir/config/init_db.sql" >"$state_dir/logs/mysqlctl-$uid.log" 2>&1 \
         || { log "mysqlctl init of tablet $uid failed:"; tail -n 30 "$state_dir/logs/mysqlctl-$uid.log" >&2; exit 1; }
+    local extra=()
+    mapfile -t extra < <(tablet_flags)
     spawn "$name" "$bin/vttablet" "${topo_flags[@]}" --log_dir "$state_dir/logs" \
         --tablet-path "$alias" --tablet-hostname 127.0.0.1 --bind-address 127.0.0.1 \
         --init-keyspace "$keyspace" --init-shard "$shard" --init-tablet-type replica \
@@ -167,7 +226,7 @@ start_tablet() {
         --port "$web" --grpc-port "$grpc" \
         --service-map 'grpc-queryservice,grpc-tabletmanager,grpc-updatestream' \
         --db-charset utf8mb4 --queryserver-config-pool-size 4 --queryserver-config-stream-pool-size 4 \
-        --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore
+        --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore "${extra[@]}"
     wait_port "$name" "$grpc"
     # A shard's first primary: PlannedReparentShard elects it (durability `none`: no replicas needed).
     local deadline=$((SECONDS + 60))
@@ -203,7 +262,8 @@ start_vtgate() {
         --mysql-auth-server-impl static --mysql-auth-server-static-file "$state_dir/auth/mysql_users.json" \
         --grpc-auth-mode static --grpc-auth-static-password-file "$state_dir/auth/grpc_users.json" \
         --enable-buffer --buffer-min-time-between-failovers 1s --buffer-window 10s \
-        --tablet-refresh-interval 1s --config-file-not-found-handling=ignore
+        --tablet-refresh-interval 1s --vschema-ddl-authorized-users "$cluster_user" \
+        --config-file-not-found-handling=ignore
     wait_port vtgate "$vtgate_mysql_port"
     wait_port vtgate "$vtgate_grpc_port"
 }
@@ -219,34 +279,61 @@ print_ports() {
 }
 
 start() {
-    if ready; then
+    if ready && [ "$(cat "$state_dir/settings" 2>/dev/null)" = "$(settings)" ]; then
         log "already running"
         print_ports
         return
     fi
+    local t0=$SECONDS statement_seconds=""
+    if [ -n "$copy_phase_duration" ]; then statement_seconds="$(duration_seconds "$copy_phase_duration")"; fi
     stop
-    local t0=$SECONDS
     ensure_packages
     ensure_vitess_built
     rm -rf "$state_dir"
     mkdir -p "$state_dir/logs" "$state_dir/pids" "$state_dir/config"
     cp "$here/vitess/config/init_db.sql" "$state_dir/config/init_db.sql"
+    if [ -n "$copy_phase_duration" ]; then
+        # MariaDB ignores the MAX_EXECUTION_TIME hint that carries the flag on MySQL: the same
+        # bound on the row streamer's user (see the knob's note above).
+        printf "ALTER USER 'vt_filtered'@'localhost' WITH MAX_STATEMENT_TIME %s;\n" "$statement_seconds" \
+            >>"$state_dir/config/init_db.sql"
+    fi
     # One mysqld per tablet: each its own primary, so read_only stays Vitess's business.
     grep -v '^read_only' "$here/vitess/config/mycnf/test-suite.cnf" >"$state_dir/config/extra.cnf"
     make_credentials
-    log "starting etcd, vtctld, commerce/0 and vtgate (Vitess $vitess_version) on ports $base-$((base + 199))"
+    log "starting etcd, vtctld, the $layout layout and vtgate (Vitess $vitess_version) on ports $base-$((base + 199))"
     start_etcd
     start_vtctld
-    start_tablet commerce 0 100
-    # Every table starts in `commerce`: the local cluster's commerce and customer tables.
-    cat "$here/vitess/schema/commerce/001_tables.sql" "$here/vitess/schema/customer/001_tables.sql" \
-        >"$state_dir/config/commerce.sql"
-    vtctldclient ApplySchema --sql-file "$state_dir/config/commerce.sql" commerce >/dev/null
-    vtctldclient ApplyVSchema --vschema-file "$here/vitess/topology/vschema_commerce.json" commerce >/dev/null
+    if [ "$layout" = shards4 ]; then
+        start_shards4
+    else
+        start_tablet commerce 0 100
+        # Every table starts in `commerce`: the local cluster's commerce and customer tables.
+        cat "$here/vitess/schema/commerce/001_tables.sql" "$here/vitess/schema/customer/001_tables.sql" \
+            >"$state_dir/config/commerce.sql"
+        vtctldclient ApplySchema --sql-file "$state_dir/config/commerce.sql" commerce >/dev/null
+        vtctldclient ApplyVSchema --vschema-file "$here/vitess/topology/vschema_commerce.json" commerce >/dev/null
+    fi
     start_vtgate
+    settings >"$state_dir/settings"
     touch "$state_dir/ready"
     log "ready in $((SECONDS - t0))s"
     print_ports
+}
+
+# The shards4 layout's keyspace: its four tablets started side by side (each a mysqlctl init,
+# a vttablet and a reparent: most of the start's time is waiting, which they share).
+start_shards4() {
+    vtctldclient CreateKeyspace --durability-policy=none "$sharded_keyspace" >/dev/null
+    local i pids=() failed=0
+    for i in "${!sharded_shards[@]}"; do
+        start_tablet "$sharded_keyspace" "${sharded_shards[$i]}" $(((i + 1) * 100)) &
+        pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || failed=1; done
+    [ "$failed" = 0 ] || { log "a tablet of keyspace $sharded_keyspace did not start"; exit 1; }
+    vtctldclient ApplyVSchema --vschema-file "$here/vitess/topology/vschema_sharded.json" \
+        "$sharded_keyspace" >/dev/null
 }
 
 stop() {
@@ -264,11 +351,13 @@ stop() {
     # Then by command line: a process whose pid file was lost (a start killed midway, two starts
     # at once) still holds its fixed port and would make the next start's tablet fail to bind.
     local pattern
-    for pattern in "vitess-v[^ ]*/libexec/vt[a-z]* .*--log_dir $state_dir/logs" "etcd .*--data-dir $state_dir/etcd" \
-        "mysqld_safe.*$state_dir" "mariadbd.*$state_dir" "mysqld .*$state_dir"; do
+    # (Each pattern ends in a "/" after the state dir: another cluster's state dir may begin
+    # with this one's name, e.g. the shards4 layout's.)
+    for pattern in "vitess-v[^ ]*/libexec/vt[a-z]* .*--log_dir $state_dir/logs " "etcd .*--data-dir $state_dir/etcd" \
+        "mysqld_safe.*$state_dir/" "mariadbd.*$state_dir/" "mysqld .*$state_dir/"; do
         pkill -KILL -f "$pattern" 2>/dev/null || true
     done
-    rm -rf "$state_dir/pids" "$state_dir/ready"
+    rm -rf "$state_dir/pids" "$state_dir/ready" "$state_dir/settings"
 }
 
 case "${1:-}" in

@@ -21,6 +21,7 @@ from airflow_provider_vitess.checkpoints import Part, Phase, WindowKind
 from airflow_provider_vitess.exceptions import UnknownTableError
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
+from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,16 @@ class SnapshotRun(SyncRun):
         return SnapshotNeed(needed, tables, resnapshot=committed is not None, committed_seq=seq)
 
     def snapshot(
-        self, *, tables: Sequence[str] | None = None, checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS
+        self,
+        *,
+        tables: Sequence[str] | None = None,
+        checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
+        copy_stall_seconds: float = COPY_STALL_SECONDS,
     ) -> WindowOutcome:
         """Copy ``tables`` (default: all the sync's tables) and stage them as one window.
+
+        A copy whose copying shards send no row for ``copy_stall_seconds`` (vtgate's heartbeats
+        only) fails with :class:`~..exceptions.CopyStalledError` (``vstream/copy_stall.py``).
 
         Once the sync streams, this is a re-snapshot of those tables: committing it leaves the
         sync's position where the other tables are (see ``CheckpointStore.commit``). A killed
@@ -87,7 +95,9 @@ class SnapshotRun(SyncRun):
                 recorded = {p.table for p in self.store.progress(spec.sync_id, window.seq)}
                 chosen = tuple(t for t in spec.tables if t in recorded) or spec.tables
             self._check_keyspace(window.start_vgtid, "the snapshot start")
-            return self._run_snapshot(window.seq, window.start_vgtid, resumed, checkpoint_every_rows, chosen)
+            return self._run_snapshot(
+                window.seq, window.start_vgtid, resumed, checkpoint_every_rows, chosen, copy_stall_seconds
+            )
 
     def _plan_snapshot(self, tables: Sequence[str]) -> int:
         """A new snapshot window from an empty position on every shard, with its tables (what a
@@ -100,7 +110,7 @@ class SnapshotRun(SyncRun):
         return seq
 
     def _run_snapshot(
-        self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...]
+        self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...], stall: float
     ) -> WindowOutcome:
         spec = self.spec
         kept = self.store.parts(spec.sync_id, seq)
@@ -161,6 +171,7 @@ class SnapshotRun(SyncRun):
             checkpoint_every_bytes=CHECKPOINT_EVERY_BYTES,
             on_checkpoint=on_checkpoint,
             on_rows=tracker.add_copied,
+            copy_stall_seconds=stall,
         )
         parts = [_staged_part(p) for p in kept]
         return self._stage(seq, WindowKind.SNAPSHOT, resumed, reader, stager, start, None, parts, copied)

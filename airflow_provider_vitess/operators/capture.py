@@ -32,6 +32,7 @@ from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder, log_group
+from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,10 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         asked for, do nothing (the normal scheduled run). ``False`` forces a full re-snapshot.
     :param checkpoint_every_rows: how often a long copy records where to resume: a killed
         snapshot recopies at most about this many rows.
+    :param copy_stall_timeout: seconds a copying shard may send no row (vtgate's heartbeats only)
+        before the snapshot fails naming the table, vttablet's ``--vreplication-copy-phase-duration``
+        and the remedy; default 3900, just over that flag's default (1h). Keep it above the flag
+        (docs/design.md, "Large tables").
     :param target_location: where the merge writes the Delta tables (with ``targets``, as the
         merge operator takes them). Given, a sync's first snapshot refuses to start when the
         checkpoint store has never recorded a window of the sync but a table already holds one
@@ -228,6 +233,7 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         resnapshot_tables: str | Sequence[str] | None = None,
         only_if_needed: bool = True,
         checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
+        copy_stall_timeout: float = COPY_STALL_SECONDS,
         target_location: str | None = None,
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
@@ -236,6 +242,7 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         self.resnapshot_tables = resnapshot_tables
         self.only_if_needed = only_if_needed
         self.checkpoint_every_rows = checkpoint_every_rows
+        self.copy_stall_timeout = copy_stall_timeout
         self.target_location = target_location
         self.targets = targets
 
@@ -262,7 +269,11 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         what = "re-snapshot of " + ", ".join(need.tables) if need.resnapshot else "snapshot"
         started = time.monotonic()
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):
-            outcome = runner.snapshot(tables=need.tables, checkpoint_every_rows=self.checkpoint_every_rows)
+            outcome = runner.snapshot(
+                tables=need.tables,
+                checkpoint_every_rows=self.checkpoint_every_rows,
+                copy_stall_seconds=self.copy_stall_timeout,
+            )
         result = self._staged(runner, outcome)
         self.log.info(
             "staged snapshot window %d: %s rows (%s)",

@@ -77,6 +77,16 @@ class CopyState:
     def _copied_all(self, key: ShardKey) -> bool:
         return key in self._shard_done or set(self._tables) <= self._finished.get(key, set())
 
+    def in_copy(self, key: ShardKey) -> str | None:
+        """The table the shard copies now: the one its position names with a last key, else the
+        first of the others it has not finished, in vttablet's (sorted) order; None if unknown."""
+        if key in self._shard_done:
+            return None
+        finished = self._finished.get(key, set())
+        named = self._started.get(key, set()) - finished
+        left = sorted(named or set(self._tables) - finished)
+        return left[0] if left else None
+
     def opening(self, request: vtgate_pb2.VStreamRequest) -> None:
         """A call is about to be opened with ``request``: a shard whose copy is not known to be
         over and that would not copy is asked for its copy again; notes which shards copy."""

@@ -35,6 +35,8 @@ from airflow_provider_vitess.decoding.events import (
 )
 from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.vgtid import CURRENT, Vgtid, position_contains
+from airflow_provider_vitess.vstream import copy_stall
+from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopyPositions, CopyState
 from airflow_provider_vitess.vstream.ordering import (
     ShardKey,
@@ -55,10 +57,6 @@ log = logging.getLogger(__name__)
 
 # ReadResult.stats: the newest source time (seconds) the read saw (``Manifest.source_ts_max``).
 SOURCE_TS_MAX = "source_ts_max"
-
-# A snapshot whose copying shards have sent nothing but (unthrottled) heartbeats for this long is
-# stuck, not slow: the read fails, naming them, and the task's rerun resumes from the checkpoint.
-COPY_STALL_SECONDS = 900.0
 
 
 class Stager(Protocol):
@@ -263,11 +261,10 @@ class WindowReader:
         elif (event.keyspace, event.shard) in self._copy.copying:
             self._copy_moved = now
         if not self._copy.complete and now - self._copy_moved > self._copy_stall_seconds:
-            raise VStreamError(
-                f"keyspace {self._keyspace!r}: the snapshot's copy on shard(s) "
-                f"{', '.join(sorted(s for _, s in self._copy.copying))} sent nothing for "
-                f"{now - self._copy_moved:.0f}s while vtgate's heartbeats kept the stream alive: "
-                "the copy is stuck; the rerun resumes it from its last checkpoint"
+            # Stuck, not slow: no copy query Vitess lets run is cut by the default (copy_stall).
+            in_copy = {shard: self._copy.in_copy((ks, shard)) for ks, shard in self._copy.copying}
+            raise copy_stall.stalled(
+                self._keyspace, in_copy, now - self._copy_moved, self._copy_stall_seconds
             )
         if isinstance(event, VgtidEvent):
             self._copy.position(event.vgtid)

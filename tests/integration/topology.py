@@ -1,4 +1,5 @@
-"""The cluster of ``dev/vitess_topology.sh`` and the Vitess workflows the reshard tests run on it.
+"""The clusters of ``dev/vitess_topology.sh``: the one the reshard tests run Vitess workflows on,
+and the four-shard keyspace of the tests that need several shards (``four_shard_cluster``).
 
 The workflows are the steps of Vitess's own examples/local (MoveTables commerce -> customer,
 then Reshard customer 0 -> -80,80-), each through ``vtctldclient``; every step's wall time is
@@ -7,12 +8,17 @@ recorded in ``Topology.timings``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from tests.conftest import REPO, LocalVitess, cluster_from_env
+from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
 
 SCRIPT = REPO / "dev" / "vitess_topology.sh"
 SCHEMA = REPO / "dev" / "vitess" / "schema"
@@ -120,3 +126,95 @@ def stop_topology() -> None:
     if os.environ.get("VITESS_TOPO_KEEP"):
         return  # for looking at a failed run's cluster
     subprocess.run([str(SCRIPT), "stop"], check=False, capture_output=True)
+
+
+# ----- the four-shard keyspace ---------------------------------------------------------------
+
+FOUR_SHARD_KEYSPACE = "sharded"
+FOUR_SHARDS = ("-40", "40-80", "80-c0", "c0-")
+# vttablet's --vreplication-copy-phase-duration on the four-shard cluster, for every test that
+# uses it: a few seconds, so a copy longer than it is a test input (tests/integration/
+# test_copy_phase.py) and every other snapshot there is checked across copy-phase restarts too.
+FOUR_SHARD_COPY_PHASE = "2s"
+# glog writes its files in 30-second flushes; its stderr copy (each tablet's log in the state dir,
+# ``vttablet-<uid>.log``) at once, so a test reads what a tablet did right after it did it.
+FOUR_SHARD_VTTABLET_FLAGS = "--alsologtostderr"
+
+
+@dataclass(frozen=True)
+class FourShardCluster:
+    """Keyspace ``sharded`` (-40,40-80,80-c0,c0-, one primary each) of ``dev/vitess_topology.sh``'s
+    shards4 layout; tables and their vindexes are the tests' own (DDL through vtgate)."""
+
+    vitess: LocalVitess
+    keyspace: str
+    shards: tuple[str, ...]
+    copy_phase_duration: str
+    state_dir: Path  # the tablets' logs are in state_dir / "logs"
+    start_seconds: float  # this session's start (a cluster already running: its reuse)
+
+    def tablet_log_sizes(self) -> dict[str, int]:
+        """Each vttablet log's size now: ``tablet_logs(since=)`` reads what comes after."""
+        return {f.name: f.stat().st_size for f in (self.state_dir / "logs").glob("vttablet-*.log")}
+
+    def tablet_logs(self, since: dict[str, int] | None = None) -> str:
+        """What every vttablet logged (after ``since``, from ``tablet_log_sizes``): e.g. the row
+        streamers' copy queries and their errors."""
+        texts = []
+        for f in sorted((self.state_dir / "logs").glob("vttablet-*.log")):
+            with open(f, "rb") as log:
+                log.seek((since or {}).get(f.name, 0))
+                texts.append(log.read().decode(errors="replace"))
+        return "\n".join(texts)
+
+
+def _four_shard_env() -> dict[str, str]:
+    tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    return {
+        **os.environ,
+        "VITESS_TOPO_LAYOUT": "shards4",
+        "VITESS_TOPO_COPY_PHASE_DURATION": FOUR_SHARD_COPY_PHASE,
+        "VITESS_TOPO_VTTABLET_FLAGS": FOUR_SHARD_VTTABLET_FLAGS,
+        "VITESS_TOPO_STATE_DIR": os.environ.get(
+            "VITESS_TOPO_SHARDS4_STATE_DIR", f"{tmp}/airflow-provider-vitess-topology-shards4"
+        ),
+    }
+
+
+@contextlib.contextmanager
+def four_shard_cluster_running() -> Iterator[FourShardCluster]:
+    """The four-shard cluster for one test session: started (or reused when one runs with the same
+    settings), and stopped when the last session using it ends. The xdist workers of a run share
+    it: each holds a shared lock on a file while it uses it; the one that ends holding it alone
+    stops the cluster (``VITESS_TOPO_KEEP`` keeps it, to look at)."""
+    env = _four_shard_env()
+    users = Path(tempfile.gettempdir()) / "airflow-provider-vitess-tests.shards4.users"
+    with open(users, "a") as held:
+        with machine_lock("shards4"):
+            started = time.monotonic()
+            proc = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise AssertionError(f"vitess_topology.sh start (shards4) failed:\n{proc.stderr[-4000:]}")
+            fcntl.flock(held, fcntl.LOCK_SH)
+        cluster = FourShardCluster(
+            vitess=cluster_from_env(proc.stdout),
+            keyspace=FOUR_SHARD_KEYSPACE,
+            shards=FOUR_SHARDS,
+            copy_phase_duration=FOUR_SHARD_COPY_PHASE,
+            state_dir=Path(env["VITESS_TOPO_STATE_DIR"]),
+            start_seconds=round(time.monotonic() - started, 1),
+        )
+        print(
+            f"\nfour-shard cluster: start {cluster.start_seconds}s ({proc.stderr.strip().splitlines()[-1]})"
+        )
+        try:
+            yield cluster
+        finally:
+            with machine_lock("shards4"):
+                try:  # alone now (no other session holds its shared lock): the cluster goes
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    alone = True
+                except BlockingIOError:
+                    alone = False
+                if alone and not os.environ.get("VITESS_TOPO_KEEP"):
+                    subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, check=False)

@@ -8,6 +8,7 @@ vtgate (v0.23) sends its stream-wide COPY_COMPLETED only when every shard sent i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,8 +16,9 @@ import grpc
 import pytest
 
 from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2, vtgate_pb2
-from airflow_provider_vitess.exceptions import VStreamError
+from airflow_provider_vitess.exceptions import CopyStalledError, is_permanent
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.window import WindowReader
 
 E = binlogdata_pb2.VEventType
@@ -222,20 +224,75 @@ def test_a_resumed_snapshot_whose_shards_show_no_copy_left_copies_again_rather_t
     assert sorted(rows.ids) == [1, 2]
 
 
-def test_a_copy_that_stops_moving_while_heartbeats_go_on_fails_naming_its_shard() -> None:
+def _stalled(calls: list[Any], tables: Sequence[str], stall: float | None = None) -> tuple[str, Rows]:
+    """Runs a snapshot whose clock moves a minute per look; the stall error's message."""
+    ticks = iter(range(0, 1_000_000, 60))  # each look at the clock: a minute later
+    rows = Rows()
+    start = Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[_entry(sh, "", []) for sh in SHARDS]))
+    reader = WindowReader(
+        Vtgate([calls]), rows, keyspace=KS, tables=tables, start=start, stop=None,
+        clock=lambda: next(ticks), copy_stall_seconds=COPY_STALL_SECONDS if stall is None else stall,
+    )  # fmt: skip
+    with pytest.raises(CopyStalledError) as failed:
+        reader.run()
+    assert is_permanent(failed.value)  # a retry with the same vttablet flags stalls the same way
+    return str(failed.value), rows
+
+
+def test_a_copy_that_stops_moving_while_heartbeats_go_on_fails_naming_its_shard_table_and_flag() -> None:
+    """vtgate restarts a copy query that vttablet's copy-phase duration ended from the last
+    copied key; one that sends no row within it restarts for ever, and the client hears only
+    heartbeats. The error names the shard, the table it copies, the flag and the remedy."""
+    s = Shards()
+    call = [
+        s.rows("-80", "a", g(1), 1, more=False),
+        s.rows("-80", "b", g(2), 2, more=False),
+        [copied("-80")],
+        s.rows("80-", "a", h(1), 3, more=False),
+        s.rows("80-", "b", h(2), 4),  # 80- names b in copy, and then: only heartbeats
+        *heartbeats(30),
+    ]
+    message, rows = _stalled(call, ["a", "b"], stall=900)
+    assert sorted(rows.ids) == [1, 2, 3, 4]
+    assert re.search(r"sent no row for \d+s \(shard 80-: table 'b'\)", message), message
+    assert "copy_stall_timeout=900s" in message
+    assert "--vreplication-copy-phase-duration" in message
+    assert (
+        "Remedy: raise --vreplication-copy-phase-duration on the vttablets of keyspace 'customer'" in message
+    )
+
+
+def test_a_copy_stalled_before_its_first_row_names_the_first_table_the_shard_has_not_copied() -> None:
+    """A table without a primary key is copied sorted whole: a shard that never sends its first
+    row names no table in any position; vttablet copies tables in sorted order."""
+    s = Shards()
+    call = [
+        s.rows("-80", "a", g(1), 1, more=False),
+        s.rows("-80", "b", g(2), 2, more=False),
+        [copied("-80")],
+        s.rows("80-", "a", h(1), 3),  # a in copy on 80-...
+        [s.vgtid("80-", h(2))],  # ... and done (its last key gone); b never sends a row
+        *heartbeats(80),
+    ]
+    message, _ = _stalled(call, ["b", "a"])  # the default: just over vttablet's 1h
+    assert "(shard 80-: table 'b')" in message and "copy_stall_timeout=3900s" in message, message
+
+
+def test_no_copy_query_vitess_lets_run_is_cut_by_the_default_stall_timeout() -> None:
+    """vttablet's default copy-phase duration is an hour: a copy query silent for 59 minutes may
+    still send its first rows, and the snapshot must wait for them."""
     s = Shards()
     call = [
         s.rows("-80", "t", g(1), 1, more=False),
         [copied("-80")],
-        s.rows("80-", "t", h(1), 2),  # and then nothing from 80-: only heartbeats
-        *heartbeats(30),
+        *heartbeats(59),  # a minute each
+        s.rows("80-", "t", h(1), 2, more=False),
+        [copied("80-")],
     ]
-    ticks = iter(range(0, 100_000, 60))  # each look at the clock: a minute later
+    ticks = iter(range(0, 1_000_000, 60))
     rows = Rows()
     start = Vgtid.from_proto(binlogdata_pb2.VGtid(shard_gtids=[_entry(sh, "", []) for sh in SHARDS]))
-    reader = WindowReader(
+    WindowReader(
         Vtgate([call]), rows, keyspace=KS, tables=["t"], start=start, stop=None, clock=lambda: next(ticks)
-    )
-    with pytest.raises(VStreamError, match=r"copy on shard\(s\) 80- sent nothing for \d+s .* stuck"):
-        reader.run()
+    ).run()
     assert sorted(rows.ids) == [1, 2]

@@ -1,0 +1,19 @@
+"""Fixtures of the integration tests that more than one module shares and that need a cluster of
+their own (the local cluster's fixtures are in ``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.topology import FourShardCluster, four_shard_cluster_running
+
+
+@pytest.fixture(scope="session")
+def four_shard_cluster() -> Iterator[FourShardCluster]:
+    """Keyspace ``sharded`` of four shards (-40,40-80,80-c0,c0-) on ``dev/vitess_topology.sh``'s
+    shards4 layout, with vttablet's copy-phase duration at a few seconds; started once per test
+    session and shared by the xdist workers (``topology.four_shard_cluster_running``)."""
+    with four_shard_cluster_running() as cluster:
+        yield cluster
