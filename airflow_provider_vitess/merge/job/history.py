@@ -86,7 +86,9 @@ def _events(
         events = events.drop("_guard", *blobs)
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    return events.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
+    return apply.key_order(
+        events.withColumn("_touched", touched).where(col("_touched")).drop("_touched"), keys
+    )
 
 
 def versions(

@@ -243,7 +243,7 @@ def changelog_rows(
     """One row per change of the window at each key it touches, in the table's columns
     (``schema``: the data columns; one the window lacks, a dropped column, is NULL)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = apply._key_events(staged, keys, data)
+    events = apply.key_order(apply._key_events(staged, keys, data), keys)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),
