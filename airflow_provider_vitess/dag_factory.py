@@ -240,6 +240,7 @@ def vitess_sync_dag(
         merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
         read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
         catch_up: Any
+        read: Any
         if capture_parallelism > 1:
             plan = VitessCatchUpPlanOperator(
                 task_id="plan_catch_up", capture_parallelism=capture_parallelism, **common

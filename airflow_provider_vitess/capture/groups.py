@@ -49,7 +49,8 @@ def layout(shards: Sequence[str], parallelism: int) -> list[list[str]]:
     ordered = sorted(shards, key=lambda s: keyrange.key_range(s)[0])
     n = min(parallelism, len(ordered))
     size, extra = divmod(len(ordered), n) if n else (0, 0)
-    out, at = [], 0
+    out: list[list[str]] = []
+    at = 0
     for g in range(n):
         take = size + (1 if g < extra else 0)
         out.append(ordered[at : at + take])
