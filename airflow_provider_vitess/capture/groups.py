@@ -68,8 +68,10 @@ def restrict(position: Vgtid, shards: Sequence[str]) -> Vgtid:
     return Vgtid(tuple(entries))
 
 
-def group_manifest_name(group: int) -> str:
-    return f"_group-{group:03d}.json"
+def group_manifest_name(group: int, writer: str) -> str:
+    """A group's part's manifest, named with its writer: a stalled try that wakes up after its
+    retry took the group over writes a manifest of its own, which nothing records or reads."""
+    return f"_group-{group:03d}-{writer}.json"
 
 
 def group_writer_id(group: int, token: str) -> str:
@@ -155,7 +157,8 @@ class GroupedCatchUp(CatchUpRun):
         writer = group_writer_id(g, self._writer_id)
         # A group's read is short: a rerun reads it again from the window's start, whole.
         delete_group_files(spec.staging_location, spec.sync_id, seq, g, spec.storage_options)
-        stager = self._stager(seq, [], writer_id=writer, manifest_name=group_manifest_name(g))
+        manifest_name = group_manifest_name(g, writer)
+        stager = self._stager(seq, [], writer_id=writer, manifest_name=manifest_name)
         flags = self._target.flags(
             heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
         )
@@ -170,7 +173,7 @@ class GroupedCatchUp(CatchUpRun):
         )
 
         def record(manifest: Manifest) -> None:
-            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{group_manifest_name(g)}"
+            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{manifest_name}"
             self.store.mark_group_staged(spec.sync_id, seq, g, manifest.end_vgtid, path, dict(manifest.stats))
 
         outcome = self._stage(seq, WindowKind.CATCHUP, False, reader, stager, start, stop, record=record)
@@ -204,10 +207,10 @@ def delete_group_files(
         )
     if not fs.exists(wdir):
         return []
-    marker, deleted = f"-g{group:03d}-", []
+    marker, manifests, deleted = f"-g{group:03d}-", f"_group-{group:03d}-", []
     for path in sorted(fs.find(wdir)):
         name = path.rsplit("/", 1)[-1]
-        if marker in name or name == group_manifest_name(group):
+        if marker in name or name.startswith(manifests):
             fs.rm(path)
             deleted.append(name)
     return deleted
@@ -228,12 +231,11 @@ def assemble(store: CheckpointStore, sync_id: str, book: WindowBook) -> int | No
     if manifest is None:
         parts = []
         for g in groups:
-            part = load_manifest(
-                book.location,
-                sync_id,
-                window.seq,
-                storage_options=book.options,
-                name=group_manifest_name(g.group),
+            recorded = (g.manifest_path or "").rsplit("/", 1)[-1]
+            part = (
+                load_manifest(book.location, sync_id, window.seq, storage_options=book.options, name=recorded)
+                if recorded
+                else None
             )
             if part is None:
                 book.discard_lost(window, f"group {g.group}'s manifest is missing")

@@ -129,7 +129,7 @@ def test_a_part_is_recorded_only_into_a_planned_window_and_is_immutable(store: C
 def _stage_group(root: Path, seq: int, group: int, shards: tuple[str, ...], token: str, base: int) -> str:
     stager = WindowStager(
         str(root), SYNC, seq, key_columns={"t": ["id"]}, writer_id=group_writer_id(group, token),
-        manifest_name=group_manifest_name(group),
+        manifest_name=group_manifest_name(group, group_writer_id(group, token)),
     )  # fmt: skip
     stager.set_schema("ks", "t", FIELDS)
     for i, shard in enumerate(shards):
@@ -137,7 +137,7 @@ def _stage_group(root: Path, seq: int, group: int, shards: tuple[str, ...], toke
     stats = {"rows": len(shards), "keys": {"t": "id"}, "shard_lag_transactions": dict.fromkeys(shards, 0)}
     end = restrict(position(9), shards)
     stager.finish(restrict(position(1), shards), end, end, stats=stats)
-    return f"{root}/{SYNC}/window={seq:010d}/{group_manifest_name(group)}"
+    return f"{root}/{SYNC}/window={seq:010d}/{group_manifest_name(group, group_writer_id(group, token))}"
 
 
 def test_the_window_is_staged_once_every_group_is_with_one_manifest(
@@ -155,8 +155,8 @@ def test_the_window_is_staged_once_every_group_is_with_one_manifest(
     # A killed try of group 1 left files; its rerun deletes them, and only them.
     leftover = _stage_group(root, seq, 1, SHARDS[2:], "bbbbbbbbbbbbbbbb", 200)
     deleted = delete_group_files(str(root), SYNC, seq, 1, None)
-    assert deleted and all("-g001-" in d or d == group_manifest_name(1) for d in deleted)
-    assert load_manifest(str(root), SYNC, seq, name=group_manifest_name(0)) is not None
+    assert deleted and all("-g001-" in d or d.startswith("_group-001-") for d in deleted)
+    assert Path(path0).exists()  # group 0's part is kept
     assert not Path(leftover).exists()
     path1 = _stage_group(root, seq, 1, SHARDS[2:], "cccccccccccccccc", 200)
     store.mark_group_staged(SYNC, seq, 1, position(9, SHARDS[2:]), path1)
@@ -190,7 +190,9 @@ def test_a_lost_group_manifest_discards_the_window(store: CheckpointStore, tmp_p
     for g, shards in enumerate((SHARDS[:2], SHARDS[2:])):
         path = _stage_group(root, seq, g, shards, f"{g}" * 16, 100 * g)
         store.mark_group_staged(SYNC, seq, g, position(9, shards), path)
-    Path(root, SYNC, f"window={seq:010d}", group_manifest_name(1)).unlink()
+    lost = store.window_groups(SYNC, seq)[1].manifest_path
+    assert lost is not None
+    Path(lost).unlink()
     assert assemble(store, SYNC, WindowBook(store, SYNC, str(root), None, "merge")) is None
     assert store.window(SYNC, seq).state is WindowState.FAILED
     assert store.open_window(SYNC) is None  # the next plan reads it again from its start
