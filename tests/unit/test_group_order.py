@@ -158,7 +158,7 @@ def test_one_part_and_group_parts_merge_alike(spark: SparkSession, seed: int) ->
         return _sorted(out)
 
     assert mirror(single) == mirror(grouped)
-    assert len(mirror(single)) > 50
+    assert len(mirror(single)) > 30  # keys the window touched
 
     shape = TargetShape(TargetMode.HISTORY)
 
