@@ -33,8 +33,7 @@ from airflow_provider_vitess.exceptions import SyncLockedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeRunner
-from airflow_provider_vitess.staging import load_manifest, read_table
-from airflow_provider_vitess.staging.retention import staging_location
+from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import capture_child
 from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
@@ -329,7 +328,7 @@ def test_the_dag_factory_maps_the_catch_up_over_the_groups(
     first = airflow.run_dag("groups_dag")
     assert_succeeded(first, "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
     store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
-    shard_of = _shards(store, "groups_dag")
+    shard_of = _shards(hook)
     wl = Workload(hook, 7, shard_of)
     wl.round(40, "dag")
     wl.split_moves("dag")()
@@ -341,10 +340,14 @@ def test_the_dag_factory_maps_the_catch_up_over_the_groups(
     assert [g.shards for g in store.window_groups("groups_dag", seq)] == [("-80",), ("80-",)]
 
 
-def _shards(store: CheckpointStore, sync_id: str) -> dict[int, str]:
-    """Each customer's shard, from the sync's staged snapshot."""
-    manifest_path = store.window(sync_id, 1).manifest_path
-    assert manifest_path is not None
-    manifest = load_manifest(staging_location(manifest_path), sync_id, 1)
-    assert manifest is not None
-    return {r["customer_id"]: r["_shard"] for r in read_table(manifest, TABLE).to_pylist()}
+def _shards(hook: VitessHook) -> dict[int, str]:
+    """Each customer's shard, asked of each shard through vtgate (a session aimed at it)."""
+    out: dict[int, str] = {}
+    for shard in ("-80", "80-"):
+        with hook.connect_sql() as conn:
+            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
+            for (customer,) in conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {TABLE}")):
+                out[int(customer)] = shard
+            conn.execute(sqlalchemy.text("USE `customer`"))
+    assert sorted(out) == list(CUSTOMERS), out
+    return out
