@@ -155,7 +155,7 @@ def _kill_after_rows(rows: int) -> None:
             print(f"KILLED-AFTER-ROWS {staged[0]}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    WindowStager.add_rows = adding  # type: ignore[method-assign]
+    WindowStager.add_rows = adding  # type: ignore[method-assign,assignment]
 
 
 def _kill_before_record() -> None:
