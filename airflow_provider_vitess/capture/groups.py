@@ -13,7 +13,7 @@ failed or killed group is read again alone, from the window's start, whole; the 
 Once every group is STAGED, :func:`assemble` (under the sync's lock: the merge task, or the next
 plan) writes the window's one manifest listing every group's parts and records the window STAGED:
 from there on it is a window like any other, merged once, one Delta commit per table. The merge's
-per-key order does not depend on which group staged an event (``merge/job/apply.key_order``).
+per-key order does not depend on which group staged an event (``merge/job/order.key_order``).
 See docs/design.md, "Shard groups".
 """
 

@@ -6,7 +6,7 @@ one part per shard group (each group's own merger over its shards only, ``_seq``
 The merge's results must be identical: the mirror's last event per key (with the deciding event's
 commit time and change, what ``soft_delete`` writes), ``history``'s versions and ``changelog``'s
 rows with their per-key order. And where each shard's commit seconds never go backwards, the
-per-key order is exactly the single-process ``_seq`` order (``apply.key_order``'s claim). The
+per-key order is exactly the single-process ``_seq`` order (``order.key_order``'s claim). The
 events move keys between shards of different groups in both orders, within a second and across
 seconds, delete and re-insert a key in one second, and change keys. Local Spark, no Delta.
 """
@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, history, shapes
+from airflow_provider_vitess.merge.job import apply, history, order, shapes
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction
 from airflow_provider_vitess.vstream.spill import SpillableEvents
@@ -183,7 +183,7 @@ def test_with_monotone_seconds_the_order_is_the_single_process_seq(spark: SparkS
     single, grouped, _ = _stagings(spark, seed, monotone=True)
     keys, data = ["id"], ["id", "v"]
     for staged in (single, grouped):
-        events = apply.key_order(apply._key_events(staged, keys, data), keys)
+        events = order.key_order(apply._key_events(staged, keys, data), keys)
         ranked = {(r["id"], r["_shard"], r["_commit_ts"], r["_ord"]) for r in events.collect()}
         # The single-process staging's own order of each key's events, by _seq.
         raw = apply._key_events(single, keys, data).collect()

@@ -40,10 +40,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import conflicts, partial
+from airflow_provider_vitess.merge.job import conflicts, order, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
-from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.job.pruning import (
     MAX_COLLECTED_KEYS,
     key_ranges,
@@ -195,42 +194,8 @@ def _key_events(
         *[partial.has_value(frame, c, after=False) for c in blobs],
     )
     # A before-image delete precedes its own row's upsert. The staged order, to be ranked per key
-    # by :func:`key_order` (the order the merge compares).
+    # by :func:`.order.key_order` (the order the merge compares).
     return after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
-
-
-def key_order(events: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """``_ord`` becomes each key's events' rank in the merge's order (1, 2, ...), an order that does
-    not depend on which process staged an event (docs/design.md, "Shard groups"):
-
-    * the window first (context windows before the window itself: their ``_seq`` are shifted by
-      :data:`.lookback.SEQ_SHIFT` per window back, so ``floor(_ord / 2 SEQ_SHIFT)`` is -k);
-    * then the commit second made non-decreasing along the key's events of each shard (the running
-      maximum in the shard's binlog order), then the shard name;
-    * then the staged order, which within one shard is its binlog order in every staging.
-
-    Two events of one shard keep their binlog order (the running maximum never decreases along
-    it), so per shard nothing changes; across shards the order is the one the single-process
-    k-way merge gives (commit second, shard, position) wherever a shard's commit seconds do not go
-    backwards, and is the same whether the shards were staged by one process or by several (shard
-    groups): each input is a property of one shard's events."""
-    win = F.floor(col(_ORD) / F.lit(2 * SEQ_SHIFT))
-    by_key = [col(k) for k in keys]
-    # One partitioning (by key) for both windows: the running maximum of (shard, window, second)
-    # in (shard, window, order) is the running maximum of the second within the current shard.
-    along = (
-        Window.partitionBy(*by_key)
-        .orderBy(col(_SHARD), col("_win"), col(_ORD))
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    )
-    running = F.max(F.struct(col(_SHARD), col("_win"), col(A.COMMIT_TS).alias("ts"))).over(along)
-    ranked = Window.partitionBy(*by_key).orderBy(col("_win"), col("_kts"), col(_SHARD), col(_ORD))
-    return (
-        events.withColumn("_win", win)
-        .withColumn("_kts", running["ts"])
-        .withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType()))
-        .drop("_win", "_kts")
-    )
 
 
 def last_per_key(
@@ -258,7 +223,7 @@ def last_per_key(
         events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    events = key_order(events.withColumn("_touched", touched).where(col("_touched")), keys)
+    events = order.key_order(events.withColumn("_touched", touched).where(col("_touched")), keys)
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
     events = partial.carry(events, blobs, by_shard)
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)
