@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, partial
+from airflow_provider_vitess.merge.job import apply, order, partial
 from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
@@ -86,7 +86,9 @@ def _events(
         events = events.drop("_guard", *blobs)
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    return events.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
+    return order.key_order(
+        events.withColumn("_touched", touched).where(col("_touched")).drop("_touched"), keys
+    )
 
 
 def versions(

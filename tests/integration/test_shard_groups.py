@@ -1,0 +1,353 @@
+"""A sync read by two shard groups (``capture_parallelism=2``) on the real 2-shard ``customer``
+keyspace: one group per shard, so every move between shards is a move between groups.
+
+* A seeded workload moves rows between the shards (in one transaction, DELETE first and INSERT
+  first; and split by a window stop, in both orders and both directions), deletes and re-inserts
+  a key in the same second (on its shard and onto the other), changes keys, updates and deletes.
+  Every run plans a window, reads each group's part (in either order), merges: Delta equals
+  ``SELECT *`` through vtgate after every run, and every window is in the Delta log once.
+* A group's capture SIGKILLed at a seeded point of its read (or after writing its part, before
+  recording it), in 3 seeds: only that group is read again; the other group's part is kept; the
+  merge then gives Delta == ``SELECT *``.
+* The DAG factory with ``capture_parallelism=2`` through Airflow (``dag.test()``): the plan task,
+  the catch-up mapped over the groups, the merge.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+
+from airflow_provider_vitess.capture.groups import GroupedCatchUp
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.exceptions import SyncLockedError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.runner import MergeRunner
+from airflow_provider_vitess.staging import read_table
+from tests.conftest import LocalVitess, connection_uri_env
+from tests.integration import capture_child
+from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
+
+pytestmark = pytest.mark.integration
+
+TABLE = "group_orders"
+CUSTOMERS = range(1, 13)
+CONN = "vitess_groups"
+STALE = timedelta(seconds=3)  # the group lock of a killed capture is taken over after this
+
+
+@pytest.fixture(scope="module")
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    name, value = connection_uri_env(CONN, vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        yield VitessHook(CONN)
+
+
+def _execute(hook: VitessHook, *statements: str) -> None:
+    with hook.connect_sql() as conn:
+        for sql in statements:
+            conn.execute(sqlalchemy.text(sql))
+        conn.commit()
+
+
+def _setup(hook: VitessHook) -> None:
+    # The key (order_id) leaves out the vindex column (customer_id): a move keeps its key.
+    _execute(hook, f"DROP TABLE IF EXISTS customer.{TABLE}")
+    _execute(
+        hook,
+        f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
+        "note VARCHAR(64), PRIMARY KEY (order_id))",
+    )
+    try:  # the vschema outlives a dropped table
+        _execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+    values = ", ".join(f"({c}, {c}, 'initial {c}')" for c in CUSTOMERS)
+    _execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
+
+
+class Workload:
+    """Seeded changes; it knows each order's customer and each customer's shard."""
+
+    def __init__(self, hook: VitessHook, seed: int, shard_of: dict[int, str]) -> None:
+        self.hook, self.rng, self.shard_of = hook, random.Random(seed), shard_of
+        self.orders = {c: c for c in CUSTOMERS}  # order_id -> customer_id
+        self.next_id = 1000
+        self.touched: set[int] = set()
+        self.later: list[str] = []  # second halves of moves split by a window stop
+
+    def _other_shard_customer(self, order_id: int) -> int:
+        here = self.shard_of[self.orders[order_id]]
+        return self.rng.choice([c for c in CUSTOMERS if self.shard_of[c] != here])
+
+    def _insert(self, order_id: int, customer: int, note: str) -> str:
+        columns = "(order_id, customer_id, note)"
+        return f"INSERT INTO customer.{TABLE} {columns} VALUES ({order_id}, {customer}, '{note}')"
+
+    def _delete(self, order_id: int) -> str:
+        # Aimed at its customer: the key alone would be routed to every shard.
+        where = f"order_id = {order_id} AND customer_id = {self.orders[order_id]}"
+        return f"DELETE FROM customer.{TABLE} WHERE {where}"
+
+    def round(self, ops: int, tag: str) -> None:
+        """The INSERTs of the last split moves, then ``ops`` seeded changes."""
+        for pending in self.later:
+            _execute(self.hook, pending)
+        self.later = []
+        self.touched = set()
+        for i in range(ops):
+            note = f"{tag}-{i}"
+            choice = self.rng.random()
+            key = self.rng.choice(sorted(self.orders))
+            if choice < 0.2 or len(self.orders) < 6:
+                customer = self.rng.choice(CUSTOMERS)
+                _execute(self.hook, self._insert(self.next_id, customer, note))
+                self.orders[self.next_id] = customer
+                self.touched.add(self.next_id)
+                self.next_id += 1
+                continue
+            self.touched.add(key)
+            if choice < 0.4:
+                _execute(self.hook, f"UPDATE customer.{TABLE} SET note = '{note}' WHERE order_id = {key} "
+                         f"AND customer_id = {self.orders[key]}")  # fmt: skip
+            elif choice < 0.6:  # a move in one transaction, either half first
+                to = self._other_shard_customer(key)
+                halves = [self._delete(key), self._insert(key, to, note)]
+                if self.rng.random() < 0.5:
+                    halves.reverse()
+                _execute(self.hook, *halves)
+                self.orders[key] = to
+            elif choice < 0.75:  # deleted and inserted again in the same second, here or there
+                to = self.orders[key] if self.rng.random() < 0.5 else self._other_shard_customer(key)
+                _execute(self.hook, self._delete(key))
+                _execute(self.hook, self._insert(key, to, note))
+                self.orders[key] = to
+            elif choice < 0.87:  # the key changes
+                new = self.next_id
+                self.next_id += 1
+                _execute(self.hook, f"UPDATE customer.{TABLE} SET order_id = {new}, note = '{note}' "
+                         f"WHERE order_id = {key} AND customer_id = {self.orders[key]}")  # fmt: skip
+                self.orders[new] = self.orders.pop(key)
+                self.touched.add(new)
+            else:
+                _execute(self.hook, self._delete(key))
+                del self.orders[key]
+
+    def split_moves(self, tag: str) -> Callable[[], None]:
+        """Moves whose halves fall on both sides of the next window's stop, both directions, of
+        keys this round left alone: DELETE-first ones now (their INSERT at the next round: the row
+        is gone meanwhile, in the source as in Delta), INSERT-first ones now with the DELETE
+        returned, to run right after the stop is taken (the source is whole again when Delta is
+        compared)."""
+        quiet = [k for k in sorted(self.orders) if k not in self.touched]
+        by_shard: dict[str, list[int]] = {}
+        for k in quiet:
+            by_shard.setdefault(self.shard_of[self.orders[k]], []).append(k)
+        deletes_after: list[str] = []
+        for shard, keys in sorted(by_shard.items()):
+            picked = self.rng.sample(keys, min(2, len(keys)))
+            for n, key in enumerate(picked):
+                to = self._other_shard_customer(key)
+                if n == 0:  # DELETE first; the INSERT waits for the next round
+                    _execute(self.hook, self._delete(key))
+                    self.later.append(self._insert(key, to, f"{tag}-late-{shard}"))
+                else:  # INSERT first; the DELETE right after the stop
+                    deletes_after.append(self._delete(key))
+                    _execute(self.hook, self._insert(key, to, f"{tag}-early-{shard}"))
+                self.orders[key] = to
+        return lambda: _execute(self.hook, *deletes_after) if deletes_after else None
+
+
+class GroupedSync:
+    """A sync of TABLE read by two groups, merged with the real merge runner and Spark."""
+
+    def __init__(self, hook: VitessHook, root: Path) -> None:
+        self.hook, self.root = hook, root
+        self.sync_id = f"groups-{uuid.uuid4().hex[:8]}"
+        self.store = CheckpointStore(f"sqlite:///{root}/store.db")
+        self.store.migrate()
+        self.spec = SyncSpec(self.sync_id, "customer", (TABLE,), str(root / "stage"))
+        self.delta = root / "delta"
+        self.spark = spark_session()
+
+    def grouped(self, who: str) -> GroupedCatchUp:
+        return GroupedCatchUp(self.hook, self.store, self.spec, holder=who, lock_stale_after=STALE)
+
+    def snapshot(self) -> dict[int, str]:
+        """Snapshot and merge; each customer's shard, from the staged copy."""
+        outcome = CaptureRunner(self.hook, self.store, self.spec, holder="snapshot").snapshot()
+        self.merge()
+        return {r["customer_id"]: r["_shard"] for r in read_table(outcome.manifest, TABLE).to_pylist()}
+
+    def plan(self) -> list[int]:
+        return self.grouped("plan").plan(2)
+
+    def read(self, group: int) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while True:  # a killed try's group lock goes stale after STALE
+            try:
+                return self.grouped(f"group {group}").read_group(group)
+            except SyncLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def merge(self) -> None:
+        runner = MergeRunner(self.store, self.sync_id, str(self.delta), holder="merge")
+        runner.run(lambda plan: merge(self.spark, plan))
+
+    def check(self) -> None:
+        assert_delta_equals_source(self.hook, "customer", [TABLE], self.delta, self.spark)
+        _, committed = self.store.committed(self.sync_id)
+        versions = [
+            v for app, v, _ in delta_txns(self.delta / TABLE) if app.endswith(f":{self.sync_id}:{TABLE}")
+        ]
+        assert sorted(versions) == list(range(1, committed + 1)), versions  # every window, once
+        assert self.store.open_window(self.sync_id) is None
+
+
+def test_two_groups_stay_exact_through_moves_between_them(hook: VitessHook, tmp_path: Path) -> None:
+    _setup(hook)
+    sync = GroupedSync(hook, tmp_path)
+    shard_of = sync.snapshot()
+    assert sorted(set(shard_of.values())) == ["-80", "80-"]
+    sync.check()
+    wl = Workload(hook, 31, shard_of)
+    for run in range(4):
+        wl.round(40, f"r{run}")
+        finish = wl.split_moves(f"r{run}")
+        groups = sync.plan()
+        finish()  # after the stop: in the next window
+        assert groups == [0, 1]
+        seq = sync.store.open_window(sync.sync_id)
+        assert seq is not None
+        layout = [g.shards for g in sync.store.window_groups(sync.sync_id, seq.seq)]
+        assert layout == [("-80",), ("80-",)]
+        for g in groups if run % 2 == 0 else reversed(groups):
+            assert sync.read(g)["status"] == "staged"
+        assert sync.store.window(sync.sync_id, seq.seq).state is WindowState.PLANNED  # until the merge
+        sync.merge()
+        sync.check()
+    # The last round's DELETE-first moves get their INSERT; one more run reads them.
+    wl.round(5, "last")
+    sync.plan()
+    for g in (1, 0):
+        sync.read(g)
+    sync.merge()
+    sync.check()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_killed_group_is_read_again_alone(
+    hook: VitessHook, vitess: LocalVitess, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    _setup(hook)
+    sync = GroupedSync(hook, tmp_path)
+    wl = Workload(hook, 100 + seed, sync.snapshot())
+    wl.round(160, f"k{seed}")
+    finish = wl.split_moves(f"k{seed}")
+    assert sync.plan() == [0, 1]
+    finish()
+    window = sync.store.open_window(sync.sync_id)
+    assert window is not None
+    victim, other = rng.sample([0, 1], 2)
+    other_first = rng.random() < 0.5
+    if other_first:
+        sync.read(other)
+    kill: dict[str, Any] = (
+        {"kill_before_record": True} if seed == 3 else {"kill_after_rows": rng.randint(1, 40)}
+    )
+    spec = capture_child.ChildSpec.in_dir(
+        tmp_path, sync.sync_id, "customer", (TABLE,), connection_uri_env(CONN, vitess),
+        lock_stale_seconds=STALE.total_seconds(), group=victim, **kill,
+    )  # fmt: skip
+    child = capture_child.run("group", spec, timeout=300)
+    assert child.returncode == -9 and "KILLED-" in child.stdout, (
+        child.returncode,
+        child.stdout,
+        child.stderr[-3000:],
+    )
+    assert sync.store.window_groups(sync.sync_id, window.seq)[victim].state is WindowState.PLANNED
+    if not other_first:
+        sync.read(other)
+    kept = sync.store.window_groups(sync.sync_id, window.seq)[other]
+    assert kept.state is WindowState.STAGED and kept.manifest_path and Path(kept.manifest_path).exists()
+    # Only the killed group is read again (the other's part is not touched: same record, same file).
+    assert sync.read(victim)["status"] == "staged"
+    assert sync.store.window_groups(sync.sync_id, window.seq)[other] == kept
+    assert sync.read(other)["status"] == "already staged"
+    sync.merge()
+    sync.check()
+
+
+DAG_FILE = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+dag = vitess_sync_dag(
+    "groups_dag",
+    keyspace="customer",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    wait_for_changes=False,
+    capture_parallelism=2,
+    default_args={{"retries": 0}},
+    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
+    merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+)
+"""
+
+
+@pytest.fixture
+def airflow(vitess: LocalVitess, tmp_path: Path) -> AirflowEnv:
+    env = make_airflow_env(tmp_path / "af", vitess)
+    env.write_dag("groups_dag", DAG_FILE.format(lake=tmp_path / "lake", table=TABLE))
+    return env
+
+
+def test_the_dag_factory_maps_the_catch_up_over_the_groups(
+    airflow: AirflowEnv, hook: VitessHook, tmp_path: Path
+) -> None:
+    _setup(hook)
+    first = airflow.run_dag("groups_dag")
+    assert_succeeded(first, "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
+    store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
+    shard_of = _shards(hook)
+    wl = Workload(hook, 7, shard_of)
+    wl.round(40, "dag")
+    wl.split_moves("dag")()
+    second = airflow.run_dag("groups_dag")
+    assert_succeeded(second, "plan_catch_up", "catch_up", "merge")
+    assert second["mapped"]["catch_up"] == {"0": "success", "1": "success"}, second["mapped"]
+    assert_delta_equals_source(hook, "customer", [TABLE], tmp_path / "lake" / "delta")
+    _, seq = store.committed("groups_dag")
+    assert [g.shards for g in store.window_groups("groups_dag", seq)] == [("-80",), ("80-",)]
+
+
+def _shards(hook: VitessHook) -> dict[int, str]:
+    """Each customer's shard, asked of each shard through vtgate (a session aimed at it)."""
+    out: dict[int, str] = {}
+    for shard in ("-80", "80-"):
+        with hook.connect_sql() as conn:
+            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
+            for (customer,) in conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {TABLE}")):
+                out[int(customer)] = shard
+            conn.execute(sqlalchemy.text("USE `customer`"))
+    assert sorted(out) == list(CUSTOMERS), out
+    return out
