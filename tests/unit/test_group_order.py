@@ -14,7 +14,6 @@ seconds, delete and re-insert a key in one second, and change keys. Local Spark,
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from airflow_provider_vitess.merge.job import apply, history, order, shapes
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction
 from airflow_provider_vitess.vstream.spill import SpillableEvents
+from tests.integration.delta_check import spark_session
 
 SHARDS = ("-40", "40-80", "80-c0", "c0-")
 LAYOUT = (("-40", "40-80"), ("80-c0", "c0-"))  # two groups of two shards
@@ -43,16 +43,10 @@ Row = tuple[str, str, int, int | None, str | None, int | None]  # op, shard, ts,
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("group-order")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
+def spark() -> Any:
+    # The suite's one local session (Delta's jars on it): a session of its own, started first in
+    # an xdist worker, would leave that worker's JVM without them for every later Delta test.
+    return spark_session()
 
 
 def _workload(seed: int, monotone: bool) -> dict[str, list[tuple[int, list[Row]]]]:
