@@ -245,12 +245,7 @@ def _run(
         apply.write_replace(empty, target.path, keys, app_id, step.seq, files=1, column_mapping=False)
     elif shaped_step is not None:
         assert step.columns is not None
-        tm = manifest.tables[step.table]
-        staged = apply.read_window(spark, manifest, tm, step.columns)
-        earlier, retired = None, None
-        if step.action is not Action.REPLACE:
-            earlier = _context(spark, plan, manifest, step, staged, known)
-            retired = _retired_shards(manifest, known)
+        staged, earlier, retired = _read_step(spark, plan, manifest, step, known)
         try:
             changes, merged = shaped.write(
                 spark, delta, shaped_step, staged, earlier, retired, _with_comments(step.columns)
@@ -261,12 +256,7 @@ def _run(
     else:
         assert step.columns is not None
         tm = manifest.tables[step.table]
-        staged = apply.read_window(spark, manifest, tm, step.columns)
-        # A replacing window is a consistent copy by itself; a merged one may need earlier events.
-        earlier, retired = None, None
-        if step.action is not Action.REPLACE:
-            earlier = _context(spark, plan, manifest, step, staged, known)
-            retired = _retired_shards(manifest, known)
+        staged, earlier, retired = _read_step(spark, plan, manifest, step, known)
         final = apply.last_per_key(
             staged,
             keys,
@@ -303,6 +293,19 @@ def _run(
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
+
+
+def _read_step(
+    spark: SparkSession, plan: MergePlan, manifest: Manifest, step: Step, known: dict[int, Manifest | None]
+) -> tuple[DataFrame, DataFrame | None, Mapping[str, tuple[str, ...]] | None]:
+    """The step's staged rows, and for a merged (not replacing) window the earlier windows'
+    events that can still decide its keys and the shards a reshard retired. A replacing window is
+    a consistent copy by itself."""
+    assert step.columns is not None
+    staged = apply.read_window(spark, manifest, manifest.tables[step.table], step.columns)
+    if step.action is Action.REPLACE:
+        return staged, None, None
+    return staged, _context(spark, plan, manifest, step, staged, known), _retired_shards(manifest, known)
 
 
 def _context(
