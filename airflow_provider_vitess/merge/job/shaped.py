@@ -110,20 +110,11 @@ def write(
             assert step.schema is not None
             rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot)
             shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
-        elif shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
+            return (), False
+        if shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
             versions = history.versions(staged, None, keys, data, shape, seq, table)
             rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(
                 history.ACTION, history.HEAL_TS
-            )
-            apply.write_replace(
-                rows,
-                path,
-                keys,
-                s.app_id,
-                seq,
-                files=s.files,
-                column_mapping=s.column_mapping,
-                properties=create,
             )
         else:
             final = apply.last_per_key(
@@ -136,16 +127,16 @@ def write(
                 meta=True,
             )
             rows = shapes.replace_rows(final, with_comments, shape, seq)
-            apply.write_replace(
-                rows,
-                path,
-                keys,
-                s.app_id,
-                seq,
-                files=s.files,
-                column_mapping=s.column_mapping,
-                properties=create,
-            )
+        apply.write_replace(
+            rows,
+            path,
+            keys,
+            s.app_id,
+            seq,
+            files=s.files,
+            column_mapping=s.column_mapping,
+            properties=create,
+        )
         return (), False
     assert step.evolution is not None and step.schema is not None
     ev = step.evolution
