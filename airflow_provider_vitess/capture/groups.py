@@ -1,10 +1,11 @@
 """Shard groups: one catch-up window read by several processes at once, each a group of shards.
 
-A sync with ``capture_parallelism=N`` splits its keyspace's shards, sorted by key range, into N
-contiguous groups (:func:`layout`). One step under the sync's lock plans the window as always
-(start: the committed position; stop: every shard's position now, taken once) and records the
-layout with it (:meth:`GroupedCatchUp.plan`). Each group then reads the window's start restricted
-to its shards up to the stop restricted to its shards, under a lock of its own
+A sync with ``capture_parallelism`` (N, or the groups' key ranges) splits its keyspace's shards,
+sorted by key range, into contiguous groups (``capture/group_layout.py``). One step under the
+sync's lock plans the window as always (start: the committed position; stop: every shard's
+position now, taken once) and records the layout with it (:meth:`GroupedCatchUp.plan`). Each
+group then reads the window's start restricted to its shards up to the stop restricted to its
+shards, under a lock of its own
 (``checkpoints.groups.group_lock_id``: groups run at once, each group one writer at a time, fenced
 as the sync's lock is), stages its part into the window's directory (part files named with the
 group, a manifest of its own) and records the part STAGED (:meth:`GroupedCatchUp.read_group`). A
@@ -24,8 +25,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
+from airflow_provider_vitess.capture.group_layout import GroupSplit, SplitMismatchError, layout
 from airflow_provider_vitess.capture.outcome import WindowOutcome
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
@@ -39,23 +40,6 @@ from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import ReadBounds
 
 log = logging.getLogger(__name__)
-
-
-def layout(shards: Sequence[str], parallelism: int) -> list[list[str]]:
-    """``shards`` sorted by key range, split into ``parallelism`` contiguous groups whose sizes
-    differ by one at most (fewer groups when there are fewer shards)."""
-    if parallelism < 1:
-        raise ValueError(f"capture_parallelism must be 1 or more, got {parallelism}")
-    ordered = sorted(shards, key=lambda s: keyrange.key_range(s)[0])
-    n = min(parallelism, len(ordered))
-    size, extra = divmod(len(ordered), n) if n else (0, 0)
-    out: list[list[str]] = []
-    at = 0
-    for g in range(n):
-        take = size + (1 if g < extra else 0)
-        out.append(ordered[at : at + take])
-        at += take
-    return out
 
 
 def restrict(position: Vgtid, shards: Sequence[str]) -> Vgtid:
@@ -83,21 +67,21 @@ def group_writer_id(group: int, token: str) -> str:
 class GroupedCatchUp(CatchUpRun):
     """The plan step and the per-group read of a sync read by shard groups."""
 
-    def plan(self, parallelism: int) -> list[int]:
+    def plan(self, split: GroupSplit) -> list[int]:
         """Under the sync's lock: the unfinished catch-up window, or a new one planned with its
         group layout; returns its groups (``[0]``: a window read by one process). A window whose
         groups are all staged is assembled first."""
         chosen = self._check_source()
         with self._locked():
             assemble(self.store, self.spec.sync_id, self._windows)
-            found = self._window_to_read(WindowKind.CATCHUP, chosen, lambda: self._plan_grouped(parallelism))
+            found = self._window_to_read(WindowKind.CATCHUP, chosen, lambda: self._plan_grouped(split))
             seq = found.seq if isinstance(found, WindowOutcome) else found[0].seq
             groups = self.store.window_groups(self.spec.sync_id, seq)
             if groups and isinstance(found, tuple):
                 self._record_key_progress(seq, self.spec.tables)  # once, not by every group
             return [g.group for g in groups] or [0]
 
-    def _plan_grouped(self, parallelism: int) -> int:
+    def _plan_grouped(self, split: GroupSplit) -> int:
         start = self.store.next_catchup_start(self.spec.sync_id)
         if start is None:
             raise CheckpointError(f"sync {self.spec.sync_id!r} has no committed position: snapshot it first")
@@ -105,7 +89,13 @@ class GroupedCatchUp(CatchUpRun):
         taken_at = datetime.datetime.now(datetime.timezone.utc)
         stop = self._stop_position()
         shards = [sg.shard for sg in start.shard_gtids]
-        groups = layout(shards, parallelism)
+        try:
+            groups = layout(shards, split)
+        except SplitMismatchError as exc:
+            # Shards that no longer fit the user's ranges (after a reshard): one process reads
+            # the window, exact but not spread, until the ranges are changed.
+            log.warning("sync %r: %s; this window is read by one process", self.spec.sync_id, exc)
+            groups = []
         if len(groups) < 2 or sorted(sg.shard for sg in stop.shard_gtids) != sorted(shards):
             # One shard, or a reshard under way (the stop names other shards): one process reads
             # it, journals and all (the single-process path).

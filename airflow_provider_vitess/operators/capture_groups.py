@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_provider_vitess.capture.group_layout import GroupSplit, group_split
 from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.operators.capture import _SYNC_FIELDS, _CaptureOperatorBase
 from airflow_provider_vitess.utils.failures import task_failures
@@ -21,22 +22,23 @@ from airflow_provider_vitess.vstream.window import ReadBounds
 
 
 class VitessCatchUpPlanOperator(_CaptureOperatorBase[GroupedCatchUp]):
-    """Plan the sync's next catch-up window read by ``capture_parallelism`` shard groups (or
-    find the unfinished one). Returns (XCom) the window's group numbers, what the group task is
-    mapped over (``[0]``: one process reads it, a keyspace of one shard or during a reshard)."""
+    """Plan the sync's next catch-up window read by shard groups (``capture_parallelism``: their
+    number, or their key ranges such as ``["-80", "80-"]``), or find the unfinished one. Returns
+    (XCom) the window's group numbers, what the group task is mapped over (``[0]``: one process
+    reads it, a keyspace of one shard or during a reshard)."""
 
     job = GroupedCatchUp
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "capture_parallelism")
 
-    def __init__(self, *, capture_parallelism: int = 2, **kwargs: Any) -> None:
+    def __init__(self, *, capture_parallelism: GroupSplit | str = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.capture_parallelism = capture_parallelism
 
     def execute(self, context: Any) -> list[int]:
         with task_failures(self.log):
             runner = self._runner(context)
-            groups = runner.plan(int(self.capture_parallelism))
+            groups = runner.plan(group_split(self.capture_parallelism))
             self.log.info("sync %r: the window is read by group(s) %s", self.sync_id, groups)
             return groups
 

@@ -9,8 +9,8 @@ keyspace: one group per shard, so every move between shards is a move between gr
 * A group's capture SIGKILLed at a seeded point of its read (or after writing its part, before
   recording it), in 3 seeds: only that group is read again; the other group's part is kept; the
   merge then gives Delta == ``SELECT *``.
-* The DAG factory with ``capture_parallelism=2`` through Airflow (``dag.test()``): the plan task,
-  the catch-up mapped over the groups, the merge.
+* The DAG factory with ``capture_parallelism=["-80", "80-"]`` (the groups' key ranges) through
+  Airflow (``dag.test()``): the plan task, the catch-up mapped over the groups, the merge.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ dag = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes=False,
-    capture_parallelism=2,
+    capture_parallelism=["-80", "80-"],  # the groups by key range: one per shard here
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},

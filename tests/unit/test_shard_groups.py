@@ -5,18 +5,19 @@ rerun deleting only its own files. A real SQLite store and real staged Parquet p
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.capture.group_layout import SplitMismatchError, group_split, layout
 from airflow_provider_vitess.capture.groups import (
     assemble,
     delete_group_files,
     group_manifest_name,
     group_writer_id,
-    layout,
     restrict,
 )
 from airflow_provider_vitess.capture.resume import WindowBook
@@ -67,6 +68,50 @@ def test_layout_is_contiguous_by_key_range_and_balanced() -> None:
     assert layout(["0"], 2) == [["0"]]
     with pytest.raises(ValueError, match="capture_parallelism must be 1 or more"):
         layout(list(SHARDS), 0)
+
+
+def test_key_ranges_make_a_group_of_the_shards_inside_each() -> None:
+    assert layout(list(SHARDS), ("80-", "-80")) == [["-40", "40-80"], ["80-c0", "c0-"]]
+    assert layout(list(SHARDS), ("-40", "40-")) == [["-40"], ["40-80", "80-c0", "c0-"]]  # a hot shard alone
+    assert layout(["-40", "40-80", "80-"], ("-80", "80-")) == [["-40", "40-80"], ["80-"]]
+    assert layout(["-8000", "8000-"], ("-80", "80-")) == [["-8000"], ["8000-"]]  # 80 == 8000, as in Vitess
+    assert layout(["-40"], ("-40", "40-")) == [["-40"]]  # a range that holds no shard: no group
+
+
+def test_a_shard_across_a_range_boundary_does_not_fit() -> None:
+    with pytest.raises(SplitMismatchError, match=r"shard\(s\) \['-80'\] span a boundary.*\['-40', '40-'\]"):
+        layout(["-80", "80-"], ("-40", "40-"))
+
+
+@pytest.mark.parametrize(
+    ("given", "split"),
+    [(2, 2), ("3", 3), (["-80", "80-"], ("-80", "80-")), ('["-80", "80-"]', ("-80", "80-")), (["0"], ("0",))],
+)
+def test_the_split_as_given_or_rendered(given: object, split: object) -> None:
+    assert group_split(given) == split
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (0, "must be 1 or more, got 0"),
+        (True, "a number of groups or a list of key ranges, got True"),
+        ("two", "a number of groups or a list of key ranges, got 'two'"),
+        ([], "key ranges are empty"),
+        (["-80", "c0-"], "do not tile the keyspace: 'c0-' should start at 80"),
+        (["-80", "40-"], "do not tile the keyspace: '40-' should start at 80"),
+        (["40-"], "'40-' should start at the start"),
+        (
+            ["-80", "80-c0"],
+            "do not reach the keyspace's end: the last ends at c0; make the last range open-ended",
+        ),
+        (["-80", "80-", "c0-"], "'c0-' should start at the keyspace's end"),
+        (["-zz"], "not a key range of hex bounds"),
+    ],
+)
+def test_a_split_that_is_not_one_is_refused_naming_the_fix(given: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        group_split(given)
 
 
 def test_restrict_keeps_a_groups_shards_and_refuses_a_missing_one() -> None:
