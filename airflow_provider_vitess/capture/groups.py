@@ -149,18 +149,7 @@ class GroupedCatchUp(CatchUpRun):
         delete_group_files(spec.staging_location, spec.sync_id, seq, g, spec.storage_options)
         manifest_name = group_manifest_name(g, writer)
         stager = self._stager(seq, [], writer_id=writer, manifest_name=manifest_name)
-        flags = self._target.flags(
-            heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
-        )
-        reader = self._reader(
-            stager,
-            spec.tables,
-            start,
-            stop,
-            flags=flags,
-            bounds=bounds or ReadBounds(),
-            copied_at=self._copied_at,
-        )
+        reader = self._catch_up_reader(stager, start, stop, bounds)
 
         def record(manifest: Manifest) -> None:
             path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{manifest_name}"
