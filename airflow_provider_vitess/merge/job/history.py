@@ -30,14 +30,14 @@ commit carrying the window's transaction id.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, partial
+from airflow_provider_vitess.merge.job import apply, conflicts, partial
 from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
@@ -97,11 +97,16 @@ def versions(
     shape: TargetShape,
     seq: int,
     table: str,
+    covered: Mapping[str, int],
+    retired: Mapping[str, Sequence[str]] | None = None,
 ) -> DataFrame:
     """The MERGE's source: ``_action`` = insert (a version of this window) or close (the end of
     the Delta table's current version of the key), the key and data columns, and the shape's
-    metadata columns (module docstring)."""
-    e = _events(staged, context, keys, data, table)
+    metadata columns (module docstring). A key two shards hold at once after the window (two
+    live rows of the source, which would be one current version flipping between them) makes the
+    first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
+    as for :func:`.apply.last_per_key`)."""
+    e = conflicts.checked_events(_events(staged, context, keys, data, table), keys, table, covered, retired)
     key_cols = [col(k) for k in keys]
     by_key = Window.partitionBy(*key_cols).orderBy(col(_ORD))
     nxt = {n: F.lead(col(n)).over(by_key) for n in (_UP, _SHARD, _TS, _ORD)}
