@@ -258,6 +258,7 @@ def _assert_history(
                 v["_vitess_valid_from"] is not None,
                 v["_vitess_valid_from"] or 0,
                 v["_vitess_valid_to"] is None,
+                v["_vitess_valid_to"] or 0,  # a version of no length (two groups in one second) first
             )
         )
         for a, b in itertools.pairwise(vs):

@@ -8,6 +8,9 @@ throughout whichever half comes first). Per key, in event order:
 
 * a shard's holding before its first event is read off that event (an insert: not held; an
   update or a delete: held), so the holders after each event are a running sum;
+* a shard retired by a reshard hands its holding of a key to the new shard that has events of
+  it (:func:`_heirs`: its events count as that shard's), as the mirror drops a retired shard's
+  last event once a new shard has one;
 * a delete followed by the key's next event, an upsert on another shard, at most
   :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
   that upsert (no deleted gap between the two versions);
@@ -89,6 +92,25 @@ def _events(
     return events.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
 
 
+def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
+    """A retired shard's events of a key that a shard which replaced it has events of, counted
+    as that shard's: the new shard holds the old one's row from the switch on (its copy gave no
+    event), so its holding continues the old shard's. Counted apart, the old shard would hold a
+    key for ever after its last upsert (a key deleted on the new shard stays current). The heir:
+    the new shard whose earliest event of the key is not an insert (it had the row), else the
+    earliest; a retired shard's events all come before the new shards' (the journal)."""
+    by_key = Window.partitionBy(*[col(k) for k in keys])
+    shard = col(_SHARD)
+    for old, new in retired.items():
+        first = F.struct((col(CHANGE) == "insert").alias("insert"), col(_ORD).alias("ord"), shard.alias("s"))
+        e = e.withColumn("_heir", F.min(F.when(shard.isin(list(new)), first)).over(by_key))
+        heir = col("_heir")["s"]
+        e = e.withColumn(_SHARD, F.when((shard == old) & heir.isNotNull(), heir).otherwise(shard)).drop(
+            "_heir"
+        )
+    return e
+
+
 def versions(
     staged: DataFrame,
     context: DataFrame | None,
@@ -107,6 +129,7 @@ def versions(
     first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
     as for :func:`.apply.last_per_key`)."""
     e = conflicts.checked_events(_events(staged, context, keys, data, table), keys, table, covered, retired)
+    e = _heirs(e, keys, retired or {})
     key_cols = [col(k) for k in keys]
     by_key = Window.partitionBy(*key_cols).orderBy(col(_ORD))
     nxt = {n: F.lead(col(n)).over(by_key) for n in (_UP, _SHARD, _TS, _ORD)}
