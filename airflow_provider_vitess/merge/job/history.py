@@ -15,8 +15,8 @@ throughout whichever half comes first). Per key, in event order:
   :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
   that upsert (no deleted gap between the two versions);
 * events run in *groups*: consecutive events of one shard and one commit second (the rows of
-  one transaction share both). A group that ends with the key existing and holds an upsert
-  gives one version, with the values of the latest upsert; one that ends with the key gone
+  one transaction share both). A group that ends with the key existing and with an upsert
+  (a move's delete, counted after its insert, aside) gives one version, with the values of the latest upsert; one that ends with the key gone
   ends the version before it (``deleted``). A delete and re-insert inside one group ends the
   version before with ``deleted`` and starts the next at the same second.
 
@@ -162,7 +162,9 @@ def versions(
         F.min(F.when(col("_i") == 1, col("_gts"))).alias("_ts"),
         F.max(F.when(col("_i") == 1, col("_exists").cast("int"))).alias("_end"),
         F.min(col("_exists").cast("int")).alias("_min"),
-        F.max(up).alias("_has_up"),
+        # The group's last event but a move's delete counted after its insert: an upsert, or the
+        # group's shard gave up the row (an update then a delete while another shard holds it).
+        F.max(F.when(~col("_healed"), F.struct(col("_eff").alias("e"), up.alias("u")))).alias("_last"),
         F.max(F.when(~col(_CTX), 1).otherwise(0)).alias("_in_window"),
         F.first(F.when(col("_i") == 1, col("_vals")), True).alias("_vals"),
         F.first(col("_h0")).alias("_h0"),
@@ -173,7 +175,7 @@ def versions(
     before = F.coalesce(F.lag(col("_end")).over(by_run), (col("_h0") > 0).cast("int"))
     runs = runs.withColumn("_before", before)
     kind = (
-        F.when((col("_end") == 1) & (col("_has_up") == 1), F.lit(INSERT))
+        F.when((col("_end") == 1) & (col("_last")["u"] == 1), F.lit(INSERT))
         .when((col("_end") == 0) & (col("_before") == 1), F.lit(CLOSE))
         .otherwise(F.lit(None))
     )
