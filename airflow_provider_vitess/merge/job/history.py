@@ -16,7 +16,8 @@ throughout whichever half comes first). Per key, in event order:
   that upsert (no deleted gap between the two versions);
 * events run in *groups*: consecutive events of one shard and one commit second (the rows of
   one transaction share both). A group that ends with the key existing and with an upsert
-  (a move's delete, counted after its insert, aside) gives one version, with the values of the latest upsert; one that ends with the key gone
+  (a move's delete, counted after its insert, aside) gives one version, with the values of
+  the latest upsert; one that ends with the key gone
   ends the version before it (``deleted``). A delete and re-insert inside one group ends the
   version before with ``deleted`` and starts the next at the same second.
 
