@@ -22,10 +22,10 @@ merged window by window into Delta by the merge job (PySpark); both are compared
 ``SELECT *`` through vtgate, and each window is in each table's Delta log once (for `live`,
 also after a second merge of every window, which commits nothing). `live`'s windows of `corder`
 (the table whose rows move between shards) are also merged into a `history` and a `changelog`
-table, checked after each window against the reference applier's state after that window: the
-current versions are its rows (versions contiguous, one current per live key), and the
-changelog's rows, replayed by the same applier in their order, are its rows too, with one row per
-staged change.
+table, checked after the snapshot, each window across a switch and the last window against the
+reference applier's state after that window: the current versions are its rows (versions
+contiguous, one current per live key), and the changelog's rows, replayed by the same applier in
+their order, are its rows too, with one row per staged change.
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ class Sync:
         """Each window merged once, in order, as the DAG does; then Delta == SELECT *, and each
         window that changed a table is one commit of its Delta log, once. ``merge_again``: also
         after a second merge of every window (a rerun of all merges commits nothing). ``modes``:
-        `corder` also in `history` and `changelog`, checked after each window (module docstring)."""
+        `corder` also in `history` and `changelog`, checked after the snapshot, each window across
+        a switch and the last one."""
         keys = self.windows[0].tables
         targets = {t: TableTarget(t, str(root / t), keys[t].key_columns, keys[t].key_columns) for t in TABLES}
         spark = spark_session()
@@ -170,17 +171,24 @@ class Sync:
             WindowToMerge(m.window_seq, m.path, TABLES if i == 0 else ()) for i, m in enumerate(self.windows)
         ]
         written: dict[str, list[int]] = {t: [] for t in TABLES}
-        in_modes = 0.0
-        for i, window in enumerate(windows):
+        for window in windows:
             report = merge(spark, MergePlan(self.id, (window,), targets))
             for (seq, table), status in report.statuses().items():
                 if status is TableStatus.WRITTEN:
                     written[table].append(seq)
-            if modes:
-                started = time.monotonic()
-                self._merge_modes(spark, root, i, targets["corder"])
-                in_modes += time.monotonic() - started
         if modes:
+            started = time.monotonic()
+            # One merge per mode for each run of windows up to a check: the snapshot, each
+            # window across a switch (its shards are not the window before's), the last one (a
+            # Spark job per window per mode cost ~160 s).
+            ends = [
+                i
+                for i, m in enumerate(self.windows)
+                if i in (0, len(self.windows) - 1) or _shards(m) != _shards(self.windows[i - 1])
+            ]
+            for lo, hi in zip([0, *[e + 1 for e in ends]], ends, strict=False):
+                self._merge_modes(spark, root, lo, hi, targets["corder"])
+            in_modes = time.monotonic() - started
             print(f"\n{self.id}: corder in history and changelog, merged and checked in {in_modes:.1f}s")
         if merge_again:
             again = merge(spark, MergePlan(self.id, tuple(windows), targets)).statuses()
@@ -194,16 +202,20 @@ class Sync:
             assert len(txns) == len(seqs) and set(seqs.values()) == {1}, (table, txns)
             assert sorted(seqs) == written[table] and len(written[table]) > 2, (table, seqs, written)
 
-    def _merge_modes(self, spark: Any, root: Path, i: int, mirror: TableTarget) -> None:
-        """Window ``i`` of `corder` merged into a `history` and a `changelog` table, each then
-        checked against the reference applier's rows after the window."""
+    def _merge_modes(self, spark: Any, root: Path, lo: int, i: int, mirror: TableTarget) -> None:
+        """Windows ``lo``..``i`` of `corder` merged into a `history` and a `changelog` table (one
+        job each, a commit per window), each then checked against the reference applier's rows
+        after window ``i``."""
         manifest = self.windows[i]
-        window = WindowToMerge(manifest.window_seq, manifest.path, ("corder",) if i == 0 else ())
+        batch = tuple(
+            WindowToMerge(m.window_seq, m.path, ("corder",) if n == 0 else ())
+            for n, m in enumerate(self.windows[lo : i + 1], start=lo)
+        )
         paths = {}
         for mode in (TargetMode.HISTORY, TargetMode.CHANGELOG):
             paths[mode] = str(root / f"corder_{mode.value}")
             target = replace(mirror, path=paths[mode], shape=TargetShape(mode))
-            merge(spark, MergePlan(self.id, (window,), {"corder": target}))
+            merge(spark, MergePlan(self.id, batch, {"corder": target}))
         want = self.orders_after[i]
         columns = _columns(self.windows[0], "corder")
         versions = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.HISTORY]).collect()]
@@ -229,6 +241,10 @@ class Sync:
                 )
             replayed.apply(changes, [sg.shard for sg in m.end_vgtid.shard_gtids])
         assert replayed.rows() == want, (manifest.window_seq, _diff(replayed.rows(), want))
+
+
+def _shards(manifest: Manifest) -> set[str]:
+    return {sg.shard for sg in manifest.end_vgtid.shard_gtids}
 
 
 def _columns(manifest: Manifest, table: str) -> list[str]:
