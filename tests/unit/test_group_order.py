@@ -157,7 +157,7 @@ def test_one_part_and_group_parts_merge_alike(spark: SparkSession, seed: int) ->
     shape = TargetShape(TargetMode.HISTORY)
 
     def versions(staged: DataFrame) -> list[tuple[Any, ...]]:
-        out = history.versions(staged, None, keys, data, shape, 7, "t")
+        out = history.versions(staged, None, keys, data, shape, 7, "t", covered={})
         return _sorted(out.drop(shape.name("synced_at")))
 
     assert versions(single) == versions(grouped)
