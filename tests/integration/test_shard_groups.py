@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import capture_child
 from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
+from tests.integration.group_workload import Workload, execute
 
 pytestmark = pytest.mark.integration
 
@@ -55,120 +56,21 @@ def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
         yield VitessHook(CONN)
 
 
-def _execute(hook: VitessHook, *statements: str) -> None:
-    with hook.connect_sql() as conn:
-        for sql in statements:
-            conn.execute(sqlalchemy.text(sql))
-        conn.commit()
-
-
 def _setup(hook: VitessHook) -> None:
     # The key (order_id) leaves out the vindex column (customer_id): a move keeps its key.
-    _execute(hook, f"DROP TABLE IF EXISTS customer.{TABLE}")
-    _execute(
+    execute(hook, f"DROP TABLE IF EXISTS customer.{TABLE}")
+    execute(
         hook,
         f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
         "note VARCHAR(64), PRIMARY KEY (order_id))",
     )
     try:  # the vschema outlives a dropped table
-        _execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
+        execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
     except sqlalchemy.exc.DBAPIError as exc:
         if "already" not in str(exc):
             raise
     values = ", ".join(f"({c}, {c}, 'initial {c}')" for c in CUSTOMERS)
-    _execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
-
-
-class Workload:
-    """Seeded changes; it knows each order's customer and each customer's shard."""
-
-    def __init__(self, hook: VitessHook, seed: int, shard_of: dict[int, str]) -> None:
-        self.hook, self.rng, self.shard_of = hook, random.Random(seed), shard_of
-        self.orders = {c: c for c in CUSTOMERS}  # order_id -> customer_id
-        self.next_id = 1000
-        self.touched: set[int] = set()
-        self.later: list[str] = []  # second halves of moves split by a window stop
-
-    def _other_shard_customer(self, order_id: int) -> int:
-        here = self.shard_of[self.orders[order_id]]
-        return self.rng.choice([c for c in CUSTOMERS if self.shard_of[c] != here])
-
-    def _insert(self, order_id: int, customer: int, note: str) -> str:
-        columns = "(order_id, customer_id, note)"
-        return f"INSERT INTO customer.{TABLE} {columns} VALUES ({order_id}, {customer}, '{note}')"
-
-    def _delete(self, order_id: int) -> str:
-        # Aimed at its customer: the key alone would be routed to every shard.
-        where = f"order_id = {order_id} AND customer_id = {self.orders[order_id]}"
-        return f"DELETE FROM customer.{TABLE} WHERE {where}"
-
-    def round(self, ops: int, tag: str) -> None:
-        """The INSERTs of the last split moves, then ``ops`` seeded changes."""
-        for pending in self.later:
-            _execute(self.hook, pending)
-        self.later = []
-        self.touched = set()
-        for i in range(ops):
-            note = f"{tag}-{i}"
-            choice = self.rng.random()
-            key = self.rng.choice(sorted(self.orders))
-            if choice < 0.2 or len(self.orders) < 6:
-                customer = self.rng.choice(CUSTOMERS)
-                _execute(self.hook, self._insert(self.next_id, customer, note))
-                self.orders[self.next_id] = customer
-                self.touched.add(self.next_id)
-                self.next_id += 1
-                continue
-            self.touched.add(key)
-            if choice < 0.4:
-                _execute(self.hook, f"UPDATE customer.{TABLE} SET note = '{note}' WHERE order_id = {key} "
-                         f"AND customer_id = {self.orders[key]}")  # fmt: skip
-            elif choice < 0.6:  # a move in one transaction, either half first
-                to = self._other_shard_customer(key)
-                halves = [self._delete(key), self._insert(key, to, note)]
-                if self.rng.random() < 0.5:
-                    halves.reverse()
-                _execute(self.hook, *halves)
-                self.orders[key] = to
-            elif choice < 0.75:  # deleted and inserted again in the same second, here or there
-                to = self.orders[key] if self.rng.random() < 0.5 else self._other_shard_customer(key)
-                _execute(self.hook, self._delete(key))
-                _execute(self.hook, self._insert(key, to, note))
-                self.orders[key] = to
-            elif choice < 0.87:  # the key changes
-                new = self.next_id
-                self.next_id += 1
-                _execute(self.hook, f"UPDATE customer.{TABLE} SET order_id = {new}, note = '{note}' "
-                         f"WHERE order_id = {key} AND customer_id = {self.orders[key]}")  # fmt: skip
-                self.orders[new] = self.orders.pop(key)
-                self.touched.add(new)
-            else:
-                _execute(self.hook, self._delete(key))
-                del self.orders[key]
-
-    def split_moves(self, tag: str) -> Callable[[], None]:
-        """Moves whose halves fall on both sides of the next window's stop, both directions, of
-        keys this round left alone: DELETE-first ones now (their INSERT at the next round: the row
-        is gone meanwhile, in the source as in Delta), INSERT-first ones now with the DELETE
-        returned, to run right after the stop is taken (the source is whole again when Delta is
-        compared)."""
-        quiet = [k for k in sorted(self.orders) if k not in self.touched]
-        by_shard: dict[str, list[int]] = {}
-        for k in quiet:
-            by_shard.setdefault(self.shard_of[self.orders[k]], []).append(k)
-        deletes_after: list[str] = []
-        for shard, keys in sorted(by_shard.items()):
-            picked = self.rng.sample(keys, min(2, len(keys)))
-            for n, key in enumerate(picked):
-                to = self._other_shard_customer(key)
-                if n == 0:  # DELETE first; the INSERT waits for the next round
-                    _execute(self.hook, self._delete(key))
-                    self.later.append(self._insert(key, to, f"{tag}-late-{shard}"))
-                else:  # INSERT first; the DELETE right after the stop
-                    deletes_after.append(self._delete(key))
-                    _execute(self.hook, self._insert(key, to, f"{tag}-early-{shard}"))
-                self.orders[key] = to
-        return lambda: _execute(self.hook, *deletes_after) if deletes_after else None
+    execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
 
 
 class GroupedSync:
@@ -225,7 +127,7 @@ def test_two_groups_stay_exact_through_moves_between_them(hook: VitessHook, tmp_
     shard_of = sync.snapshot()
     assert sorted(set(shard_of.values())) == ["-80", "80-"]
     sync.check()
-    wl = Workload(hook, 31, shard_of)
+    wl = Workload(hook, 31, shard_of, f"customer.{TABLE}", CUSTOMERS)
     for run in range(4):
         wl.round(40, f"r{run}")
         finish = wl.split_moves(f"r{run}")
@@ -257,7 +159,7 @@ def test_a_killed_group_is_read_again_alone(
     rng = random.Random(seed)
     _setup(hook)
     sync = GroupedSync(hook, tmp_path)
-    wl = Workload(hook, 100 + seed, sync.snapshot())
+    wl = Workload(hook, 100 + seed, sync.snapshot(), f"customer.{TABLE}", CUSTOMERS)
     wl.round(160, f"k{seed}")
     finish = wl.split_moves(f"k{seed}")
     assert sync.plan() == [0, 1]
@@ -329,7 +231,7 @@ def test_the_dag_factory_maps_the_catch_up_over_the_groups(
     assert_succeeded(first, "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
     store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
     shard_of = _shards(hook)
-    wl = Workload(hook, 7, shard_of)
+    wl = Workload(hook, 7, shard_of, f"customer.{TABLE}", CUSTOMERS)
     wl.round(40, "dag")
     wl.split_moves("dag")()
     second = airflow.run_dag("groups_dag")
