@@ -1,7 +1,8 @@
 """Issue 31's acceptance of shard groups on four shards: the ``sharded`` keyspace
-(-40,40-80,80-c0,c0-; ``four_shard_cluster``) synced with ``capture_parallelism=2`` through the
-DAG factory and Airflow (``dag.test()``, merges on Spark Connect): two shards per group, so some
-moves stay inside a group and others cross between groups.
+(-40,40-80,80-c0,c0-; ``four_shard_cluster``) synced in two groups given by their key ranges
+(``capture_parallelism=["-80", "80-"]``) through the DAG factory and Airflow (``dag.test()``,
+merges on Spark Connect): two shards per group, so some moves stay inside a group and others
+cross between groups.
 
 The first DAG run snapshots (one process: the snapshot is not split over groups yet) and reads a
 first grouped window; then seeded workload rounds (``group_workload.Workload``: moves between
@@ -48,7 +49,7 @@ dag = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes=False,
-    capture_parallelism=2,
+    capture_parallelism=["-80", "80-"],  # the groups' key ranges: two shards each
     default_args={{"retries": 0}},
     merge_kwargs={merge_kwargs},
 )

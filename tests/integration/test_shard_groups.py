@@ -9,8 +9,8 @@ keyspace: one group per shard, so every move between shards is a move between gr
 * A group's capture SIGKILLed at a seeded point of its read (or after writing its part, before
   recording it), in 3 seeds: only that group is read again; the other group's part is kept; the
   merge then gives Delta == ``SELECT *``.
-* The DAG factory with ``capture_parallelism=["-80", "80-"]`` (the groups' key ranges) through
-  Airflow (``dag.test()``): the plan task, the catch-up mapped over the groups, the merge.
+
+The DAG factory with groups through Airflow: ``test_groups_four_shards.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import capture_child
-from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
 from tests.integration.group_workload import Workload, execute
 
@@ -194,62 +193,3 @@ def test_a_killed_group_is_read_again_alone(
     assert sync.read(other)["status"] == "already staged"
     sync.merge()
     sync.check()
-
-
-DAG_FILE = """
-import os
-from airflow_provider_vitess.dag_factory import vitess_sync_dag
-
-dag = vitess_sync_dag(
-    "groups_dag",
-    keyspace="customer",
-    tables=["{table}"],
-    staging_location="{lake}/staging",
-    target_location="{lake}/delta",
-    schedule=None,
-    wait_for_changes=False,
-    capture_parallelism=["-80", "80-"],  # the groups by key range: one per shard here
-    default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
-    merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
-)
-"""
-
-
-@pytest.fixture
-def airflow(vitess: LocalVitess, tmp_path: Path) -> AirflowEnv:
-    env = make_airflow_env(tmp_path / "af", vitess)
-    env.write_dag("groups_dag", DAG_FILE.format(lake=tmp_path / "lake", table=TABLE))
-    return env
-
-
-def test_the_dag_factory_maps_the_catch_up_over_the_groups(
-    airflow: AirflowEnv, hook: VitessHook, tmp_path: Path
-) -> None:
-    _setup(hook)
-    first = airflow.run_dag("groups_dag")
-    assert_succeeded(first, "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
-    store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
-    shard_of = _shards(hook)
-    wl = Workload(hook, 7, shard_of, f"customer.{TABLE}", CUSTOMERS)
-    wl.round(40, "dag")
-    wl.split_moves("dag")()
-    second = airflow.run_dag("groups_dag")
-    assert_succeeded(second, "plan_catch_up", "catch_up", "merge")
-    assert second["mapped"]["catch_up"] == {"0": "success", "1": "success"}, second["mapped"]
-    assert_delta_equals_source(hook, "customer", [TABLE], tmp_path / "lake" / "delta")
-    _, seq = store.committed("groups_dag")
-    assert [g.shards for g in store.window_groups("groups_dag", seq)] == [("-80",), ("80-",)]
-
-
-def _shards(hook: VitessHook) -> dict[int, str]:
-    """Each customer's shard, asked of each shard through vtgate (a session aimed at it)."""
-    out: dict[int, str] = {}
-    for shard in ("-80", "80-"):
-        with hook.connect_sql() as conn:
-            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
-            for (customer,) in conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {TABLE}")):
-                out[int(customer)] = shard
-            conn.execute(sqlalchemy.text("USE `customer`"))
-    assert sorted(out) == list(CUSTOMERS), out
-    return out
