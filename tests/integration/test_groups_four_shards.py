@@ -172,7 +172,7 @@ def test_four_shards_in_two_groups_through_the_dag_factory(
 
 @pytest.mark.skipif(
     os.environ.get("VITESS_TEST_STRADDLE") != "1",
-    reason="about 220 s, over make test's budget; run with VITESS_TEST_STRADDLE=1 (passes since the "
+    reason="150-220 s, over make test's budget; run with VITESS_TEST_STRADDLE=1 (passes since the "
     "mover no longer moves keys whose split-move INSERT is pending: Workload.movable)",
 )
 def test_moves_straddle_the_stop_of_a_grouped_window(
