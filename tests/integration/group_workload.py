@@ -40,6 +40,8 @@ class Workload:
         self.next_id = 1000
         self.touched: set[int] = set()
         self.later: list[str] = []  # second halves of moves split by a window stop
+        # Keys of DELETE-first split moves: in no shard until ``later`` INSERTs them again.
+        self.away: set[int] = set()
 
     def _other_shard_customer(self, order_id: int) -> int:
         here = self.shard_of[self.orders[order_id]]
@@ -59,6 +61,7 @@ class Workload:
         for pending in self.later:
             execute(self.hook, pending)
         self.later = []
+        self.away = set()
         self.touched = set()
         for i in range(ops):
             note = f"{tag}-{i}"
@@ -116,15 +119,27 @@ class Workload:
                 if n == 0:  # DELETE first; the INSERT waits for the next round
                     execute(self.hook, self._delete(key))
                     self.later.append(self._insert(key, to, f"{tag}-late-{shard}"))
+                    self.away.add(key)
                 else:  # INSERT first; the DELETE right after the stop
                     deletes_after.append(self._delete(key))
                     execute(self.hook, self._insert(key, to, f"{tag}-early-{shard}"))
                 self.orders[key] = to
         return lambda: execute(self.hook, *deletes_after) if deletes_after else None
 
+    def movable(self) -> list[int]:
+        """The keys a move can take now: every order but those of DELETE-first split moves,
+        which are in no shard until the next round INSERTs them."""
+        return sorted(k for k in self.orders if k not in self.away)
+
     def move_apart(self, key: int, insert_first: bool, gap: float) -> None:
         """``key`` moved to another shard as two transactions ``gap`` seconds apart (as vtgate's
-        two shard commits are, slowly): a window stop can fall between them."""
+        two shard commits are, slowly): a window stop can fall between them. Only a key of
+        :meth:`movable`: moving a key that is away (its row deleted, its INSERT pending) would
+        INSERT it on a shard other than the pending one and DELETE nothing; the pending INSERT
+        would then make the source itself hold the key on two shards, a true duplicate the
+        merge rightly refuses (KeyConflictError)."""
+        if key in self.away:
+            raise ValueError(f"order {key} is away (a split move's INSERT is pending): not movable")
         to = self._other_shard_customer(key)
         halves = [self._delete(key), self._insert(key, to, f"apart-{key}-{to}")]
         if insert_first:

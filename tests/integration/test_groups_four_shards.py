@@ -14,6 +14,7 @@ the grouped windows were read by the two groups of two shards.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,8 +119,9 @@ def _moving(
     its stop, taken meanwhile, falls between the halves of a move or just after one. The move in
     flight then completes (its DELETE in the next window): the source is whole when Delta is
     compared. (DELETE-first moves across a stop: ``Workload.split_moves``.) Returns the run's
-    result and how many moves were made."""
+    result and how many moves were made; a move that failed fails the test with its own error."""
     done, moved, committed = threading.Event(), [0], store.committed(SYNC)[1]
+    failed: list[BaseException] = []
 
     def planned() -> bool:
         try:
@@ -128,10 +130,15 @@ def _moving(
             return False
 
     def mover() -> None:
-        while not done.is_set() and not planned():
-            wl.move_apart(wl.rng.choice(sorted(wl.orders)), insert_first=True, gap=0.5)
-            moved[0] += 1
-            done.wait(0.1)
+        try:
+            while not done.is_set() and not planned():
+                # Never a key a DELETE-first split move took out (``Workload.movable``): its
+                # pending INSERT would put it on a second shard, a true duplicate at the source.
+                wl.move_apart(wl.rng.choice(wl.movable()), insert_first=True, gap=0.5)
+                moved[0] += 1
+                done.wait(0.1)
+        except BaseException as exc:  # raised in the test's thread below, not lost in this one
+            failed.append(exc)
 
     thread = threading.Thread(target=mover, daemon=True)
     thread.start()
@@ -140,6 +147,8 @@ def _moving(
     finally:
         done.set()
         thread.join(timeout=30)
+    if failed:
+        raise AssertionError(f"a move failed after {moved[0]} moves") from failed[0]
     return result, moved[0]
 
 
@@ -162,15 +171,26 @@ def test_four_shards_in_two_groups_through_the_dag_factory(
     _acceptance(airflow, hook, four_shard_cluster, tmp_path, straddle=False)
 
 
-@pytest.mark.skip(
-    reason="open: seen failing with KeyConflictError (key held by shards 80-c0, c0- at once) in "
-    "the merge of the second workload window; cause not yet known (issue 31, session 18 report)"
+@pytest.mark.skipif(
+    os.environ.get("VITESS_TEST_STRADDLE") != "1",
+    reason="150-220 s, over make test's budget; run with VITESS_TEST_STRADDLE=1 (passes since the "
+    "mover no longer moves keys whose split-move INSERT is pending: Workload.movable)",
 )
 def test_moves_straddle_the_stop_of_a_grouped_window(
     airflow: AirflowEnv, hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
 ) -> None:
     """As above, with INSERT-first moves (DELETE 0.5 s later) going on until the plan task
-    planned each window: a stop falls between the halves of a move (``_moving``)."""
+    planned each window: a stop falls between the halves of a move (``_moving``).
+
+    It once failed with KeyConflictError (key 2 held by 80-c0 and c0-): not a false conflict
+    but a true duplicate the mover made at the source. It moved a key whose DELETE-first split
+    move was waiting for its INSERT (the row in no shard): its INSERT put the key on one shard,
+    its DELETE (aimed at the pending shard) deleted nothing, and the next round's pending INSERT
+    put the key on a second shard. Reproduced (keys 6 and 13, with one process as with groups):
+    no DELETE half of that move in any window's staged rows, and the keys listed by
+    ``GROUP BY order_id HAVING COUNT(*) > 1`` through vtgate. The merge refuses such a key once
+    its window runs CONTEXT_SECONDS past the second INSERT. The mover now takes only
+    ``Workload.movable`` keys."""
     _acceptance(airflow, hook, four_shard_cluster, tmp_path, straddle=True)
 
 
