@@ -24,9 +24,14 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
+from airflow_provider_vitess.capture.group_layout import group_split
 from airflow_provider_vitess.deadlines import freshness_deadline
 from airflow_provider_vitess.operators._sync import as_tables
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
+from airflow_provider_vitess.operators.capture_groups import (
+    VitessCatchUpGroupOperator,
+    VitessCatchUpPlanOperator,
+)
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
 
@@ -106,6 +111,7 @@ def vitess_sync_dag(
     change_data_feed: bool = False,
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
+    capture_parallelism: int | Sequence[str] = 1,
     **dag_kwargs: Any,
 ) -> DAG:
     """A DAG mirroring ``keyspace.tables`` into Delta tables under ``target_location``.
@@ -150,7 +156,18 @@ def vitess_sync_dag(
     overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
     ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
     the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
+
+    ``capture_parallelism`` (default 1: one catch-up task): N splits the keyspace's shards,
+    sorted by key range, into N contiguous groups; a list of key ranges that tile the keyspace
+    (``["-80", "80-"]``) makes a group of the shards inside each range. A ``plan_catch_up`` task
+    plans each window (its stop position and the layout) and the ``catch_up`` task is mapped over
+    the groups, one task instance per group, retried alone (docs/design.md, "Shard groups").
+    ``max_events`` and ``max_seconds`` then bound each group's read, and a run reads one window.
     """
+    try:
+        split = group_split(capture_parallelism)
+    except ValueError as exc:
+        raise ValueError(f"DAG {dag_id!r}: {exc}") from None
     # One name is one table, not its characters: "customer" or "customer, corder" as the
     # operators read text (a JSON list too).
     table_list = list(as_tables(tables))
@@ -232,12 +249,20 @@ def vitess_sync_dag(
             **common,
         )
         merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
-        catch_up = VitessCatchUpOperator(
-            task_id="catch_up",
-            max_events=max_events,
-            max_seconds=default_max_seconds(schedule) if max_seconds is None else max_seconds,
-            **common,
-        )
+        read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
+        catch_up: Any
+        read: Any
+        if split != 1:
+            plan = VitessCatchUpPlanOperator(task_id="plan_catch_up", capture_parallelism=split, **common)
+            groups = VitessCatchUpGroupOperator.partial(
+                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+            ).expand(group=plan.output)
+            plan >> groups
+            catch_up, read = plan, groups
+        else:
+            catch_up = read = VitessCatchUpOperator(
+                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+            )
         merge_changes = VitessMergeOperator(task_id="merge", **merge)
         if wait_for_changes:
             sense = VitessChangesSensor(
@@ -255,7 +280,8 @@ def vitess_sync_dag(
                 deferrable=sensor_deferrable,
                 lag_threshold=lag_threshold,
             )
-            snapshot >> merge_snapshot >> sense >> catch_up >> merge_changes
+            snapshot >> merge_snapshot >> sense >> catch_up
         else:
-            snapshot >> merge_snapshot >> catch_up >> merge_changes
+            snapshot >> merge_snapshot >> catch_up
+        read >> merge_changes
     return dag

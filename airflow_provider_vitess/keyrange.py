@@ -31,6 +31,11 @@ def overlaps(a: KeyRange, b: KeyRange) -> bool:
     return (b[1] is None or a[0] < b[1]) and (a[1] is None or b[0] < a[1])
 
 
+def contains(outer: KeyRange, inner: KeyRange) -> bool:
+    """Every key of ``inner`` is in ``outer``."""
+    return inner[0] >= outer[0] and (outer[1] is None or (inner[1] is not None and inner[1] <= outer[1]))
+
+
 def successors(shards: Iterable[str], live: Iterable[str]) -> Mapping[str, tuple[str, ...]]:
     """For each of ``shards`` that is no longer ``live``: the live shards that took its keys."""
     live = tuple(live)

@@ -25,7 +25,7 @@ from airflow_provider_vitess.checkpoints.freshness import STOP_TAKEN_AT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.window import ReadBounds
+from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +137,26 @@ class CatchUpRun(SyncRun):
                 spec.staging_location, spec.sync_id, seq, [], storage_options=spec.storage_options
             )
             stager = self._stager(seq, spec.tables)
-            flags = self._target.flags(
-                heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
-            )
-            reader = self._reader(
-                stager,
-                spec.tables,
-                start,
-                stop,
-                flags=flags,
-                bounds=bounds or ReadBounds(),
-                copied_at=self._copied_at,
-            )
+            reader = self._catch_up_reader(stager, start, stop, bounds)
             return self._stage(seq, WindowKind.CATCHUP, resumed, reader, stager, start, stop)
+
+    def _catch_up_reader(
+        self, stager: WindowStager, start: Vgtid, stop: Vgtid, bounds: ReadBounds | None
+    ) -> WindowReader:
+        """The read of a catch-up window (or a group's part of one) from ``start`` to ``stop``."""
+        spec = self.spec
+        flags = self._target.flags(
+            heartbeat_interval=spec.heartbeat_interval, minimize_skew=spec.minimize_skew
+        )
+        return self._reader(
+            stager,
+            spec.tables,
+            start,
+            stop,
+            flags=flags,
+            bounds=bounds or ReadBounds(),
+            copied_at=self._copied_at,
+        )
 
     def _plan_catch_up(self, stop: Vgtid | None) -> int:
         """A new window from the committed position (or the end of the STAGED windows before

@@ -33,7 +33,7 @@ class WindowBook:
         holder: str,
     ) -> None:
         self.store, self.sync_id, self.location, self.holder = store, sync_id, location, holder
-        self._options = options
+        self._options = self.options = options
 
     def unfinished(self, kind: WindowKind, *, discard: bool = False, reason: str = "") -> Window | None:
         """The sync's unfinished window, which must be of ``kind``: windows never interleave.

@@ -41,7 +41,7 @@ from airflow_provider_vitess.exceptions import (
 )
 from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
-from airflow_provider_vitess.staging import PartInfo, WindowStager
+from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import moves
@@ -89,10 +89,11 @@ class SyncRun:
         self._cancelled = threading.Event()
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The sync's lock, heartbeated; every store write under it is fenced by its token, and
-        the files this run stages are named with it."""
-        with self.store.hold(self.spec.sync_id, self.holder, self._stale_after) as handle:
+    def _locked(self, scope: str | None = None) -> Iterator[None]:
+        """The sync's lock (or ``scope``'s: a shard group's, ``capture/groups.py``), heartbeated;
+        every store write under it is fenced by its token, and the files this run stages are
+        named with it."""
+        with self.store.hold(scope or self.spec.sync_id, self.holder, self._stale_after) as handle:
             self._writer_id, self._lock = handle.token[:12], handle
             try:
                 yield
@@ -228,7 +229,22 @@ class SyncRun:
             t: tuple(dict.fromkeys(c.source_columns + c.target_from_source)) for t, c in self._keys.items()
         }
 
-    def _stager(self, seq: int, tables: Sequence[str]) -> WindowStager:
+    def _stager(self, seq: int, tables: Sequence[str], **options: Any) -> WindowStager:
+        self._record_key_progress(seq, tables)
+        return WindowStager(
+            self.spec.staging_location,
+            self.spec.sync_id,
+            seq,
+            key_columns=self._staged_key_columns(),
+            storage_options=self.spec.storage_options,
+            writer_id=options.pop("writer_id", self._writer_id),
+            zero_dates=self.spec.zero_dates,
+            hashing=self.spec.hasher(),
+            **options,
+        )
+
+    def _record_key_progress(self, seq: int, tables: Sequence[str]) -> None:
+        """Each table's key in the window's progress rows (the status page shows it)."""
         for table in tables:
             choice = self._keys[table]
             self.store.update_progress(
@@ -238,16 +254,6 @@ class SyncRun:
                 key_columns=list(choice.source_columns),
                 key_source=choice.reason,
             )
-        return WindowStager(
-            self.spec.staging_location,
-            self.spec.sync_id,
-            seq,
-            key_columns=self._staged_key_columns(),
-            storage_options=self.spec.storage_options,
-            writer_id=self._writer_id,
-            zero_dates=self.spec.zero_dates,
-            hashing=self.spec.hasher(),
-        )
 
     def _check_keyspace(self, vgtid: Vgtid, what: str) -> None:
         other = sorted(set(vgtid.keyspaces) - {self.spec.keyspace})
@@ -333,9 +339,11 @@ class SyncRun:
         stop: Vgtid | None,
         kept: Sequence[PartInfo] = (),
         before_staged: Callable[[], None] | None = None,
+        record: Callable[[Manifest], None] | None = None,
     ) -> WindowOutcome:
-        """Reads the window into ``stager``, writes its manifest and records it STAGED. A failed
-        read deletes the files it staged, except a snapshot's checkpointed parts (it resumes)."""
+        """Reads the window into ``stager``, writes its manifest and records it STAGED (or, with
+        ``record``, records it so: a shard group's part). A failed read deletes the files it
+        staged, except a snapshot's checkpointed parts (it resumes)."""
         try:
             with frozen_heap():
                 result = reader.run()
@@ -352,7 +360,10 @@ class SyncRun:
         manifest = stager.finish(start, stop, result.end_vgtid, parts=kept, stats=stats)
         if before_staged is not None:
             before_staged()
-        self.store.mark_staged(self.spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
+        if record is not None:
+            record(manifest)
+        else:
+            self.store.mark_staged(self.spec.sync_id, seq, result.end_vgtid, manifest.path, stats)
         return WindowOutcome(seq, kind, manifest, resumed, result)
 
     def _stats(self, result: ReadResult) -> dict[str, Any]:

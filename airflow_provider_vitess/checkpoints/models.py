@@ -162,6 +162,29 @@ class WindowPartRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
+class WindowGroupRow(Base):
+    """One shard group's part of a window read by several groups at once (``capture/groups.py``):
+    the shards it reads, its state (PLANNED until its part's manifest is written, then STAGED),
+    where its read ended and its manifest. The window becomes STAGED once every group is."""
+
+    __tablename__ = f"{PREFIX}window_group"
+    __table_args__ = (
+        _window_fk(),
+        CheckConstraint(_in("state", ("PLANNED", "STAGED")), name="state"),
+    )
+
+    sync_id: Mapped[str] = mapped_column(String(SYNC_ID_LENGTH), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    group_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    shards: Mapped[list[str]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(ENUM_LENGTH))
+    end_vgtid: Mapped[str | None] = mapped_column(Text)
+    manifest_path: Mapped[str | None] = mapped_column(Text)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
 class TableProgressRow(Base):
     __tablename__ = f"{PREFIX}table_progress"
     __table_args__ = (

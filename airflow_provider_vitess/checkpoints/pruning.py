@@ -4,7 +4,7 @@ A window's row, its staged parts and its per-table progress serve while it is op
 merge's keys) and for a while after (the status page's recent windows). Kept, per sync: every
 open window, the newest ``keep`` windows, and the window of each table's latest progress row
 (the key that table was built with, and its snapshot's figures). Every other COMMITTED or FAILED
-window goes with its parts and progress rows. The committed position and the targets' versions
+window goes with its parts, progress and shard-group rows. The committed position and the targets' versions
 live in tables of their own and are never pruned.
 """
 
@@ -20,6 +20,7 @@ from airflow_provider_vitess.checkpoints import models, versions
 _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
 _PROGRESS = cast(Table, models.TableProgressRow.__table__)
+_GROUP = cast(Table, models.WindowGroupRow.__table__)
 _DONE = ("COMMITTED", "FAILED")
 
 
@@ -42,6 +43,6 @@ def prune_windows(conn: Connection, sync_id: str, keep: int) -> list[int]:
     gone = sorted(int(s) for s in candidates if int(s) not in held)
     versions.prune(conn, sync_id, before=newest - keep + 1)
     for chunk in (gone[i : i + 500] for i in range(0, len(gone), 500)):  # bound each IN list
-        for table in (_PART, _PROGRESS, _WINDOW):  # children before their window
+        for table in (_PART, _PROGRESS, _GROUP, _WINDOW):  # children before their window
             conn.execute(delete(table).where(table.c.sync_id == sync_id, table.c.seq.in_(chunk)))
     return gone

@@ -36,6 +36,7 @@ from airflow_provider_vitess.checkpoints import (
     versions,
     window_chain,
 )
+from airflow_provider_vitess.checkpoints import groups as window_groups
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.states import (
@@ -192,6 +193,7 @@ class CheckpointStore:
         start_vgtid: Vgtid,
         stop_vgtid: Vgtid | None = None,
         stop_taken_at: datetime | None = None,
+        groups: Sequence[Sequence[str]] | None = None,
     ) -> int:
         """Record a new PLANNED window and return its seq (1, 2, ...).
 
@@ -201,9 +203,15 @@ class CheckpointStore:
         not start where the previous window ends (the committed VGTID, or the last STAGED
         window's end): either would leave a gap or an overlap between windows. ``stop_taken_at``:
         when the stop was taken (the window's *as of* time once it reaches it, :mod:`.freshness`).
+        ``groups``: the window is read by shard groups at once, each the shards given (recorded
+        with the window, in its transaction: :mod:`.groups`).
         """
         kind = WindowKind(kind)
-        planned = {} if stop_taken_at is None else {freshness.STOP_TAKEN_AT: stop_taken_at.isoformat()}
+        planned: dict[str, Any] = {}
+        if stop_taken_at is not None:
+            planned[freshness.STOP_TAKEN_AT] = stop_taken_at.isoformat()
+        if groups:
+            planned[window_groups.WINDOW_GROUPS] = [list(g) for g in groups]
         now, start, seq = self._clock(), start_vgtid.to_json(), 0
         try:
             with self._begin("window plan") as conn:
@@ -226,6 +234,8 @@ class CheckpointStore:
                         updated_at=now,
                     )
                 )
+                if groups:
+                    window_groups.record_layout(conn, now, sync_id, seq, groups)
             return seq
         except IntegrityError as exc:
             with self.engine.connect() as conn:
@@ -365,6 +375,28 @@ class CheckpointStore:
                 f"{requested.value}; re-read the window and retry"
             )
         return True
+
+    # -- shard groups -------------------------------------------------------------------------
+
+    def window_groups(self, sync_id: str, seq: int) -> list[window_groups.WindowGroup]:
+        """The window's shard groups, in order; empty for a window read by one process."""
+        with self.engine.connect() as conn:
+            return window_groups.load(conn, sync_id, seq)
+
+    def mark_group_staged(
+        self,
+        sync_id: str,
+        seq: int,
+        group: int,
+        end_vgtid: Vgtid,
+        manifest_path: str,
+        stats: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """A group's part is staged (under the group's lock, fenced by it); see :mod:`.groups`."""
+        with self._begin(f"group {group} STAGED mark") as conn:
+            return window_groups.mark_staged(
+                conn, self._clock(), sync_id, seq, group, end_vgtid, manifest_path, dict(stats or {})
+            )
 
     # -- staged parts -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from airflow_provider_vitess.capture import groups
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import (
     WINDOW_KEYS,
@@ -231,6 +232,7 @@ class MergeRunner:
 
     def run(self, submit: Submit) -> MergeOutcome:
         with self.store.hold(self.sync_id, self.holder, self._stale_after):
+            self._assemble_groups()
             windows = self.store.open_windows(self.sync_id)
             before, committed_seq = self.store.committed(self.sync_id)
             if not windows:
@@ -296,6 +298,18 @@ class MergeRunner:
                 plan=plan,
                 as_of=point.as_of if (point := history.checkpoint(self.store.engine, self.sync_id)) else None,
             )
+
+    def _assemble_groups(self) -> None:
+        """A window read by shard groups whose parts are all staged becomes STAGED here, under
+        the sync's lock, before the plan reads the STAGED windows (``capture/groups.py``)."""
+        window = self.store.open_window(self.sync_id)
+        if window is None or window.state is not WindowState.PLANNED:
+            return
+        location = str(self.store.sync_config(self.sync_id).get("staging") or "")
+        if not location:
+            return
+        book = WindowBook(self.store, self.sync_id, location, self._storage_options, self.holder)
+        groups.assemble(self.store, self.sync_id, book)
 
     def _hand_back_lost(self, batch: Sequence[Window]) -> None:
         """A window whose staged files were lost cannot be merged, and a rerun of the merge

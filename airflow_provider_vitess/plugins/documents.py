@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, freshness, history
+from airflow_provider_vitess.checkpoints.groups import WindowGroup
 from airflow_provider_vitess.checkpoints.states import TableProgress
 from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
 from airflow_provider_vitess.exceptions import CutUnavailableError
@@ -69,6 +70,15 @@ class TableSummary(BaseModel):
     percent: float | None = Field(default=None, description="rows_copied / rows_known, capped at 100")
 
 
+class GroupStatus(BaseModel):
+    """One shard group's part of a window read by several processes (``capture_parallelism``)."""
+
+    group: int
+    shards: list[str] = Field(description="the shards the group reads (after a reshard: the new ones)")
+    state: str = Field(description="PLANNED (being read) or STAGED (its part recorded)")
+    rows: int | None = Field(default=None, description="row events its part staged")
+
+
 class WindowStatus(BaseModel):
     seq: int
     kind: str = Field(description="snapshot or catchup")
@@ -88,6 +98,9 @@ class WindowStatus(BaseModel):
     as_of: datetime | None = Field(default=None, description="the time its end stands for, if it moves it")
     seconds_behind_at_commit: float | None = Field(
         default=None, description="how old its data was when it committed (COMMITTED windows)"
+    )
+    groups: list[GroupStatus] = Field(
+        default_factory=list, description="its shard groups, in key-range order; empty: read by one process"
     )
 
 
@@ -155,7 +168,7 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
-def window_status(window: Window, now: datetime) -> WindowStatus:
+def window_status(window: Window, now: datetime, groups: Sequence[WindowGroup] = ()) -> WindowStatus:
     stats: Mapping[str, Any] = window.stats or {}
     end = window.updated_at if window.state in _FINAL else now
     stopped = stats.get("stopped_early")
@@ -177,7 +190,24 @@ def window_status(window: Window, now: datetime) -> WindowStatus:
         seconds_behind_at_commit=(
             freshness.seconds_behind(as_of, window.updated_at) if committed and window.updated_at else None
         ),
+        groups=[_group_status(g) for g in groups],
     )
+
+
+def _group_status(group: WindowGroup) -> GroupStatus:
+    rows = group.stats.get("rows")
+    return GroupStatus(
+        group=group.group,
+        shards=list(group.shards),
+        state=group.state.value,
+        rows=None if rows is None else int(rows),
+    )
+
+
+def _with_groups(store: CheckpointStore, window: Window, now: datetime) -> WindowStatus:
+    """The window's status with its shard groups: each group's shards are the ones it read, so a
+    window planned after a reshard shows the new shards."""
+    return window_status(window, now, store.window_groups(window.sync_id, window.seq))
 
 
 def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableSummary:
@@ -214,7 +244,7 @@ def _committed(point: history.Checkpoint | None, now: datetime) -> Committed | N
 
 def _summary(
     store_name: str, info: history.SyncInfo, committed: Committed | None,
-    latest: Window | None, running: bool, now: datetime,
+    latest: WindowStatus | None, running: bool,
 ) -> SyncSummary:  # fmt: skip
     return SyncSummary(
         store=store_name,
@@ -224,7 +254,7 @@ def _summary(
         committed_seq=committed.seq if committed else None,
         committed_age_seconds=committed.age_seconds if committed else None,
         freshness_breached=committed.freshness_breached if committed else False,
-        latest_window=None if latest is None else window_status(latest, now),
+        latest_window=latest,
         running=running,
         dags=dags_of(info),
     )
@@ -254,7 +284,8 @@ def sync_summary(
     latest = history.recent_windows(store.engine, info.sync_id, 1)
     committed = _committed(history.checkpoint(store.engine, info.sync_id), now)
     running = store.lock_holder(info.sync_id) is not None
-    return _summary(store_name, info, committed, latest[0] if latest else None, running, now)
+    shown = _with_groups(store, latest[0], now) if latest else None
+    return _summary(store_name, info, committed, shown, running)
 
 
 def sync_status(
@@ -275,13 +306,14 @@ def sync_status(
     lock = store.lock_holder(sync_id)
     progress = history.latest_progress(store.engine, sync_id)
     failed = history.last_failed_window(store.engine, sync_id)
-    summary = _summary(store_name, info, committed, recent[0] if recent else None, lock is not None, now)
+    shown = [_with_groups(store, w, now) for w in recent]
+    summary = _summary(store_name, info, committed, shown[0] if shown else None, lock is not None)
     return SyncStatus(
         **summary.model_dump(),
         table_status=[_table_status(t, info.config, progress.get(t)) for t in info.tables],
         committed=committed,
         cut=_cut(store, sync_id),
-        windows=[window_status(w, now) for w in recent],
+        windows=shown,
         lock=None if lock is None else LockStatus(
             holder=lock.holder, acquired_at=lock.acquired_at, heartbeat_at=lock.heartbeat_at
         ),

@@ -331,11 +331,17 @@ class _ManifestFile(JsonDocument):
 
 
 def load_manifest(
-    location: str, sync_id: str, window_seq: int, *, storage_options: Mapping[str, Any] | None = None
+    location: str,
+    sync_id: str,
+    window_seq: int,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    name: str = MANIFEST_NAME,
 ) -> Manifest | None:
-    """The window's manifest, or None when it has none (the window was never staged)."""
+    """The window's manifest (or, by ``name``, a shard group's), or None when it has none (the
+    window was never staged)."""
     fs, root = open_location(location, storage_options)
-    path = f"{window_dir(root, sync_id, window_seq)}/{MANIFEST_NAME}"
+    path = f"{window_dir(root, sync_id, window_seq)}/{name}"
     try:
         text = fs.cat_file(path)
     except FileNotFoundError:

@@ -93,6 +93,7 @@ class WindowStager:
         writer_id: str | None = None,
         zero_dates: ZeroDatePolicies | None = None,
         hashing: ColumnHasher | None = None,
+        manifest_name: str = MANIFEST_NAME,
     ) -> None:
         if row_group_bytes <= 0:
             raise StagingError(f"row_group_bytes must be > 0, got {row_group_bytes}")
@@ -100,6 +101,8 @@ class WindowStager:
         self.sync_id = check_name("sync id", sync_id)
         self.window_seq = window_seq
         self._storage_options = storage_options
+        # A shard group's part of a window has a manifest of its own (capture/groups.py).
+        self.manifest_name = manifest_name
         self._fs, root = open_location(location, storage_options)
         self._dir = window_dir(root, sync_id, window_seq)
         self._key_columns = {t: tuple(cols) for t, cols in (key_columns or {}).items()}
@@ -397,7 +400,7 @@ class WindowStager:
         return out
 
     def _write_manifest(self, data: bytes) -> None:
-        final = f"{self._dir}/{MANIFEST_NAME}"
+        final = f"{self._dir}/{self.manifest_name}"
         if self._fs.exists(final):
             raise StagingError(
                 f"window {self.sync_id}/{self.window_seq} already has a manifest ({final}): a staged "

@@ -18,8 +18,10 @@ def holder(context: Mapping[str, Any]) -> str:
     ti = context.get("ti") or context.get("task_instance")
     if ti is None:
         return f"pid on {socket.gethostname()}"
+    index = getattr(ti, "map_index", -1)
+    mapped = f" map index {index}" if isinstance(index, int) and index >= 0 else ""
     return (
-        f"dag {ti.dag_id!r} run {ti.run_id!r} task {ti.task_id!r} try {ti.try_number} "
+        f"dag {ti.dag_id!r} run {ti.run_id!r} task {ti.task_id!r}{mapped} try {ti.try_number} "
         f"on {socket.gethostname()}"
     )
 

@@ -97,6 +97,13 @@ class AirflowEnv:
 # starts per merge task (seconds instead of a spark-submit's half minute), through the merge
 # operator's Connect path and a real ``spark_connect`` Airflow connection.
 CONNECT_MERGE = '{"spark_connect_conn_id": "spark_connect_default"}'
+# The same, unless the run's environment names a spark-submit of its own in
+# ``VITESS_TEST_SPARK_SUBMIT`` (a wrapper that injects a failure around the real one): then that
+# run's merges go through spark-submit. A DAG file using it imports ``os``.
+CONNECT_UNLESS_SUBMIT = (
+    '({"spark_binary": os.environ["VITESS_TEST_SPARK_SUBMIT"]} '
+    f'if os.environ.get("VITESS_TEST_SPARK_SUBMIT") else {CONNECT_MERGE})'
+)
 
 
 def make_airflow_env(

@@ -1,6 +1,6 @@
 """Runs one capture (snapshot or catch-up window) in a process of its own, so tests can SIGKILL it.
 
-Usage: python -m tests.integration.capture_child snapshot|catchup <spec json>
+Usage: python -m tests.integration.capture_child snapshot|catchup|group <spec json>
 The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
 Prints one JSON line with the outcome when it finishes. With ``"kill_after_journal": true`` it
 SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
@@ -24,10 +24,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.capture.progress import ProgressTracker
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
 from tests.conftest import REPO
 
@@ -49,6 +51,9 @@ class ChildSpec:
     max_events: int | None = None
     kill_after_journal: bool = False
     pause_after_rows: int | None = None
+    group: int = 0  # kind "group": the shard group it reads (capture/groups.py)
+    kill_after_rows: int | None = None  # SIGKILL once this many rows are staged
+    kill_before_record: bool = False  # SIGKILL once the part is written, before it is recorded
 
     def command(self, kind: str) -> list[str]:
         """The child's command line: ``kind`` is ``snapshot`` or ``catchup``."""
@@ -135,6 +140,35 @@ def _pause_after_rows(rows: int) -> None:
     ProgressTracker.add_copied = adding  # type: ignore[method-assign,assignment]
 
 
+def _kill_after_rows(rows: int) -> None:
+    """SIGKILL this process once this run has staged ``rows`` rows (printing ``KILLED-AFTER-ROWS``
+    first): a group's read killed mid-window, its part neither written whole nor recorded."""
+    add_rows = WindowStager.add_rows
+    staged = [0]
+
+    def adding(
+        stager: WindowStager, keyspace: str, table: str, shard: str, commit_ts: int, seq: int, changes: Any
+    ) -> None:
+        add_rows(stager, keyspace, table, shard, commit_ts, seq, changes)
+        staged[0] += len(changes)
+        if staged[0] >= rows:
+            print(f"KILLED-AFTER-ROWS {staged[0]}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    WindowStager.add_rows = adding  # type: ignore[method-assign,assignment]
+
+
+def _kill_before_record() -> None:
+    """SIGKILL this process once its group's manifest is written, before the store records it."""
+
+    def killing(*_: Any, **__: Any) -> bool:
+        print("KILLED-BEFORE-RECORD", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return False
+
+    CheckpointStore.mark_group_staged = killing  # type: ignore[method-assign]
+
+
 def main() -> None:
     kind, spec = sys.argv[1], ChildSpec.from_json(sys.argv[2])
     os.environ.update(spec.env)
@@ -144,6 +178,10 @@ def main() -> None:
         _kill_after_journal()
     if spec.pause_after_rows:
         _pause_after_rows(spec.pause_after_rows)
+    if spec.kill_after_rows:
+        _kill_after_rows(spec.kill_after_rows)
+    if spec.kill_before_record:
+        _kill_before_record()
     sync = SyncSpec(
         sync_id=spec.sync_id, keyspace=spec.keyspace, tables=spec.tables, staging_location=spec.staging
     )
@@ -154,6 +192,16 @@ def main() -> None:
         holder=f"pid {os.getpid()}",
         lock_stale_after=timedelta(seconds=spec.lock_stale_seconds),
     )
+    if kind == "group":
+        grouped = GroupedCatchUp(
+            VitessHook(spec.conn_id),
+            CheckpointStore(spec.store_url),
+            sync,
+            holder=f"pid {os.getpid()} group {spec.group}",
+            lock_stale_after=timedelta(seconds=spec.lock_stale_seconds),
+        )
+        print(json.dumps(grouped.read_group(spec.group, ReadBounds(max_events=spec.max_events))), flush=True)
+        return
     if kind == "snapshot":
         outcome = runner.snapshot(checkpoint_every_rows=spec.checkpoint_every_rows)
     else:

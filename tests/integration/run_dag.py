@@ -24,11 +24,15 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"no DAG {dag_id!r} in {sorted(bag.dag_ids)}")
     kwargs = {"logical_date": logical_date} if logical_date else {}
     run = dag.test(run_conf=conf, **kwargs)
-    tasks = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    print(
-        "DAG_RUN_RESULT " + json.dumps({"state": str(run.state), "run_id": run.run_id, "tasks": tasks}),
-        flush=True,
-    )
+    instances = run.get_task_instances()
+    tasks = {ti.task_id: str(ti.state) for ti in instances}
+    # A mapped task's instances (capture_parallelism): each map index's state.
+    mapped: dict[str, dict[int, str]] = {}
+    for ti in instances:
+        if getattr(ti, "map_index", -1) >= 0:
+            mapped.setdefault(ti.task_id, {})[ti.map_index] = str(ti.state)
+    result = {"state": str(run.state), "run_id": run.run_id, "tasks": tasks, "mapped": mapped}
+    print("DAG_RUN_RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

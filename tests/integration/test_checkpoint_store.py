@@ -145,8 +145,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0003"
-    assert empty_store.migrate() == "0003"
+    assert empty_store.migrate() == head_revision() == "0004"
+    assert empty_store.migrate() == "0004"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -160,9 +160,10 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_lock",
         "vitess_sync_target",
         "vitess_sync_window_version",
+        "vitess_sync_window_group",
     }
-    assert versions == ["0003"]
-    assert empty_store.schema_revision() == "0003"
+    assert versions == ["0004"]
+    assert empty_store.schema_revision() == "0004"
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -220,7 +221,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0003"
+    assert empty_store.migrate() == "0004"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(

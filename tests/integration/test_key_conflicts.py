@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import KeyConflictError
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
+from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
@@ -120,6 +123,35 @@ def test_catch_up_with_one_key_on_two_shards_is_refused(hook: Any, tmp_path: Pat
     # The window was not applied: the row it updated is as the snapshot left it.
     notes = {r["order_id"]: r["note"] for r in spark.read.format("delta").load(str(root / TABLE)).collect()}
     assert notes[3] == "row 3" and 100 not in notes
+
+
+def _history(plan: MergePlan) -> MergePlan:
+    """The plan with its table in mode ``history``."""
+    targets = {t: replace(v, shape=TargetShape(TargetMode.HISTORY)) for t, v in plan.targets.items()}
+    return replace(plan, targets=targets)
+
+
+def test_catch_up_with_one_key_on_two_shards_is_refused_in_history(hook: Any, tmp_path: Path) -> None:
+    """In ``history`` two shards holding one key would be two live rows of the source folded into
+    one current version that flips between them: the merge refuses as a mirror's does."""
+    sync = _sync(hook, tmp_path)
+    sync.capture(snapshot=True)
+    root = tmp_path / "delta"
+    spark = spark_session()
+    merge(spark, _history(sync.plan(root)))
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET note = 'first' WHERE order_id = 3")
+    _insert(hook, 100, CUSTOMER_A)
+    _insert(hook, 100, CUSTOMER_B)
+    time.sleep(7)  # past a move's two commits, as in the mirror's test above
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET note = 'later' WHERE order_id = 5")
+    sync.capture()
+    with pytest.raises(KeyConflictError) as exc:
+        merge(spark, _history(sync.plan(root, first=1)))
+    _assert_conflict(exc, 100, _shards(sync))
+    # Nothing of the window was written: order 3 has the snapshot's version only, no order 100.
+    rows = spark.read.format("delta").load(str(root / TABLE)).collect()
+    assert sorted(r["note"] for r in rows if r["order_id"] == 3) == ["row 3"]
+    assert not [r for r in rows if r["order_id"] == 100]
 
 
 def test_key_with_the_vindex_column_keeps_both_rows(hook: Any, tmp_path: Path) -> None:

@@ -20,12 +20,18 @@ MoveTables switches traffic, `customer` is resharded 0 -> -80,80- and Reshard sw
 Windows are applied by the reference applier (``replay.py``, the merge's per-shard rule) and
 merged window by window into Delta by the merge job (PySpark); both are compared with
 ``SELECT *`` through vtgate, and each window is in each table's Delta log once (for `live`,
-also after a second merge of every window, which commits nothing).
+also after a second merge of every window, which commits nothing). `live`'s windows of `corder`
+(the table whose rows move between shards) are also merged into a `history` and a `changelog`
+table, checked after the snapshot, each window across a switch and the last window against the
+reference applier's state after that window: the current versions are its rows (versions
+contiguous, one current per live key), and the changelog's rows, replayed by the same applier in
+their order, are its rows too, with one row per staged change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import signal
@@ -33,6 +39,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,7 @@ from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.sensors import VitessChangesSensor
@@ -59,7 +67,7 @@ from tests.integration import capture_child
 from tests.integration import merge_workload as wl
 from tests.integration.capture_child import ChildSpec
 from tests.integration.delta_check import delta_txns, spark_session
-from tests.integration.replay import Replay, StagedChange
+from tests.integration.replay import Key, Replay, Row, StagedChange
 from tests.integration.topology import Topology, start_topology, stop_topology
 
 pytestmark = pytest.mark.integration
@@ -102,11 +110,13 @@ class Sync:
         )
         self.state = {t: Replay(key_index=KEYS[t]) for t in TABLES}
         self.windows: list[Manifest] = []
+        self.orders_after: list[dict[Key, Row]] = []  # `corder` after each window (the oracle of the modes)
 
     def apply(self, manifest: Manifest) -> None:
         live = [sg.shard for sg in manifest.end_vgtid.shard_gtids]
         for table in TABLES:
             self.state[table].apply(_changes(manifest, table), live)
+        self.orders_after.append(self.state["corder"].rows())
         self.store.mark_merged(self.id, manifest.window_seq)
         self.store.commit(self.id, manifest.window_seq)
         self.windows.append(manifest)
@@ -146,10 +156,14 @@ class Sync:
     def rows(self) -> dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]:
         return {t: self.state[t].rows() for t in TABLES}
 
-    def merge_to_delta(self, hook: VitessHook, root: Path, *, merge_again: bool = False) -> None:
+    def merge_to_delta(
+        self, hook: VitessHook, root: Path, *, merge_again: bool = False, modes: bool = False
+    ) -> None:
         """Each window merged once, in order, as the DAG does; then Delta == SELECT *, and each
         window that changed a table is one commit of its Delta log, once. ``merge_again``: also
-        after a second merge of every window (a rerun of all merges commits nothing)."""
+        after a second merge of every window (a rerun of all merges commits nothing). ``modes``:
+        `corder` also in `history` and `changelog`, checked after the snapshot, each window across
+        a switch and the last one."""
         keys = self.windows[0].tables
         targets = {t: TableTarget(t, str(root / t), keys[t].key_columns, keys[t].key_columns) for t in TABLES}
         spark = spark_session()
@@ -162,6 +176,20 @@ class Sync:
             for (seq, table), status in report.statuses().items():
                 if status is TableStatus.WRITTEN:
                     written[table].append(seq)
+        if modes:
+            started = time.monotonic()
+            # One merge per mode for each run of windows up to a check: the snapshot, each
+            # window across a switch (its shards are not the window before's), the last one (a
+            # Spark job per window per mode cost ~160 s).
+            ends = [
+                i
+                for i, m in enumerate(self.windows)
+                if i in (0, len(self.windows) - 1) or _shards(m) != _shards(self.windows[i - 1])
+            ]
+            for lo, hi in zip([0, *[e + 1 for e in ends]], ends, strict=False):
+                self._merge_modes(spark, root, lo, hi, targets["corder"])
+            in_modes = time.monotonic() - started
+            print(f"\n{self.id}: corder in history and changelog, merged and checked in {in_modes:.1f}s")
         if merge_again:
             again = merge(spark, MergePlan(self.id, tuple(windows), targets)).statuses()
             assert set(again.values()) <= {TableStatus.ALREADY_APPLIED, TableStatus.NO_CHANGES}, again
@@ -173,6 +201,98 @@ class Sync:
             )
             assert len(txns) == len(seqs) and set(seqs.values()) == {1}, (table, txns)
             assert sorted(seqs) == written[table] and len(written[table]) > 2, (table, seqs, written)
+
+    def _merge_modes(self, spark: Any, root: Path, lo: int, i: int, mirror: TableTarget) -> None:
+        """Windows ``lo``..``i`` of `corder` merged into a `history` and a `changelog` table (one
+        job each, a commit per window), each then checked against the reference applier's rows
+        after window ``i``."""
+        manifest = self.windows[i]
+        batch = tuple(
+            WindowToMerge(m.window_seq, m.path, ("corder",) if n == 0 else ())
+            for n, m in enumerate(self.windows[lo : i + 1], start=lo)
+        )
+        paths = {}
+        for mode in (TargetMode.HISTORY, TargetMode.CHANGELOG):
+            paths[mode] = str(root / f"corder_{mode.value}")
+            target = replace(mirror, path=paths[mode], shape=TargetShape(mode))
+            merge(spark, MergePlan(self.id, batch, {"corder": target}))
+        want = self.orders_after[i]
+        columns = _columns(self.windows[0], "corder")
+        versions = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.HISTORY]).collect()]
+        _assert_history(versions, columns, want, manifest.window_seq)
+        log = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.CHANGELOG]).collect()]
+        staged = [len(_changes(m, "corder")) for m in self.windows[: i + 1]]
+        assert len(log) == sum(staged), (manifest.window_seq, len(log), staged)
+        replayed = Replay(key_index=KEYS["corder"])
+        for m in self.windows[: i + 1]:
+            rows = sorted(
+                (r for r in log if r["_vitess_window_seq"] == m.window_seq), key=lambda r: r["_vitess_order"]
+            )
+            changes = []
+            for r in rows:
+                values = tuple(r[c] for c in columns)
+                op = Operation.INSERT if r["_vitess_op"] == "snapshot" else Operation(r["_vitess_op"])
+                before = None if op is Operation.INSERT else values
+                after = None if op is Operation.DELETE else values
+                changes.append(
+                    StagedChange(
+                        "customer", "corder", r["_vitess_shard"], op, 0, r["_vitess_order"], before, after
+                    )
+                )
+            replayed.apply(changes, [sg.shard for sg in m.end_vgtid.shard_gtids])
+        assert replayed.rows() == want, (manifest.window_seq, _diff(replayed.rows(), want))
+
+
+def _shards(manifest: Manifest) -> set[str]:
+    return {sg.shard for sg in manifest.end_vgtid.shard_gtids}
+
+
+def _columns(manifest: Manifest, table: str) -> list[str]:
+    return [c for c in read_table(manifest, table).column_names if not c.startswith("_")]
+
+
+def _diff(got: dict[Key, Row], want: dict[Key, Row]) -> list[tuple[Key, Row | None, Row | None]]:
+    return [(k, got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)][
+        :5
+    ]
+
+
+def _assert_history(
+    versions: list[dict[str, Any]], columns: list[str], want: dict[Key, Row], seq: int
+) -> None:
+    """The current versions are ``want``; per key the versions are contiguous (each ends where the
+    next starts, unless a delete ended it), only the last may be current, and a deleted key has
+    none."""
+    by_key: dict[Key, list[dict[str, Any]]] = {}
+    for v in versions:
+        by_key.setdefault((v[columns[0]],), []).append(v)
+    current: dict[Key, Row] = {}
+    wrong = []
+    for key, vs in by_key.items():
+        vs.sort(
+            key=lambda v: (
+                v["_vitess_valid_from"] is not None,
+                v["_vitess_valid_from"] or 0,
+                v["_vitess_valid_to"] is None,
+                v["_vitess_valid_to"] or 0,  # a version of no length (two groups in one second) first
+            )
+        )
+        for a, b in itertools.pairwise(vs):
+            ends = a["_vitess_valid_to"]
+            if (
+                a["_vitess_current"]
+                or ends is None
+                or (not a["_vitess_deleted"] and ends != b["_vitess_valid_from"])
+            ):
+                wrong.append((key, a, b))
+        last = vs[-1]
+        if last["_vitess_current"]:
+            assert last["_vitess_valid_to"] is None and not last["_vitess_deleted"], (seq, key, last)
+            current[key] = tuple(last[c] for c in columns)
+        else:
+            assert last["_vitess_valid_to"] is not None and last["_vitess_deleted"], (seq, key, last)
+    assert not wrong, (seq, len(wrong), wrong[:3])
+    assert current == want, (seq, _diff(current, want))
 
 
 def _changes(manifest: Manifest, table: str) -> list[StagedChange]:
@@ -354,7 +474,7 @@ def test_windows_follow_movetables_and_reshard_switches(
     assert {c.shard for c in _changes(after, "corder")} <= {"-80", "80-"}
     assert live.rows() == _source(hook)
     STATE["source"] = _source(hook)
-    live.merge_to_delta(hook, root / "delta-live", merge_again=True)
+    live.merge_to_delta(hook, root / "delta-live", merge_again=True, modes=True)
     STATE["root"] = root
 
 

@@ -19,7 +19,12 @@ import sqlalchemy
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
+from tests.integration.airflow_env import (
+    CONNECT_UNLESS_SUBMIT,
+    AirflowEnv,
+    assert_succeeded,
+    make_airflow_env,
+)
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
 
 pytestmark = pytest.mark.integration
@@ -49,7 +54,7 @@ for dag_id, tables, store in [
         sensor_timeout=20,
         default_args={{"retries": 0}},
         spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
-        merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+        merge_kwargs={merge_kwargs},
     )
 """
 
@@ -79,9 +84,16 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
-    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
-    env.write_dag("table_list_dags", DAGS.format(stays=STAYS, goes=COMES_AND_GOES, sync=SYNC, lake=lake))
+def airflow(
+    vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory, spark_connect: str
+) -> AirflowEnv:
+    # Merges on Spark Connect (a spark-submit per merge task made this module the suite's slowest);
+    # the test that injects a failing spark-submit gets spark-submit for that run.
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
+    source = DAGS.format(
+        stays=STAYS, goes=COMES_AND_GOES, sync=SYNC, lake=lake, merge_kwargs=CONNECT_UNLESS_SUBMIT
+    )
+    env.write_dag("table_list_dags", source)
     return env
 
 

@@ -2,8 +2,8 @@
 of a workload that records every state it commits per key (``modes_workload``).
 
 One sync holds one table per mode (each table's mode from ``targets``; the same DML runs on all
-of them in the same transactions), merged with small windows (``max_events``), so moves between
-shards and a delete's two halves fall in different windows (and, on Spark Connect, one large
+of them in the same transactions), merged on Spark Connect with small windows (``max_events``), so moves
+between shards and a delete's two halves fall in different windows (and, last, one large
 window). Oracles:
 
 * ``mirror`` == ``SELECT *``; a mirror with Change Data Feed: its ``table_changes`` after the
@@ -14,16 +14,15 @@ window). Oracles:
   contiguous (or ended by a delete) and non-overlapping, one current version per live key;
 * ``changelog``: per key, the changes in order == the workload's.
 
-Then a merge killed after its Delta commits and before the checkpoint (its spark-submit fails
-after the job succeeded), and the rerun: each window once in every table, the oracles hold (the
-changelog has no window twice). Tables of its own (``customer.modes_*``; ``modes_meta``: a mirror
-with metadata columns).
+Then a merge killed after its Delta commits and before the checkpoint (that run's merge goes
+through the real spark-submit, which fails after the job succeeded), and the rerun: each window
+once in every table, the oracles hold (the changelog has no window twice). Tables of its own
+(``customer.modes_*``; ``modes_meta``: a mirror with metadata columns).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -34,10 +33,14 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job.connect import split_token
 from airflow_provider_vitess.staging import load_manifest
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
+from tests.integration.airflow_env import (
+    CONNECT_UNLESS_SUBMIT,
+    AirflowEnv,
+    assert_succeeded,
+    make_airflow_env,
+)
 from tests.integration.delta_check import delta_txns, source_rows, spark_session
 from tests.integration.modes_workload import ModesWorkload, Record, State, create_tables
 
@@ -61,7 +64,7 @@ globals()["{sync}"] = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes=False,
-    max_events=40,
+    max_events=80,
     targets={{
         "{soft}": {{"mode": "soft_delete"}},
         "{hist}": {{"mode": "history"}},
@@ -71,10 +74,10 @@ globals()["{sync}"] = vitess_sync_dag(
     }},
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
-    merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+    merge_kwargs={merge_kwargs},
 )
 
-# The same sync, its merges on a Spark Connect server, its windows large (no max_events).
+# The same sync, its windows large (no max_events).
 globals()["{sync}_connect"] = vitess_sync_dag(
     "{sync}_connect",
     sync_id="{sync}",
@@ -105,7 +108,7 @@ globals()["{sync}_changed"] = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes=False,
-    max_events=40,
+    max_events=80,
     targets={{
         "{mirror}": {{"mode": "soft_delete"}},
         "{soft}": {{"mode": "soft_delete"}},
@@ -116,6 +119,7 @@ globals()["{sync}_changed"] = vitess_sync_dag(
     }},
     default_args={{"retries": 0}},
     spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
+    merge_kwargs={merge_kwargs},
 )
 """
 
@@ -145,8 +149,11 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
-    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
+def airflow(
+    vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory, spark_connect: str
+) -> AirflowEnv:
+    # Merges on Spark Connect; the kill test's run goes through the real spark-submit (wrapped).
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
     source = DAGS.format(
         sync=SYNC,
         tables=list(TABLES),
@@ -157,6 +164,7 @@ def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFa
         log=LOG,
         cdf=CDF,
         meta=META,
+        merge_kwargs=CONNECT_UNLESS_SUBMIT,
     )
     env.write_dag("modes_dags", source)
     return env
@@ -289,6 +297,22 @@ def _assert_changelog(lake: Path, record: Record) -> None:
     assert not wrong, f"{len(wrong)} keys' changes differ, e.g. {wrong[:3]}"
 
 
+def _moves_split_by_a_window(lake: Path) -> int:
+    """How many moves between shards (a key's delete and insert, next to each other in its
+    changes, on two shards) the changelog got in two different windows."""
+    by_key: dict[int, list[dict[str, Any]]] = {}
+    for r in _rows(lake / "delta" / LOG):
+        if r[P + "op"] in ("insert", "delete"):
+            by_key.setdefault(r["id"], []).append(r)
+    split = 0
+    for changes in by_key.values():
+        changes.sort(key=lambda r: (r[P + "window_seq"], r[P + "order"]))
+        for a, b in itertools.pairwise(changes):
+            if {a[P + "op"], b[P + "op"]} == {"delete", "insert"} and a[P + "shard"] != b[P + "shard"]:
+                split += a[P + "window_seq"] != b[P + "window_seq"]
+    return split
+
+
 def _assert_change_data_feed(hook: VitessHook, lake: Path) -> None:
     """``table_changes`` after the snapshot's version, applied to the snapshot's rows, give the
     source; every change belongs to a window's commit."""
@@ -341,6 +365,7 @@ def test_each_mode_through_the_dag_factory(
     run = airflow.run_dag(SYNC)
     assert_succeeded(run, "snapshot", "merge_snapshot", "catch_up", "merge")
     assert _store(airflow).committed(SYNC)[1] >= 4, "small windows: a chain of several"
+    assert _moves_split_by_a_window(lake) >= 1, "no move's two halves fell in different windows"
     _assert_all(hook, lake, workload.record)
 
 
@@ -402,18 +427,14 @@ def test_a_mode_change_on_an_existing_target_is_refused_and_nothing_is_written(
     _assert_all(hook, lake, workload.record)
 
 
-def test_the_modes_over_spark_connect(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, spark_connect: str
+def test_the_modes_in_one_large_window(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
 ) -> None:
-    """The same sync's next changes in one large window, merged on a Spark Connect server (the
-    tables' state read from their logs, no JVM on this side): the oracles hold."""
-    url, token = split_token(spark_connect)
-    conn = json.dumps({"conn_type": "spark_connect", "host": url.rstrip("/"), "password": token})
-    connect = AirflowEnv(airflow.home, {**airflow.env, "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": conn})
+    """The same sync's next changes in one large window (no ``max_events``): the oracles hold."""
     before = _store(airflow).committed(SYNC)[1]
     for i in range(2):
         workload.round(big=i == 0)
-    assert_succeeded(connect.run_dag(f"{SYNC}_connect"), "snapshot", "merge_snapshot", "catch_up", "merge")
+    assert_succeeded(airflow.run_dag(f"{SYNC}_connect"), "snapshot", "merge_snapshot", "catch_up", "merge")
     assert _store(airflow).committed(SYNC)[1] > before
     _assert_all(hook, lake, workload.record)
 

@@ -129,6 +129,33 @@ def test_on_changes_runs_continuously_behind_a_long_deferred_wait() -> None:
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("split", [2, ["80-", "-80"]])
+def test_the_factory_maps_the_catch_up_over_the_groups_of_a_split(split: int | list[str]) -> None:
+    dag = vitess_sync_dag(
+        "sync_g",
+        keyspace="ks",
+        tables=["t"],
+        staging_location="/s",
+        target_location="/t",
+        capture_parallelism=split,
+    )
+    plan = dag.get_task("plan_catch_up")
+    assert plan.capture_parallelism == (2 if split == 2 else ("80-", "-80"))  # type: ignore[union-attr]
+    assert dag.get_task("catch_up").upstream_task_ids == {"plan_catch_up"}
+    one = vitess_sync_dag("sync_1", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t")
+    assert "plan_catch_up" not in one.task_ids
+
+
+def test_the_factory_refuses_key_ranges_that_do_not_tile_the_keyspace() -> None:
+    with pytest.raises(
+        ValueError, match=r"DAG 'sync_h': capture_parallelism's key ranges \['-80', 'c0-'\] do not"
+    ):
+        vitess_sync_dag(
+            "sync_h", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+            capture_parallelism=["-80", "c0-"],
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("tables", "expected"), [("customer", ["customer"]), ("customer, corder", ["customer", "corder"])]
 )

@@ -175,3 +175,26 @@ def test_overview_lists_syncs_and_names_a_store_it_cannot_read(
 
 def test_an_unknown_sync_has_no_status(store: CheckpointStore, clock: Clock) -> None:
     assert documents.sync_status(store, "default", "nope", clock.now) is None
+
+
+def test_a_grouped_window_shows_each_groups_shards_and_state(store: CheckpointStore, clock: Clock) -> None:
+    store.mark_failed("orders", 4, "killed")
+    clock.advance(1)
+    seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(40), groups=[["-80"], ["80-"]])
+    part = Vgtid((ShardGtid("customer", "-80", "MariaDB/0-1-40"),))
+    store.mark_group_staged("orders", seq, 0, part, "/stage/5/_group-000-w.json", {"rows": 17})
+
+    status = documents.sync_status(store, "default", "orders", clock.now)
+    assert status is not None
+    assert [(g.group, g.shards, g.state, g.rows) for g in status.windows[0].groups] == [
+        (0, ["-80"], "STAGED", 17),
+        (1, ["80-"], "PLANNED", None),
+    ]
+    assert status.latest_window is not None and status.latest_window.groups == status.windows[0].groups
+    assert all(w.groups == [] for w in status.windows[1:]), "windows read by one process have no groups"
+    # The overview's latest window carries them too, as JSON.
+    dumped = json.loads(documents.overview({"default": store}, clock.now).model_dump_json())
+    assert dumped["syncs"][0]["latest_window"]["groups"] == [
+        {"group": 0, "shards": ["-80"], "state": "STAGED", "rows": 17},
+        {"group": 1, "shards": ["80-"], "state": "PLANNED", "rows": None},
+    ]

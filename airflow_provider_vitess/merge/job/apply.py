@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import conflicts, partial
+from airflow_provider_vitess.merge.job import conflicts, order, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.pruning import (
@@ -193,7 +193,8 @@ def _key_events(
         ],
         *[partial.has_value(frame, c, after=False) for c in blobs],
     )
-    # A before-image delete precedes its own row's upsert.
+    # A before-image delete precedes its own row's upsert. The staged order, to be ranked per key
+    # by :func:`.order.key_order` (the order the merge compares).
     return after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
 
 
@@ -222,7 +223,7 @@ def last_per_key(
         events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    events = events.withColumn("_touched", touched).where(col("_touched"))
+    events = order.key_order(events.withColumn("_touched", touched).where(col("_touched")), keys)
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
     events = partial.carry(events, blobs, by_shard)
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)

@@ -8,12 +8,16 @@ throughout whichever half comes first). Per key, in event order:
 
 * a shard's holding before its first event is read off that event (an insert: not held; an
   update or a delete: held), so the holders after each event are a running sum;
+* a shard retired by a reshard hands its holding of a key to the new shard that has events of
+  it (:func:`_heirs`: its events count as that shard's), as the mirror drops a retired shard's
+  last event once a new shard has one;
 * a delete followed by the key's next event, an upsert on another shard, at most
   :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
   that upsert (no deleted gap between the two versions);
 * events run in *groups*: consecutive events of one shard and one commit second (the rows of
-  one transaction share both). A group that ends with the key existing and holds an upsert
-  gives one version, with the values of the latest upsert; one that ends with the key gone
+  one transaction share both). A group that ends with the key existing and with an upsert
+  (a move's delete, counted after its insert, aside) gives one version, with the values of
+  the latest upsert; one that ends with the key gone
   ends the version before it (``deleted``). A delete and re-insert inside one group ends the
   version before with ``deleted`` and starts the next at the same second.
 
@@ -30,14 +34,14 @@ commit carrying the window's transaction id.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, partial
+from airflow_provider_vitess.merge.job import apply, conflicts, order, partial
 from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
@@ -86,7 +90,28 @@ def _events(
         events = events.drop("_guard", *blobs)
     by_key = Window.partitionBy(*[col(k) for k in keys])
     touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    return events.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
+    return order.key_order(
+        events.withColumn("_touched", touched).where(col("_touched")).drop("_touched"), keys
+    )
+
+
+def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
+    """A retired shard's events of a key that a shard which replaced it has events of, counted
+    as that shard's: the new shard holds the old one's row from the switch on (its copy gave no
+    event), so its holding continues the old shard's. Counted apart, the old shard would hold a
+    key for ever after its last upsert (a key deleted on the new shard stays current). The heir:
+    the new shard whose earliest event of the key is not an insert (it had the row), else the
+    earliest; a retired shard's events all come before the new shards' (the journal)."""
+    by_key = Window.partitionBy(*[col(k) for k in keys])
+    shard = col(_SHARD)
+    for old, new in retired.items():
+        first = F.struct((col(CHANGE) == "insert").alias("insert"), col(_ORD).alias("ord"), shard.alias("s"))
+        e = e.withColumn("_heir", F.min(F.when(shard.isin(list(new)), first)).over(by_key))
+        heir = col("_heir")["s"]
+        e = e.withColumn(_SHARD, F.when((shard == old) & heir.isNotNull(), heir).otherwise(shard)).drop(
+            "_heir"
+        )
+    return e
 
 
 def versions(
@@ -97,11 +122,17 @@ def versions(
     shape: TargetShape,
     seq: int,
     table: str,
+    covered: Mapping[str, int],
+    retired: Mapping[str, Sequence[str]] | None = None,
 ) -> DataFrame:
     """The MERGE's source: ``_action`` = insert (a version of this window) or close (the end of
     the Delta table's current version of the key), the key and data columns, and the shape's
-    metadata columns (module docstring)."""
-    e = _events(staged, context, keys, data, table)
+    metadata columns (module docstring). A key two shards hold at once after the window (two
+    live rows of the source, which would be one current version flipping between them) makes the
+    first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
+    as for :func:`.apply.last_per_key`)."""
+    e = conflicts.checked_events(_events(staged, context, keys, data, table), keys, table, covered, retired)
+    e = _heirs(e, keys, retired or {})
     key_cols = [col(k) for k in keys]
     by_key = Window.partitionBy(*key_cols).orderBy(col(_ORD))
     nxt = {n: F.lead(col(n)).over(by_key) for n in (_UP, _SHARD, _TS, _ORD)}
@@ -134,7 +165,9 @@ def versions(
         F.min(F.when(col("_i") == 1, col("_gts"))).alias("_ts"),
         F.max(F.when(col("_i") == 1, col("_exists").cast("int"))).alias("_end"),
         F.min(col("_exists").cast("int")).alias("_min"),
-        F.max(up).alias("_has_up"),
+        # The group's last event but a move's delete counted after its insert: an upsert, or the
+        # group's shard gave up the row (an update then a delete while another shard holds it).
+        F.max(F.when(~col("_healed"), F.struct(col("_eff").alias("e"), up.alias("u")))).alias("_last"),
         F.max(F.when(~col(_CTX), 1).otherwise(0)).alias("_in_window"),
         F.first(F.when(col("_i") == 1, col("_vals")), True).alias("_vals"),
         F.first(col("_h0")).alias("_h0"),
@@ -145,7 +178,7 @@ def versions(
     before = F.coalesce(F.lag(col("_end")).over(by_run), (col("_h0") > 0).cast("int"))
     runs = runs.withColumn("_before", before)
     kind = (
-        F.when((col("_end") == 1) & (col("_has_up") == 1), F.lit(INSERT))
+        F.when((col("_end") == 1) & (col("_last")["u"] == 1), F.lit(INSERT))
         .when((col("_end") == 0) & (col("_before") == 1), F.lit(CLOSE))
         .otherwise(F.lit(None))
     )

@@ -112,7 +112,8 @@ def write(
             shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
             return (), False
         if shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
-            versions = history.versions(staged, None, keys, data, shape, seq, table)
+            covered = conflicts.covered(s.manifest, staged)
+            versions = history.versions(staged, None, keys, data, shape, seq, table, covered)
             rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(
                 history.ACTION, history.HEAL_TS
             )
@@ -151,7 +152,8 @@ def write(
         return tuple(ev.changes), False
     types = write_types(step.columns, step.schema)
     if shape.mode is TargetMode.HISTORY:
-        source = history.versions(staged, earlier, keys, data, shape, seq, table)
+        covered = conflicts.covered(s.manifest, staged)
+        source = history.versions(staged, earlier, keys, data, shape, seq, table, covered, retired)
     else:
         final = apply.last_per_key(
             staged,

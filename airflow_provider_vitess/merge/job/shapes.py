@@ -28,7 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, partial
+from airflow_provider_vitess.merge.job import apply, order, partial
 from airflow_provider_vitess.merge.job.apply import CHANGE, DELETE, OP, col
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
@@ -243,7 +243,7 @@ def changelog_rows(
     """One row per change of the window at each key it touches, in the table's columns
     (``schema``: the data columns; one the window lacks, a dropped column, is NULL)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = apply._key_events(staged, keys, data)
+    events = order.key_order(apply._key_events(staged, keys, data), keys)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),

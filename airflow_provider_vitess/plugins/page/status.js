@@ -115,9 +115,10 @@ function windowsSection(sync) {
       el("td", { class: "num" }, duration(w.duration_seconds)),
       el("td", { class: "num" }, number(w.rows)),
       el("td", {}, Object.entries(w.shard_lag).map(([s, n]) => `${s}: ${number(n)}`).join(", ") || "-"),
+      el("td", { class: "groups" }, (w.groups || []).map((g) => `${g.group}: ${g.shards.join(" ")} ${g.state}`).join("; ") || "-"),
       el("td", {}, w.error || w.stopped_early || "")));
   return el("table", { class: "windows" },
-    el("thead", {}, el("tr", {}, ...["window", "kind", "state", "planned", "duration", "row events", "shard lag", "note"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ...["window", "kind", "state", "planned", "duration", "row events", "shard lag", "shard groups", "note"].map((h) => el("th", {}, h)))),
     el("tbody", {}, ...rows));
 }
 
