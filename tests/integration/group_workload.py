@@ -21,6 +21,24 @@ def execute(hook: VitessHook, *statements: str) -> None:
         conn.commit()
 
 
+def create_orders(hook: VitessHook, table: str, customers: Sequence[int]) -> None:
+    """``table`` (keyspace-qualified) afresh: one order per customer, the key (order_id) leaving
+    out the vindex column (customer_id), so a move between shards keeps its key."""
+    execute(hook, f"DROP TABLE IF EXISTS {table}")
+    execute(
+        hook,
+        f"CREATE TABLE {table} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
+        "note VARCHAR(64), PRIMARY KEY (order_id))",
+    )
+    try:  # the vschema outlives a dropped table
+        execute(hook, f"ALTER VSCHEMA ON {table} ADD VINDEX hash(customer_id) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+    values = ", ".join(f"({c}, {c}, 'initial {c}')" for c in customers)
+    execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
+
+
 class Workload:
     """Seeded changes; it knows each order's customer and each customer's shard."""
 

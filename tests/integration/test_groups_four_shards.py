@@ -28,7 +28,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.conftest import connection_uri_env
 from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
-from tests.integration.group_workload import Workload, execute
+from tests.integration.group_workload import Workload, create_orders
 from tests.integration.topology import FourShardCluster
 
 pytestmark = pytest.mark.integration
@@ -66,20 +66,7 @@ def hook(four_shard_cluster: FourShardCluster) -> Iterator[VitessHook]:
 
 
 def _setup(hook: VitessHook, keyspace: str) -> None:
-    table = f"{keyspace}.{TABLE}"
-    execute(hook, f"DROP TABLE IF EXISTS {table}")
-    execute(
-        hook,
-        f"CREATE TABLE {table} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
-        "note VARCHAR(64), PRIMARY KEY (order_id))",
-    )
-    try:  # the vschema outlives a dropped table
-        execute(hook, f"ALTER VSCHEMA ON {table} ADD VINDEX hash(customer_id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
-    values = ", ".join(f"({c}, {c}, 'initial {c}')" for c in CUSTOMERS)
-    execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
+    create_orders(hook, f"{keyspace}.{TABLE}", CUSTOMERS)
 
 
 def _shards(hook: VitessHook, cluster: FourShardCluster) -> dict[int, str]:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -37,7 +36,7 @@ from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess, connection_uri_env
 from tests.integration import capture_child
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
-from tests.integration.group_workload import Workload, execute
+from tests.integration.group_workload import Workload, create_orders
 
 pytestmark = pytest.mark.integration
 
@@ -56,20 +55,7 @@ def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
 
 
 def _setup(hook: VitessHook) -> None:
-    # The key (order_id) leaves out the vindex column (customer_id): a move keeps its key.
-    execute(hook, f"DROP TABLE IF EXISTS customer.{TABLE}")
-    execute(
-        hook,
-        f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
-        "note VARCHAR(64), PRIMARY KEY (order_id))",
-    )
-    try:  # the vschema outlives a dropped table
-        execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
-    values = ", ".join(f"({c}, {c}, 'initial {c}')" for c in CUSTOMERS)
-    execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
+    create_orders(hook, f"customer.{TABLE}", CUSTOMERS)
 
 
 class GroupedSync:
