@@ -111,8 +111,8 @@ def write(
             rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot)
             shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
             return (), False
+        covered = conflicts.covered(s.manifest, staged)
         if shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
-            covered = conflicts.covered(s.manifest, staged)
             versions = history.versions(staged, None, keys, data, shape, seq, table, covered)
             rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(
                 history.ACTION, history.HEAL_TS
@@ -123,7 +123,7 @@ def write(
                 keys,
                 data,
                 table=table,
-                covered=conflicts.covered(s.manifest, staged),
+                covered=covered,
                 replace=True,
                 meta=True,
             )
@@ -151,8 +151,8 @@ def write(
         shapes.append(rows, path, s.app_id, seq, None, False)
         return tuple(ev.changes), False
     types = write_types(step.columns, step.schema)
+    covered = conflicts.covered(s.manifest, staged)
     if shape.mode is TargetMode.HISTORY:
-        covered = conflicts.covered(s.manifest, staged)
         source = history.versions(staged, earlier, keys, data, shape, seq, table, covered, retired)
     else:
         final = apply.last_per_key(
@@ -162,7 +162,7 @@ def write(
             earlier,
             retired,
             table=table,
-            covered=conflicts.covered(s.manifest, staged),
+            covered=covered,
             meta=True,
         )
         source = shapes.merge_rows(final, types, shape, seq)
