@@ -222,8 +222,7 @@ def last_per_key(
     if context is not None:
         events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
-    touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    events = order.key_order(events.withColumn("_touched", touched).where(col("_touched")), keys)
+    events = order.key_order(events, keys, retired)  # the keys the window touches, ranked
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
     events = partial.carry(events, blobs, by_shard)
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)

@@ -104,31 +104,6 @@ def guarded_op(
     return F.when(conflict, F.raise_error(message)).otherwise(op)
 
 
-def checked_events(
-    events: DataFrame,
-    keys: Sequence[str],
-    table: str,
-    covered: Mapping[str, int],
-    retired: Mapping[str, Sequence[str]] | None = None,
-) -> DataFrame:
-    """``events`` as they are, or a Spark error as :func:`guarded_op`'s, for a mode that keeps
-    every event of a key rather than each shard's last (``history``): a frame of events with
-    ``_shard``, ``_up``, ``_ord``, ``_commit_ts`` and the key columns. A shard holds the key when
-    its last event is an upsert; a retired shard does not once a shard that replaced it has an
-    event of the key (its rows are the new shard's now), as in :func:`.apply.last_per_key`."""
-    key_cols = [F.col(_q(k)) for k in keys]
-    by_shard = Window.partitionBy(*key_cols, F.col("_shard")).orderBy(F.col("_ord").desc())
-    held = F.col("_up") & (F.row_number().over(by_shard) == 1)
-    checked = events.withColumn("_held", held)
-    by_key = Window.partitionBy(*key_cols)
-    for old, new in (retired or {}).items():
-        superseded = F.max(F.col("_shard").isin(list(new)).cast("int")).over(by_key) == 1
-        checked = checked.withColumn("_old", (F.col("_shard") == old) & superseded)
-        checked = checked.withColumn("_held", F.col("_held") & ~F.col("_old")).drop("_old")
-    ok = guarded_op(keys, table, covered, F.lit(True), up=F.col("_held"))
-    return checked.withColumn("_ok", ok).where(F.col("_ok")).drop("_held", "_ok")
-
-
 def covered(manifest: Manifest, staged: DataFrame) -> dict[str, int]:
     """Per shard, the latest commit second the window read of it, as far as its staged rows of
     the table show: a shard that reached the window's stop (every shard, in a snapshot: each

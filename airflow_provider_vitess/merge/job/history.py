@@ -23,7 +23,8 @@ throughout whichever half comes first). Per key, in event order:
 
 So a version is one transaction's result (one version per key per shard and commit second):
 updates of a key inside one transaction give one version. ``valid_from`` is the group's commit
-time, ``valid_to`` the next group's that ends it (NULL: current). A snapshot's rows start at an
+time (the second the merge orders it by, :data:`.order.ORDER_TS`), ``valid_to`` the next
+group's that ends it (NULL: current). A snapshot's rows start at an
 unknown time (``valid_from`` NULL).
 
 The MERGE closes the Delta table's current version of each key whose first group in the window
@@ -57,15 +58,22 @@ from airflow_provider_vitess.merge.modes import (
     TargetShape,
 )
 from airflow_provider_vitess.merge.modes import OP as OP_ROLE
-from airflow_provider_vitess.staging import arrow_types as A
 
 ACTION, INSERT, CLOSE = "_action", "insert", "close"
 HEAL_TS = "_heal_ts"  # a close row: the end of the version an earlier window ended at a move's delete
-_TS = A.COMMIT_TS
+# Versions start and end at the second the merge orders an event by (its commit second, made
+# non-decreasing along its shard's events of the key: :data:`.order.ORDER_TS`), so a version never
+# ends before it starts.
+_TS = order.ORDER_TS
 
 
 def _events(
-    staged: DataFrame, context: DataFrame | None, keys: Sequence[str], data: Sequence[str], table: str
+    staged: DataFrame,
+    context: DataFrame | None,
+    keys: Sequence[str],
+    data: Sequence[str],
+    table: str,
+    retired: Mapping[str, Sequence[str]],
 ) -> DataFrame:
     """The window's events at each key it touches, with the context's of those keys."""
     events = apply._key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
@@ -88,11 +96,8 @@ def _events(
             ),
         ).where(col("_guard").isNull())
         events = events.drop("_guard", *blobs)
-    by_key = Window.partitionBy(*[col(k) for k in keys])
-    touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(by_key) == 1
-    return order.key_order(
-        events.withColumn("_touched", touched).where(col("_touched")).drop("_touched"), keys
-    )
+    # The keys the window touches, ranked, with each event's next one (for a move's two halves).
+    return order.key_order(events, keys, retired, following=(_UP, _SHARD, _TS))
 
 
 def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
@@ -108,9 +113,9 @@ def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str
         first = F.struct((col(CHANGE) == "insert").alias("insert"), col(_ORD).alias("ord"), shard.alias("s"))
         e = e.withColumn("_heir", F.min(F.when(shard.isin(list(new)), first)).over(by_key))
         heir = col("_heir")["s"]
-        e = e.withColumn(_SHARD, F.when((shard == old) & heir.isNotNull(), heir).otherwise(shard)).drop(
-            "_heir"
-        )
+        for c in (_SHARD, order.NEXT + _SHARD):  # the next event's shard too
+            e = e.withColumn(c, F.when((col(c) == old) & heir.isNotNull(), heir).otherwise(col(c)))
+        e = e.drop("_heir")
     return e
 
 
@@ -131,11 +136,10 @@ def versions(
     live rows of the source, which would be one current version flipping between them) makes the
     first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
     as for :func:`.apply.last_per_key`)."""
-    e = conflicts.checked_events(_events(staged, context, keys, data, table), keys, table, covered, retired)
-    e = _heirs(e, keys, retired or {})
+    e = _heirs(_events(staged, context, keys, data, table, retired or {}), keys, retired or {})
     key_cols = [col(k) for k in keys]
-    by_key = Window.partitionBy(*key_cols).orderBy(col(_ORD))
-    nxt = {n: F.lead(col(n)).over(by_key) for n in (_UP, _SHARD, _TS, _ORD)}
+    nxt = {n: col(order.NEXT + n) for n in (_UP, _SHARD, _TS)}
+    nxt[_ORD] = F.when(nxt[_UP].isNotNull(), col(_ORD) + 1)  # ranks are 1, 2, ... per key
     healed = ~col(_UP) & F.coalesce(nxt[_UP], F.lit(False))
     healed = healed & (nxt[_SHARD] != col(_SHARD)) & (nxt[_TS] - col(_TS) <= CONTEXT_SECONDS)
     e = (
@@ -149,6 +153,12 @@ def versions(
     by_shard = Window.partitionBy(*key_cols, col(_SHARD)).orderBy(col("_eff"))
     first = F.lag(col(_ORD)).over(by_shard).isNull()
     e = e.withColumn("_first", first).withColumn("_delta", up - F.coalesce(F.lag(up).over(by_shard), prior))
+    # A shard holds the key after the window when its last event is an upsert (a retired shard's
+    # events count as its heir's); two holders at once fail the job (.conflicts). Over the
+    # windows above: no pass of its own.
+    held = col(_UP) & F.lead(col(_ORD)).over(by_shard).isNull()
+    ok = conflicts.guarded_op(keys, table, covered, F.lit(True), up=col("_held"))
+    e = e.withColumn("_held", held).withColumn("_ok", ok).where(col("_ok")).drop("_held", "_ok")
     key_all = Window.partitionBy(*key_cols)
     ordered = Window.partitionBy(*key_cols).orderBy(col("_eff"))
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -159,8 +169,8 @@ def versions(
     prev_g = F.lag(F.struct(col("_gshard"), col("_gts"))).over(ordered)
     starts = F.when(prev_g.isNull() | (prev_g != F.struct(col("_gshard"), col("_gts"))), 1).otherwise(0)
     e = e.withColumn("_run", F.sum(starts).over(running))
-    last_in_run = Window.partitionBy(*key_cols, col("_run")).orderBy(col("_eff").desc())
-    e = e.withColumn("_i", F.row_number().over(last_in_run))
+    # The run's last event: the next one starts another run (in the same order: no sort of its own).
+    e = e.withColumn("_i", F.when(F.coalesce(F.lead(col("_run")).over(ordered), F.lit(-1)) != col("_run"), 1))
     runs = e.groupBy(*key_cols, col("_run")).agg(
         F.min(F.when(col("_i") == 1, col("_gts"))).alias("_ts"),
         F.max(F.when(col("_i") == 1, col("_exists").cast("int"))).alias("_end"),

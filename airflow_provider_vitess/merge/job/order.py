@@ -9,7 +9,7 @@ from ``_seq``; across shards it takes each event's commit second and shard. docs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -19,14 +19,25 @@ from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.staging import arrow_types as A
 
-_SHARD, _ORD = "_shard", "_ord"  # as in .apply's per-key frame
+_SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .apply's per-key frame
+# The commit second an event is ordered by (key_order's output): its own, made non-decreasing
+# along its shard's events of the key in its window (and after a retired predecessor's). It
+# depends on that window's events only, so a rerun or a later window's look-back computes the
+# same value; ``history``'s versions start and end at it.
+ORDER_TS = "_order_ts"
+NEXT = "_next"  # + a column: its value at the key's next event (key_order's ``following``)
 
 
 def col(name: str) -> Column:
     return F.col(q(name))
 
 
-def key_order(events: DataFrame, keys: Sequence[str]) -> DataFrame:
+def key_order(
+    events: DataFrame,
+    keys: Sequence[str],
+    retired: Mapping[str, Sequence[str]] | None = None,
+    following: Sequence[str] = (),
+) -> DataFrame:
     """``_ord`` becomes each key's events' rank in the merge's order (1, 2, ...), an order that does
     not depend on which process staged an event (docs/design.md, "Shard groups"):
 
@@ -40,21 +51,43 @@ def key_order(events: DataFrame, keys: Sequence[str]) -> DataFrame:
     it), so per shard nothing changes; across shards the order is the one the single-process
     k-way merge gives (commit second, shard, position) wherever a shard's commit seconds do not go
     backwards, and is the same whether the shards were staged by one process or by several (shard
-    groups): each input is a property of one shard's events."""
+    groups): each input is a property of one shard's events. The second it orders by is kept as
+    :data:`ORDER_TS`. Events with ``_ctx`` (the look-back's context, :mod:`.lookback`) count only
+    for keys the window itself touches: the others' are dropped (in the same pass). ``following``:
+    columns whose value at the key's next event is wanted, as ``_next<column>`` (NULL at its last
+    event), taken in the pass that ranks (ordering by the rank again would sort once more).
+
+    ``retired`` (a reshard's old shard -> the shards that replaced it, :mod:`.apply`): an old
+    shard's events of a key come before its successors' (its journal ends its stream, theirs start
+    there), which neither the seconds nor the names say: a successor's second is raised to the old
+    shard's last second of the key (its host's clock may be behind) and, in one second, the old
+    shard comes first (``-40`` would sort before ``-80``, which it replaced)."""
     win = F.floor(col(_ORD) / F.lit(2 * SEQ_SHIFT))
     by_key = [col(k) for k in keys]
-    # One partitioning (by key) for both windows: the running maximum of (shard, window, second)
-    # in (shard, window, order) is the running maximum of the second within the current shard.
-    along = (
-        Window.partitionBy(*by_key)
-        .orderBy(col(_SHARD), col("_win"), col(_ORD))
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # One partitioning and ordering (by key; shard, window, order) for every window function but the
+    # rank (one sort): the running maximum of (shard, window, second) is the running maximum of the
+    # second within the current shard; an old shard's last second of the key and whether the
+    # window touches the key are over the whole partition.
+    along = Window.partitionBy(*by_key).orderBy(col(_SHARD), col("_win"), col(_ORD))
+    running = F.max(F.struct(col(_SHARD), col("_win"), col(A.COMMIT_TS).alias("ts"))).over(
+        along.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    running = F.max(F.struct(col(_SHARD), col("_win"), col(A.COMMIT_TS).alias("ts"))).over(along)
-    ranked = Window.partitionBy(*by_key).orderBy(col("_win"), col("_kts"), col(_SHARD), col(_ORD))
-    return (
-        events.withColumn("_win", win)
-        .withColumn("_kts", running["ts"])
-        .withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType()))
-        .drop("_win", "_kts")
-    )
+    whole = along.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    kts, gen = running["ts"], F.lit(1)
+    for old, new in (retired or {}).items():
+        # The old shard's last window of the key and its latest second there: a floor for its
+        # successors' events of that window (an earlier window comes first anyway).
+        old_last = F.max(F.when(col(_SHARD) == old, F.struct(col("_win"), col(A.COMMIT_TS).alias("ts"))))
+        old_last = old_last.over(whole)
+        floor = F.when(col(_SHARD).isin(list(new)) & (old_last["_win"] == col("_win")), old_last["ts"])
+        kts = F.greatest(kts, floor)
+        gen = F.when(col(_SHARD) == old, F.lit(0)).otherwise(gen)
+    ordered = events.withColumn("_win", win).withColumn(ORDER_TS, kts).withColumn("_gen", gen)
+    if _CTX in events.columns:  # only the keys the window touches: not those of context events only
+        touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(whole) == 1
+        ordered = ordered.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
+    rank_by = (col("_win"), col(ORDER_TS), col("_gen"), col(_SHARD), col(_ORD))
+    ranked = Window.partitionBy(*by_key).orderBy(*rank_by)
+    for c in following:
+        ordered = ordered.withColumn(NEXT + c, F.lead(col(c)).over(ranked))
+    return ordered.withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType())).drop("_win", "_gen")

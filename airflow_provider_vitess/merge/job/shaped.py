@@ -147,7 +147,7 @@ def write(
         )
     shapes.set_change_data_feed(spark, path, shape, s.properties)
     if shape.mode is TargetMode.CHANGELOG:
-        rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot=False)
+        rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot=False, retired=retired)
         shapes.append(rows, path, s.app_id, seq, None, False)
         return tuple(ev.changes), False
     types = write_types(step.columns, step.schema)

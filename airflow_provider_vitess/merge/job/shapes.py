@@ -239,11 +239,13 @@ def changelog_rows(
     shape: TargetShape,
     seq: int,
     snapshot: bool,
+    retired: Mapping[str, Sequence[str]] | None = None,
 ) -> DataFrame:
     """One row per change of the window at each key it touches, in the table's columns
-    (``schema``: the data columns; one the window lacks, a dropped column, is NULL)."""
+    (``schema``: the data columns; one the window lacks, a dropped column, is NULL), in the
+    merge's per-key order (``retired``: a reshard's, :func:`.order.key_order`)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = order.key_order(apply._key_events(staged, keys, data), keys)
+    events = order.key_order(apply._key_events(staged, keys, data), keys, retired)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),
