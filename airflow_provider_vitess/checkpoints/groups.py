@@ -11,12 +11,12 @@ becomes STAGED, with one manifest over every group's part, once every group is S
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Engine, Table, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_provider_vitess.checkpoints.models import WindowGroupRow, WindowRow
@@ -78,22 +78,41 @@ def record_layout(
 
 def load(conn: Connection, sync_id: str, seq: int) -> list[WindowGroup]:
     """The window's groups, in group order (none: a window read by one process)."""
+    return load_many(conn, sync_id, [seq]).get(seq, [])
+
+
+def load_many(conn: Connection, sync_id: str, seqs: Iterable[int]) -> dict[int, list[WindowGroup]]:
+    """The groups of several windows of the sync, in one query (the status page shows a page of
+    windows): ``{seq: groups in group order}``; a window read by one process has no entry."""
+    wanted = sorted(set(seqs))
+    if not wanted:
+        return {}
     rows = conn.execute(
-        select(_GROUP).where(_GROUP.c.sync_id == sync_id, _GROUP.c.seq == seq).order_by(_GROUP.c.group_no)
+        select(_GROUP)
+        .where(_GROUP.c.sync_id == sync_id, _GROUP.c.seq.in_(wanted))
+        .order_by(_GROUP.c.seq, _GROUP.c.group_no)
     )
-    return [
-        WindowGroup(
-            r.sync_id,
-            r.seq,
-            r.group_no,
-            tuple(r.shards),
-            WindowState(r.state),
-            vgtid_or_none(r.end_vgtid),
-            r.manifest_path,
-            dict(r.stats or {}),
+    found: dict[int, list[WindowGroup]] = {}
+    for r in rows:
+        found.setdefault(r.seq, []).append(
+            WindowGroup(
+                r.sync_id,
+                r.seq,
+                r.group_no,
+                tuple(r.shards),
+                WindowState(r.state),
+                vgtid_or_none(r.end_vgtid),
+                r.manifest_path,
+                dict(r.stats or {}),
+            )
         )
-        for r in rows
-    ]
+    return found
+
+
+def groups_of_windows(engine: Engine, sync_id: str, seqs: Iterable[int]) -> dict[int, list[WindowGroup]]:
+    """:func:`load_many` on its own connection (what the status page reads)."""
+    with engine.connect() as conn:
+        return load_many(conn, sync_id, seqs)
 
 
 def mark_staged(

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, freshness, history
-from airflow_provider_vitess.checkpoints.groups import WindowGroup
+from airflow_provider_vitess.checkpoints.groups import WindowGroup, groups_of_windows
 from airflow_provider_vitess.checkpoints.states import TableProgress
 from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
 from airflow_provider_vitess.exceptions import CutUnavailableError
@@ -204,10 +204,13 @@ def _group_status(group: WindowGroup) -> GroupStatus:
     )
 
 
-def _with_groups(store: CheckpointStore, window: Window, now: datetime) -> WindowStatus:
-    """The window's status with its shard groups: each group's shards are the ones it read, so a
-    window planned after a reshard shows the new shards."""
-    return window_status(window, now, store.window_groups(window.sync_id, window.seq))
+def _with_groups(store: CheckpointStore, windows: Sequence[Window], now: datetime) -> list[WindowStatus]:
+    """The windows' statuses with their shard groups, read in one query for all of them: each
+    group's shards are the ones it read, so a window planned after a reshard shows the new shards."""
+    if not windows:
+        return []
+    found = groups_of_windows(store.engine, windows[0].sync_id, [w.seq for w in windows])
+    return [window_status(w, now, found.get(w.seq, ())) for w in windows]
 
 
 def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableSummary:
@@ -284,7 +287,7 @@ def sync_summary(
     latest = history.recent_windows(store.engine, info.sync_id, 1)
     committed = _committed(history.checkpoint(store.engine, info.sync_id), now)
     running = store.lock_holder(info.sync_id) is not None
-    shown = _with_groups(store, latest[0], now) if latest else None
+    shown = _with_groups(store, latest[:1], now)[0] if latest else None
     return _summary(store_name, info, committed, shown, running)
 
 
@@ -306,7 +309,7 @@ def sync_status(
     lock = store.lock_holder(sync_id)
     progress = history.latest_progress(store.engine, sync_id)
     failed = history.last_failed_window(store.engine, sync_id)
-    shown = [_with_groups(store, w, now) for w in recent]
+    shown = _with_groups(store, recent, now)
     summary = _summary(store_name, info, committed, shown[0] if shown else None, lock is not None)
     return SyncStatus(
         **summary.model_dump(),
