@@ -19,13 +19,14 @@ from typing import Any, cast
 from sqlalchemy import Engine, Table, insert, select, update
 from sqlalchemy.engine import Connection
 
-from airflow_provider_vitess.checkpoints.models import WindowGroupRow, WindowRow
-from airflow_provider_vitess.checkpoints.states import WindowState, vgtid_or_none
+from airflow_provider_vitess.checkpoints.models import LockRow, WindowGroupRow, WindowRow
+from airflow_provider_vitess.checkpoints.states import LockInfo, WindowState, vgtid_or_none
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.vgtid import Vgtid
 
 _GROUP = cast(Table, WindowGroupRow.__table__)
 _WINDOW = cast(Table, WindowRow.__table__)
+_LOCK = cast(Table, LockRow.__table__)
 # The window stats entry holding the group layout (each group's shards), for the status page.
 WINDOW_GROUPS = "groups"
 
@@ -113,6 +114,17 @@ def groups_of_windows(engine: Engine, sync_id: str, seqs: Iterable[int]) -> dict
     """:func:`load_many` on its own connection (what the status page reads)."""
     with engine.connect() as conn:
         return load_many(conn, sync_id, seqs)
+
+
+def readers(engine: Engine, groups: Iterable[WindowGroup]) -> dict[tuple[int, int], LockInfo]:
+    """Who holds the lock of each of ``groups`` now (a group being read), in one query:
+    ``{(seq, group): holder}``. The sync's own lock is free while its groups read."""
+    by_lock = {group_lock_id(g.sync_id, g.group): (g.seq, g.group) for g in groups}
+    if not by_lock:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(_LOCK).where(_LOCK.c.sync_id.in_(sorted(by_lock)))).all()
+    return {by_lock[r.sync_id]: LockInfo(r.sync_id, r.holder, r.acquired_at, r.heartbeat_at) for r in rows}
 
 
 def mark_staged(

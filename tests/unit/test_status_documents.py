@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import event
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind, freshness, history
+from airflow_provider_vitess.checkpoints.groups import group_lock_id
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
@@ -252,6 +253,29 @@ def test_a_grouped_window_shows_each_groups_shards_and_state(store: CheckpointSt
     # The overview's latest window carries them too, as JSON.
     dumped = json.loads(documents.overview({"default": store}, clock.now).model_dump_json())
     assert dumped["syncs"][0]["latest_window"]["groups"] == [
-        {"group": 0, "shards": ["-80"], "state": "STAGED", "rows": 17},
-        {"group": 1, "shards": ["80-"], "state": "PLANNED", "rows": None},
+        {"group": 0, "shards": ["-80"], "state": "STAGED", "rows": 17, "reader": None},
+        {"group": 1, "shards": ["80-"], "state": "PLANNED", "rows": None, "reader": None},
     ]
+
+
+def test_a_sync_whose_groups_are_being_read_is_running(store: CheckpointStore, clock: Clock) -> None:
+    """While its groups read, a grouped sync's own lock is free (the plan task released it):
+    the page shows it running, and which group a task reads now, from the group locks."""
+    store.mark_failed("orders", 4, "killed")
+    clock.advance(1)
+    seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(40), groups=[["-80"], ["80-"]])
+    reader = "dag 'orders' run 'r2' task 'catch_up' map index 1 try 1 on worker-2"
+    with store.lock(group_lock_id("orders", 1), reader):
+        status = documents.sync_status(store, "default", "orders", clock.now)
+        overview = documents.overview({"default": store}, clock.now)
+    assert status is not None and status.windows[0].seq == seq
+    assert status.running and status.lock is None, "the sync's own lock is free"
+    assert [(g.group, g.state, g.reader) for g in status.windows[0].groups] == [
+        (0, "PLANNED", None),
+        (1, "PLANNED", reader),
+    ]
+    assert overview.syncs[0].running and overview.syncs[0].latest_window == status.windows[0]
+    # Done reading: idle again, no reader shown.
+    status = documents.sync_status(store, "default", "orders", clock.now)
+    assert status is not None and not status.running
+    assert [g.reader for g in status.windows[0].groups] == [None, None]
