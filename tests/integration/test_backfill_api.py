@@ -7,6 +7,10 @@ sensor defers) and LocalExecutor run it, as in a deployment. A sync's position l
 checkpoint store, not in the run's logical date, so each backfill run catches up from the
 committed position to *now* or finds nothing to do: the checkpoint must only move forward, and
 Delta must hold each window once. Real Vitess, Spark and Delta.
+
+The same services (started once for the module: ~20-45 s) also run a sync read by two shard
+groups (``capture_parallelism=2``): its two ``catch_up`` task instances of a window must run at
+the same time in two worker processes, which ``dag.test()`` (one task after the other) never shows.
 """
 
 from __future__ import annotations
