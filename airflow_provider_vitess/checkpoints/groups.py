@@ -11,21 +11,22 @@ becomes STAGED, with one manifest over every group's part, once every group is S
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Engine, Table, insert, select, update
 from sqlalchemy.engine import Connection
 
-from airflow_provider_vitess.checkpoints.models import WindowGroupRow, WindowRow
-from airflow_provider_vitess.checkpoints.states import WindowState, vgtid_or_none
+from airflow_provider_vitess.checkpoints.models import LockRow, WindowGroupRow, WindowRow
+from airflow_provider_vitess.checkpoints.states import LockInfo, WindowState, vgtid_or_none
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.vgtid import Vgtid
 
 _GROUP = cast(Table, WindowGroupRow.__table__)
 _WINDOW = cast(Table, WindowRow.__table__)
+_LOCK = cast(Table, LockRow.__table__)
 # The window stats entry holding the group layout (each group's shards), for the status page.
 WINDOW_GROUPS = "groups"
 
@@ -78,22 +79,52 @@ def record_layout(
 
 def load(conn: Connection, sync_id: str, seq: int) -> list[WindowGroup]:
     """The window's groups, in group order (none: a window read by one process)."""
+    return load_many(conn, sync_id, [seq]).get(seq, [])
+
+
+def load_many(conn: Connection, sync_id: str, seqs: Iterable[int]) -> dict[int, list[WindowGroup]]:
+    """The groups of several windows of the sync, in one query (the status page shows a page of
+    windows): ``{seq: groups in group order}``; a window read by one process has no entry."""
+    wanted = sorted(set(seqs))
+    if not wanted:
+        return {}
     rows = conn.execute(
-        select(_GROUP).where(_GROUP.c.sync_id == sync_id, _GROUP.c.seq == seq).order_by(_GROUP.c.group_no)
+        select(_GROUP)
+        .where(_GROUP.c.sync_id == sync_id, _GROUP.c.seq.in_(wanted))
+        .order_by(_GROUP.c.seq, _GROUP.c.group_no)
     )
-    return [
-        WindowGroup(
-            r.sync_id,
-            r.seq,
-            r.group_no,
-            tuple(r.shards),
-            WindowState(r.state),
-            vgtid_or_none(r.end_vgtid),
-            r.manifest_path,
-            dict(r.stats or {}),
+    found: dict[int, list[WindowGroup]] = {}
+    for r in rows:
+        found.setdefault(r.seq, []).append(
+            WindowGroup(
+                r.sync_id,
+                r.seq,
+                r.group_no,
+                tuple(r.shards),
+                WindowState(r.state),
+                vgtid_or_none(r.end_vgtid),
+                r.manifest_path,
+                dict(r.stats or {}),
+            )
         )
-        for r in rows
-    ]
+    return found
+
+
+def groups_of_windows(engine: Engine, sync_id: str, seqs: Iterable[int]) -> dict[int, list[WindowGroup]]:
+    """:func:`load_many` on its own connection (what the status page reads)."""
+    with engine.connect() as conn:
+        return load_many(conn, sync_id, seqs)
+
+
+def readers(engine: Engine, groups: Iterable[WindowGroup]) -> dict[tuple[int, int], LockInfo]:
+    """Who holds the lock of each of ``groups`` now (a group being read), in one query:
+    ``{(seq, group): holder}``. The sync's own lock is free while its groups read."""
+    by_lock = {group_lock_id(g.sync_id, g.group): (g.seq, g.group) for g in groups}
+    if not by_lock:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(_LOCK).where(_LOCK.c.sync_id.in_(sorted(by_lock)))).all()
+    return {by_lock[r.sync_id]: LockInfo(r.sync_id, r.holder, r.acquired_at, r.heartbeat_at) for r in rows}
 
 
 def mark_staged(

@@ -8,6 +8,7 @@ the store; nothing here writes to it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, freshness, history
-from airflow_provider_vitess.checkpoints.groups import WindowGroup
+from airflow_provider_vitess.checkpoints.groups import WindowGroup, groups_of_windows, readers
 from airflow_provider_vitess.checkpoints.states import TableProgress
 from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
 from airflow_provider_vitess.exceptions import CutUnavailableError
@@ -77,6 +78,9 @@ class GroupStatus(BaseModel):
     shards: list[str] = Field(description="the shards the group reads (after a reshard: the new ones)")
     state: str = Field(description="PLANNED (being read) or STAGED (its part recorded)")
     rows: int | None = Field(default=None, description="row events its part staged")
+    reader: str | None = Field(
+        default=None, description="the task reading it now (holder of the group's lock), if any"
+    )
 
 
 class WindowStatus(BaseModel):
@@ -124,7 +128,9 @@ class SyncSummary(BaseModel):
     committed_seq: int | None
     committed_age_seconds: float | None
     latest_window: WindowStatus | None
-    running: bool = Field(description="a task holds the sync's lock")
+    running: bool = Field(
+        description="a task holds the sync's lock, or a shard group's (its groups are being read)"
+    )
     freshness_breached: bool = Field(default=False, description="its data is older than its freshness_sla")
     dags: list[str] = Field(
         default_factory=list, description="the DAGs that ran it (who may read them may read this)"
@@ -204,10 +210,27 @@ def _group_status(group: WindowGroup) -> GroupStatus:
     )
 
 
-def _with_groups(store: CheckpointStore, window: Window, now: datetime) -> WindowStatus:
-    """The window's status with its shard groups: each group's shards are the ones it read, so a
+def _with_groups(store: CheckpointStore, windows: Sequence[Window], now: datetime) -> list[WindowStatus]:
+    """The windows' statuses with their shard groups, read in one query for all of them (and one
+    for who reads the open ones' groups now): each group's shards are the ones it read, so a
     window planned after a reshard shows the new shards."""
-    return window_status(window, now, store.window_groups(window.sync_id, window.seq))
+    if not windows:
+        return []
+    found = groups_of_windows(store.engine, windows[0].sync_id, [w.seq for w in windows])
+    reading = readers(
+        store.engine, (g for g in itertools.chain(*found.values()) if g.state is WindowState.PLANNED)
+    )
+    shown = [window_status(w, now, found.get(w.seq, ())) for w in windows]
+    for status in shown:
+        for group in status.groups:
+            holder = reading.get((status.seq, group.group))
+            group.reader = None if holder is None else holder.holder
+    return shown
+
+
+def _reading(shown: Sequence[WindowStatus]) -> bool:
+    """A group of a shown window is being read (the sync's own lock is free meanwhile)."""
+    return any(g.reader for w in shown for g in w.groups)
 
 
 def _table_status(table: str, config: Mapping[str, Any], copied: TableProgress | None) -> TableSummary:
@@ -283,9 +306,9 @@ def sync_summary(
 ) -> SyncSummary:
     latest = history.recent_windows(store.engine, info.sync_id, 1)
     committed = _committed(history.checkpoint(store.engine, info.sync_id), now)
-    running = store.lock_holder(info.sync_id) is not None
-    shown = _with_groups(store, latest[0], now) if latest else None
-    return _summary(store_name, info, committed, shown, running)
+    shown = _with_groups(store, latest[:1], now)
+    running = store.lock_holder(info.sync_id) is not None or _reading(shown)
+    return _summary(store_name, info, committed, shown[0] if shown else None, running)
 
 
 def sync_status(
@@ -306,8 +329,9 @@ def sync_status(
     lock = store.lock_holder(sync_id)
     progress = history.latest_progress(store.engine, sync_id)
     failed = history.last_failed_window(store.engine, sync_id)
-    shown = [_with_groups(store, w, now) for w in recent]
-    summary = _summary(store_name, info, committed, shown[0] if shown else None, lock is not None)
+    shown = _with_groups(store, recent, now)
+    running = lock is not None or _reading(shown)
+    summary = _summary(store_name, info, committed, shown[0] if shown else None, running)
     return SyncStatus(
         **summary.model_dump(),
         table_status=[_table_status(t, info.config, progress.get(t)) for t in info.tables],

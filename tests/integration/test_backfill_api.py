@@ -7,6 +7,10 @@ sensor defers) and LocalExecutor run it, as in a deployment. A sync's position l
 checkpoint store, not in the run's logical date, so each backfill run catches up from the
 committed position to *now* or finds nothing to do: the checkpoint must only move forward, and
 Delta must hold each window once. Real Vitess, Spark and Delta.
+
+The same services (started once for the module: ~20-45 s) also run a sync read by two shard
+groups (``capture_parallelism=2``): its two ``catch_up`` task instances of a window must run at
+the same time in two worker processes, which ``dag.test()`` (one task after the other) never shows.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -29,6 +34,8 @@ from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
+from tests.integration.group_workload import Workload, create_orders
+from tests.integration.group_workload import execute as group_execute
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +70,33 @@ dag = vitess_sync_dag(
 """
 
 
+# A sync read by two shard groups (one per shard of ``customer``), run by the scheduler: its
+# runs are triggered by the test, one at a time; no sensor, so a run goes straight to its window.
+GROUPED_DAG_ID = GROUPED_SYNC = "grouped_local_executor_sync"
+GROUPED_TABLE = "lx_group_orders"
+GROUPED_CUSTOMERS = range(1, 13)
+FILLER_BASE = 500_000  # order ids of the filler rows (each group's window has real work)
+GROUPED_DAG_FILE = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
+
+dag = vitess_sync_dag(
+    "{dag_id}",
+    keyspace="customer",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    capture_parallelism=2,
+    wait_for_changes=False,
+    default_args={{"retries": 0}},
+    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
+    merge_kwargs={merge_kwargs},
+)
+"""
+
+
 def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
@@ -75,17 +109,20 @@ def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
         yield VitessHook("vitess_backfill_test")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def today() -> datetime:
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def services(
-    vitess: LocalVitess, spark_connect: str, tmp_path: Path, today: datetime
+    vitess: LocalVitess, spark_connect: str, tmp_path_factory: pytest.TempPathFactory, today: datetime
 ) -> Iterator[tuple[AirflowServices, Path]]:
-    lake = tmp_path / "lake"
-    env = make_airflow_env(tmp_path, vitess, spark_connect=spark_connect)
+    """One installation for the module's tests (starting the services costs ~30 s): each test
+    has a DAG of its own, paused until it unpauses it."""
+    root = tmp_path_factory.mktemp("airflow_services")
+    lake = root / "lake"
+    env = make_airflow_env(root, vitess, spark_connect=spark_connect)
     env.write_dag(
         DAG_ID,
         DAG_FILE.format(
@@ -96,7 +133,14 @@ def services(
             merge_kwargs=CONNECT_MERGE,
         ),
     )
-    with airflow_services(env) as running:
+    env.write_dag(
+        GROUPED_DAG_ID,
+        GROUPED_DAG_FILE.format(
+            dag_id=GROUPED_DAG_ID, table=GROUPED_TABLE, lake=lake / "grouped", merge_kwargs=CONNECT_MERGE
+        ),
+    )
+    # Two mapped group tasks of a window run at once only if the executor and the DAG allow it.
+    with airflow_services(env, extra_env={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4"}) as running:
         yield running, lake
 
 
@@ -211,3 +255,149 @@ def test_backfill_runs_complete_and_target_equals_source(
     finished = api.wait_for_backfill(backfill["id"])
     assert not finished["is_paused"], finished
     print(f"start-up (s): { {k: round(v, 1) for k, v in api.startup_steps.items()} }; phases (s): {phases}")
+
+
+def _shards_of_customers(hook: VitessHook, table: str) -> dict[int, str]:
+    """Each customer's shard, asked of each shard (``USE customer:<shard>``) through vtgate."""
+    found: dict[int, str] = {}
+    for shard in ("-80", "80-"):
+        with hook.connect_sql() as conn:
+            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
+            rows = conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {table}")).all()
+            conn.execute(sqlalchemy.text("USE customer"))  # pooled: leave no shard target behind
+        found.update({int(c): shard for (c,) in rows})
+    return found
+
+
+def _filler(hook: VitessHook, n: int, rows: int) -> None:
+    """``rows`` filler orders spread over every customer (both shards) inserted, then updated
+    (order ids of their own for each ``n``): hundreds of row events for each group to read."""
+    table, start = f"customer.{GROUPED_TABLE}", FILLER_BASE + 10_000 * n
+    values = ", ".join(
+        f"({start + i}, {GROUPED_CUSTOMERS[i % len(GROUPED_CUSTOMERS)]}, 'filler {n}')" for i in range(rows)
+    )
+    group_execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
+    group_execute(hook, f"UPDATE {table} SET note = 'filler {n} updated' WHERE order_id >= {start}")
+
+
+def _when(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _run_grouped(api: AirflowServices, after_plan: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """One run of the grouped DAG, triggered through the REST API; ``after_plan`` runs once the
+    window's stop is taken (its plan task succeeded). The finished run."""
+    run_id = api.trigger(GROUPED_DAG_ID)["dag_run_id"]
+    deadline = time.monotonic() + 240
+    while api.task_states(GROUPED_DAG_ID, run_id).get("plan_catch_up") != "success":
+        api.check_alive()
+        planning = api.api("GET", f"/api/v2/dags/{GROUPED_DAG_ID}/dagRuns/{run_id}")
+        assert planning["state"] != "failed", api.explain_run(GROUPED_DAG_ID, run_id)
+        assert time.monotonic() < deadline, f"no plan after 240 s: {api.task_states(GROUPED_DAG_ID, run_id)}"
+        time.sleep(0.3)
+    after_plan()
+    while True:
+        run: dict[str, Any] = api.api("GET", f"/api/v2/dags/{GROUPED_DAG_ID}/dagRuns/{run_id}")
+        if run["state"] in ("success", "failed"):
+            break
+        api.check_alive()
+        assert time.monotonic() < deadline, (
+            f"run not done after 240 s: {api.task_states(GROUPED_DAG_ID, run_id)}"
+        )
+        time.sleep(0.5)
+    assert run["state"] == "success", api.explain_run(GROUPED_DAG_ID, run_id)
+    return run
+
+
+def _groups_of(api: AirflowServices, run_id: str) -> list[dict[str, Any]]:
+    """The run's mapped ``catch_up`` task instances (one per group), by map index."""
+    tis = [ti for ti in api.task_instances(GROUPED_DAG_ID, run_id) if ti["task_id"] == "catch_up"]
+    return sorted(tis, key=lambda ti: ti["map_index"])
+
+
+def test_grouped_sync_reads_its_groups_at_once_in_separate_workers(
+    services: tuple[AirflowServices, Path], hook: VitessHook
+) -> None:
+    """Issue 31: ``capture_parallelism=2`` under the real scheduler and LocalExecutor (parallelism
+    4): the two groups of a window run at the same time in two worker processes, each under its
+    own group lock; the merge assembles the window; Delta == the source after every run, every
+    window applied once. The workload moves rows between the shards (= between the groups), in
+    one transaction and split by a window's stop, both ways."""
+    api, lake = services
+    began = time.monotonic()
+    assert int(api.airflow.env["AIRFLOW__CORE__PARALLELISM"]) >= 2
+    assert int(api.airflow.env["AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG"]) >= 2
+    table, delta = f"customer.{GROUPED_TABLE}", lake / "grouped" / "delta"
+    create_orders(hook, table, GROUPED_CUSTOMERS)
+    shard_of = _shards_of_customers(hook, table)
+    assert sorted(set(shard_of.values())) == ["-80", "80-"] and len(shard_of) == len(GROUPED_CUSTOMERS)
+    api.wait_for_dag(GROUPED_DAG_ID)
+    api.unpause(GROUPED_DAG_ID)
+
+    first = _run_grouped(api)  # the snapshot, and a first (nearly empty) grouped window
+    states = api.task_states(GROUPED_DAG_ID, first["dag_run_id"])
+    assert (states["snapshot"], states["merge_snapshot"], states["merge"]) == ("success",) * 3, states
+    assert_delta_equals_source(hook, "customer", [GROUPED_TABLE], delta)
+
+    store = CheckpointStore(f"sqlite:///{api.airflow.home / 'vitess_sync.db'}")
+    wl = Workload(hook, 31, shard_of, table, GROUPED_CUSTOMERS)
+    overlaps: list[str] = []
+    seqs: list[int] = []
+    for n in range(2):
+        wl.round(40, f"lx{n}")  # moves in one transaction among them (either half first)
+        _filler(hook, n, 400)
+        finish = wl.split_moves(f"lx{n}")  # DELETE-first halves now, INSERT-first ones after the stop
+        run = _run_grouped(api, after_plan=finish)
+        run_id = run["dag_run_id"]
+        merged = api.api(
+            "GET",
+            f"/api/v2/dags/{GROUPED_DAG_ID}/dagRuns/{run_id}/taskInstances/merge/xcomEntries/return_value",
+        )["value"]
+        seq = merged["merged"]
+        groups = store.window_groups(GROUPED_SYNC, seq)
+        assert [(g.shards, g.state) for g in groups] == [
+            (("-80",), WindowState.STAGED),
+            (("80-",), WindowState.STAGED),
+        ]
+        assert all(g.stats["rows"] >= 200 for g in groups), [g.stats for g in groups]
+        # Each part recorded under its own taking of its group's lock (the token names its files).
+        writers = [str(g.manifest_path).rsplit("/", 1)[-1] for g in groups]
+        assert writers[0].startswith("_group-000-g000-") and writers[1].startswith("_group-001-g001-")
+        assert writers[0][16:] != writers[1][16:], writers
+        seqs.append(seq)
+        assert store.window(GROUPED_SYNC, seq).state is WindowState.COMMITTED
+
+        # (a) the window's two groups ran at the same time, in two processes.
+        a, b = _groups_of(api, run_id)
+        assert (a["map_index"], b["map_index"], a["state"], b["state"]) == (0, 1, "success", "success")
+        starts, ends = (
+            (_when(a["start_date"]), _when(b["start_date"])),
+            (_when(a["end_date"]), _when(b["end_date"])),
+        )
+        assert starts[0] < ends[1] and starts[1] < ends[0], f"the groups did not overlap: {a} / {b}"
+        assert a["pid"] and b["pid"] and (a["hostname"], a["pid"]) != (b["hostname"], b["pid"]), (a, b)
+        overlap = min(ends) - max(starts)
+        overlaps.append(
+            f"window {seq}: group 0 {a['start_date']}..{a['end_date']} pid {a['pid']}, "
+            f"group 1 {b['start_date']}..{b['end_date']} pid {b['pid']}; "
+            f"overlap {overlap.total_seconds():.1f} s"
+        )
+        # (b) Delta == the source.
+        assert_delta_equals_source(hook, "customer", [GROUPED_TABLE], delta)
+
+    # (c) every window with changes once in the Delta log; no window twice, none unknown.
+    _, committed = store.committed(GROUPED_SYNC)
+    applied = Counter(
+        v
+        for app, v, _ in delta_txns(delta / GROUPED_TABLE)
+        if app.endswith(f":{GROUPED_SYNC}:{GROUPED_TABLE}")
+    )
+    assert applied and max(applied.values()) == 1, f"a window was applied twice: {applied}"
+    with_changes = {
+        seq for seq in range(1, committed + 1) if (store.window(GROUPED_SYNC, seq).stats or {}).get("rows")
+    }
+    assert set(seqs) <= with_changes and len(set(seqs)) == 2, (seqs, with_changes)
+    assert with_changes <= set(applied) <= set(range(1, committed + 1)), (applied, with_changes, committed)
+    assert store.open_window(GROUPED_SYNC) is None
+    api.pause(GROUPED_DAG_ID)
+    print("\n".join(overlaps) + f"\ngrouped test: {time.monotonic() - began:.1f} s")

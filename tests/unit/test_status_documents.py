@@ -4,12 +4,15 @@ committed catch-up window, a failed one and an open one; every value the page sh
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
-from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind, freshness
+from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind, freshness, history
+from airflow_provider_vitess.checkpoints.groups import group_lock_id
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
@@ -177,6 +180,61 @@ def test_an_unknown_sync_has_no_status(store: CheckpointStore, clock: Clock) -> 
     assert documents.sync_status(store, "default", "nope", clock.now) is None
 
 
+def _grouped_and_single_windows(store: CheckpointStore, clock: Clock, n: int) -> None:
+    """``n`` more failed catch-up windows after the fixture's, every other one read by groups
+    (some groups staged), then an open grouped one."""
+    store.mark_failed("orders", 4, "killed")
+    for i in range(n + 1):
+        clock.advance(1)
+        groups = [["-80"], ["80-"]] if i % 2 == 0 else None
+        seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(40 + i), groups=groups)
+        if groups and i % 4 == 0:
+            part = Vgtid((ShardGtid("customer", "80-", f"MariaDB/0-1-{40 + i}"),))
+            store.mark_group_staged("orders", seq, 1, part, f"/stage/{seq}/_group-001-w.json", {"rows": i})
+        if i < n:
+            store.mark_failed("orders", seq, "killed")
+
+
+def _queries(store: CheckpointStore, read: Callable[[], object]) -> int:
+    """How many SQL statements ``read`` sends to the store's database."""
+    count = [0]
+
+    def counted(*_: object) -> None:
+        count[0] += 1
+
+    event.listen(store.engine, "before_cursor_execute", counted)
+    try:
+        read()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", counted)
+    return count[0]
+
+
+def test_the_windows_groups_are_read_in_one_query_whatever_their_number(
+    store: CheckpointStore, clock: Clock
+) -> None:
+    _grouped_and_single_windows(store, clock, 12)
+    status = documents.sync_status(store, "default", "orders", clock.now, windows=17)
+    assert status is not None and len(status.windows) == 17
+    # The same as reading each window's groups on its own.
+    one_by_one = [
+        documents.window_status(w, clock.now, store.window_groups("orders", w.seq))
+        for w in history.recent_windows(store.engine, "orders", 17)
+    ]
+    assert status.windows == one_by_one
+    grouped = [w.seq for w in status.windows if w.groups]
+    assert len(grouped) == 7 and len(grouped) < len(status.windows)
+    assert any(g.state == "STAGED" for w in status.windows for g in w.groups)
+    info = history.sync(store.engine, "orders")
+    assert info is not None
+    assert documents.sync_summary(store, "default", info, clock.now).latest_window == one_by_one[0]
+
+    def read(n: int) -> Callable[[], object]:
+        return lambda: documents.sync_status(store, "default", "orders", clock.now, windows=n)
+
+    assert _queries(store, read(2)) == _queries(store, read(17)), "a query per window shown"
+
+
 def test_a_grouped_window_shows_each_groups_shards_and_state(store: CheckpointStore, clock: Clock) -> None:
     store.mark_failed("orders", 4, "killed")
     clock.advance(1)
@@ -195,6 +253,29 @@ def test_a_grouped_window_shows_each_groups_shards_and_state(store: CheckpointSt
     # The overview's latest window carries them too, as JSON.
     dumped = json.loads(documents.overview({"default": store}, clock.now).model_dump_json())
     assert dumped["syncs"][0]["latest_window"]["groups"] == [
-        {"group": 0, "shards": ["-80"], "state": "STAGED", "rows": 17},
-        {"group": 1, "shards": ["80-"], "state": "PLANNED", "rows": None},
+        {"group": 0, "shards": ["-80"], "state": "STAGED", "rows": 17, "reader": None},
+        {"group": 1, "shards": ["80-"], "state": "PLANNED", "rows": None, "reader": None},
     ]
+
+
+def test_a_sync_whose_groups_are_being_read_is_running(store: CheckpointStore, clock: Clock) -> None:
+    """While its groups read, a grouped sync's own lock is free (the plan task released it):
+    the page shows it running, and which group a task reads now, from the group locks."""
+    store.mark_failed("orders", 4, "killed")
+    clock.advance(1)
+    seq = store.plan_window("orders", WindowKind.CATCHUP, _vgtid(13), _vgtid(40), groups=[["-80"], ["80-"]])
+    reader = "dag 'orders' run 'r2' task 'catch_up' map index 1 try 1 on worker-2"
+    with store.lock(group_lock_id("orders", 1), reader):
+        status = documents.sync_status(store, "default", "orders", clock.now)
+        overview = documents.overview({"default": store}, clock.now)
+    assert status is not None and status.windows[0].seq == seq
+    assert status.running and status.lock is None, "the sync's own lock is free"
+    assert [(g.group, g.state, g.reader) for g in status.windows[0].groups] == [
+        (0, "PLANNED", None),
+        (1, "PLANNED", reader),
+    ]
+    assert overview.syncs[0].running and overview.syncs[0].latest_window == status.windows[0]
+    # Done reading: idle again, no reader shown.
+    status = documents.sync_status(store, "default", "orders", clock.now)
+    assert status is not None and not status.running
+    assert [g.reader for g in status.windows[0].groups] == [None, None]

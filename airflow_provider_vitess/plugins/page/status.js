@@ -115,7 +115,7 @@ function windowsSection(sync) {
       el("td", { class: "num" }, duration(w.duration_seconds)),
       el("td", { class: "num" }, number(w.rows)),
       el("td", {}, Object.entries(w.shard_lag).map(([s, n]) => `${s}: ${number(n)}`).join(", ") || "-"),
-      el("td", { class: "groups" }, (w.groups || []).map((g) => `${g.group}: ${g.shards.join(" ")} ${g.state}`).join("; ") || "-"),
+      el("td", { class: "groups" }, (w.groups || []).map((g) => `${g.group}: ${g.shards.join(" ")} ${g.state}${g.reader ? " (reading)" : ""}`).join("; ") || "-"),
       el("td", {}, w.error || w.stopped_early || "")));
   return el("table", { class: "windows" },
     el("thead", {}, el("tr", {}, ...["window", "kind", "state", "planned", "duration", "row events", "shard lag", "shard groups", "note"].map((h) => el("th", {}, h)))),
@@ -135,7 +135,7 @@ function syncSection(sync) {
     c && c.freshness_breached ? el("span", { class: "breach", "data-breach": "freshness" },
       `freshness objective missed: ${duration(c.seconds_behind)} behind, objective ${duration(c.freshness_sla)}`) : null,
     latest ? el("span", {}, "latest window ", el("b", {}, latest.seq), " ", stateBadge(latest.state)) : null,
-    el("span", {}, sync.lock ? `running: ${sync.lock.holder}` : "idle"));
+    el("span", {}, sync.lock ? `running: ${sync.lock.holder}` : sync.running ? "running: shard groups reading" : "idle"));
   const positions = c ? el("p", { class: "muted positions" },
     "position: " + c.shards.map((s) => `${s.keyspace}/${s.shard} ${s.gtid}${s.copying ? " (copying)" : ""}`).join("; ")) : null;
   const error = sync.last_error
