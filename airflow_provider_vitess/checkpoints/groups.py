@@ -48,6 +48,7 @@ class WindowGroup:
     end_vgtid: Vgtid | None
     manifest_path: str | None
     stats: dict[str, Any] = field(default_factory=dict)
+    resume_vgtid: Vgtid | None = None  # a snapshot's group: where its copy resumes
 
 
 def record_layout(
@@ -91,6 +92,7 @@ def load(conn: Connection, sync_id: str, seq: int) -> list[WindowGroup]:
             vgtid_or_none(r.end_vgtid),
             r.manifest_path,
             dict(r.stats or {}),
+            vgtid_or_none(r.resume_vgtid),
         )
         for r in rows
     ]
