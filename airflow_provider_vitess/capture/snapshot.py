@@ -199,6 +199,12 @@ class SnapshotRun(SyncRun):
                 tracker.tables[table].rows_copied = p.rows_copied or 0
                 tracker.tables[table].rows_known = p.rows_known
         shards = () if group is None else group.shards
+        if group is not None:  # the group's rows as this run starts (a fresh start: from zero)
+            for table, progress in tracker.tables.items():
+                phase = Phase.COPYING if table in remaining else Phase.COPIED
+                self.store.update_progress(
+                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=phase, group=g
+                )
         counter = threading.Thread(target=self._count_rows, args=(seq, tracker, shards, g), daemon=True)
         counter.start()
 
@@ -220,17 +226,15 @@ class SnapshotRun(SyncRun):
 
         def on_checkpoint(resume_at: Vgtid) -> None:
             parts = stager.checkpoint()
-            self.store.record_parts(spec.sync_id, seq, [_store_part(p) for p in parts], resume_at, group=g)
-            copied = copied_tables.at(resume_at)
-            for table, progress in tracker.tables.items():
-                self.store.update_progress(
-                    spec.sync_id,
-                    seq,
-                    table,
-                    rows_copied=progress.rows_copied,
-                    phase=Phase.COPIED if table in copied else Phase.COPYING,
-                    group=g,
-                )
+            done = copied_tables.at(resume_at)
+            # The phases in the position's own transaction: a kill between the two would resume
+            # from a position past a table still marked COPYING, and copy it again.
+            phases = {
+                table: (progress.rows_copied, Phase.COPIED if table in done else Phase.COPYING)
+                for table, progress in tracker.tables.items()
+            }
+            recorded = [_store_part(p) for p in parts]
+            self.store.record_parts(spec.sync_id, seq, recorded, resume_at, group=g, copied=phases)
 
         def copied() -> None:
             tracker.report()

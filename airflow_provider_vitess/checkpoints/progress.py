@@ -101,6 +101,27 @@ def save(
     raise CheckpointError(f"sync {sync_id!r} window {seq}: progress of table {table!r} could not be saved")
 
 
+def save_in(
+    conn: Connection,
+    now: datetime,
+    sync_id: str,
+    seq: int,
+    copied: Mapping[str, tuple[int, Phase]],
+    group: int | None = None,
+) -> None:
+    """In a checkpoint's own transaction (``CheckpointStore.record_parts``): each table's rows
+    copied and phase as of the position recorded with it, so that a resume never reads a phase
+    older than its position (a table finished at that position but still COPYING would be
+    copied again). The rows exist already (written when the copy starts); one UPDATE each."""
+    rows, key = (_PROGRESS, {}) if group is None else (_GROUP_PROGRESS, {"group_no": group})
+    for table, (count, phase) in copied.items():
+        where = [rows.c.sync_id == sync_id, rows.c.seq == seq, rows.c.table_name == table]
+        where += [rows.c[k] == v for k, v in key.items()]
+        values = {"rows_copied": count, "phase": Phase(phase).value, "updated_at": now}
+        if conn.execute(update(rows).where(*where).values(**values)).rowcount != 1:
+            conn.execute(insert(rows).values(sync_id=sync_id, seq=seq, table_name=table, **key, **values))
+
+
 def load(engine: Engine, sync_id: str, seq: int) -> list[TableProgress]:
     with engine.connect() as conn:
         rows = conn.execute(

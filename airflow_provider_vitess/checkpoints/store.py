@@ -402,7 +402,13 @@ class CheckpointStore:
     # -- staged parts -------------------------------------------------------------------------
 
     def record_parts(
-        self, sync_id: str, seq: int, parts: Sequence[Part], resume_vgtid: Vgtid, group: int | None = None
+        self,
+        sync_id: str,
+        seq: int,
+        parts: Sequence[Part],
+        resume_vgtid: Vgtid,
+        group: int | None = None,
+        copied: Mapping[str, tuple[int, Phase]] | None = None,
     ) -> int:
         """Record staged files and the VGTID at which they end, in one transaction.
 
@@ -410,7 +416,9 @@ class CheckpointStore:
         Re-recording an identical part is a no-op (a retried batch); a different file under a
         known path is refused. Returns the number of parts newly recorded. With ``group`` (a
         snapshot copied by shard groups, under the group's lock): the parts are that group's and
-        the resume position is the group's (:meth:`window_groups`).
+        the resume position is the group's (:meth:`window_groups`). ``copied``: each table's
+        rows copied and phase at that position, recorded in the same transaction (the phases a
+        resume chooses ``tables_to_copy`` by must be those of its position).
         """
         for attempt in range(5):
             try:
@@ -421,9 +429,10 @@ class CheckpointStore:
                             f"sync {sync_id!r} window {seq} is {state.value}: parts can only be recorded "
                             "while PLANNED (a window's files are immutable once its manifest exists)"
                         )
-                    return staged_parts.record(
-                        conn, self._clock(), sync_id, seq, parts, resume_vgtid.to_json(), group
-                    )
+                    now = self._clock()
+                    new = staged_parts.record(conn, now, sync_id, seq, parts, resume_vgtid.to_json(), group)
+                    progress.save_in(conn, now, sync_id, seq, copied or {}, group)
+                    return new
             except staged_parts.PartNumbersTaken:
                 # Another group recorded its parts meanwhile: the next numbers are free.
                 if group is None or attempt == 4:
