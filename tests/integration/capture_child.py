@@ -204,7 +204,7 @@ def _kill_after_checkpoints(checkpoints: int, tables: tuple[str, ...], agreeing:
             os.kill(os.getpid(), signal.SIGKILL)
         return recorded
 
-    CheckpointStore.record_parts = recording  # type: ignore[method-assign]
+    CheckpointStore.record_parts = recording  # type: ignore[method-assign,assignment]
 
 
 def main() -> None:
