@@ -25,7 +25,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.capture.progress import ProgressTracker
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -61,6 +60,8 @@ class ChildSpec:
     kill_after_checkpoints: int | None = None  # SIGKILL once this many checkpoints are recorded
     # ... counting only checkpoints at which every shard has finished the same tables
     kill_where_shards_agree: bool = False
+    # SIGKILL right after the first checkpoint whose position shows a table copied on every shard
+    kill_once_copied: bool = False
 
     def command(self, kind: str) -> list[str]:
         """The child's command line: ``kind`` is ``snapshot`` or ``catchup``."""
@@ -176,14 +177,18 @@ def _kill_before_record() -> None:
     CheckpointStore.mark_group_staged = killing  # type: ignore[method-assign]
 
 
-def _kill_after_checkpoints(checkpoints: int, tables: tuple[str, ...], agreeing: bool) -> None:
+def _kill_after_checkpoints(
+    checkpoints: int, tables: tuple[str, ...], agreeing: bool, once_copied: bool = False
+) -> None:
     """SIGKILL this process right after its ``checkpoints``-th checkpoint (parts and resume
     position) is recorded (printing ``KILLED-AFTER-CHECKPOINTS`` first): a copy killed mid-way,
     with checkpointed parts to keep and rows past them to copy again. ``agreeing``: count only
     checkpoints at which every shard has finished the same tables (each shard's as
     ``CopiedTables`` sees it): Vitess's ``tables_to_copy`` is one list for every shard, so a
     resume from a checkpoint where one shard finished a table another has not copies it again
-    on the first (rows staged twice, harmless to the merge but not to an exact count)."""
+    on the first (rows staged twice, harmless to the merge but not to an exact count).
+    ``once_copied``: the first checkpoint (from the ``checkpoints``-th on) whose position shows a
+    table copied on every shard, killed right after its parts and position are recorded."""
     record_parts = CheckpointStore.record_parts
     done = [0]
     per_shard: dict[str, CopiedTables] = {}
@@ -195,10 +200,17 @@ def _kill_after_checkpoints(checkpoints: int, tables: tuple[str, ...], agreeing:
         ]
         return all(f == finished[0] for f in finished)
 
+    everywhere = CopiedTables(tables)
+
+    def copied_everywhere(position: Vgtid) -> bool:
+        return bool(everywhere.at(position))
+
     def recording(store: CheckpointStore, *args: Any, **kwargs: Any) -> int:
         recorded = record_parts(store, *args, **kwargs)
         if agree(args[3]) or not agreeing:
             done[0] += 1
+        if once_copied and not copied_everywhere(args[3]):
+            return recorded
         if done[0] >= checkpoints:
             print(f"KILLED-AFTER-CHECKPOINTS {done[0]}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -220,8 +232,10 @@ def main() -> None:
         _kill_after_rows(spec.kill_after_rows)
     if spec.kill_before_record:
         _kill_before_record()
-    if spec.kill_after_checkpoints:
-        _kill_after_checkpoints(spec.kill_after_checkpoints, spec.tables, spec.kill_where_shards_agree)
+    if spec.kill_after_checkpoints or spec.kill_once_copied:
+        _kill_after_checkpoints(
+            spec.kill_after_checkpoints or 1, spec.tables, spec.kill_where_shards_agree, spec.kill_once_copied
+        )
     sync = SyncSpec(
         sync_id=spec.sync_id, keyspace=spec.keyspace, tables=spec.tables, staging_location=spec.staging
     )
@@ -243,6 +257,8 @@ def main() -> None:
         print(json.dumps(grouped.read_group(spec.group, ReadBounds(max_events=spec.max_events))), flush=True)
         return
     if kind == "group_snapshot":
+        from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+
         copier = GroupedSnapshot(
             VitessHook(spec.conn_id),
             CheckpointStore(spec.store_url),
