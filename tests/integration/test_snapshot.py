@@ -344,9 +344,7 @@ def test_a_kill_right_after_the_checkpoint_that_finished_a_table_does_not_copy_i
     killed = capture_child.run("snapshot", spec, timeout=300)
     assert killed.returncode == -9 and "KILLED-AFTER-CHECKPOINTS" in killed.stdout, killed.stderr[-3000:]
     time.sleep(1.5)  # the killed run's lock goes stale
-    done = capture_child.run(
-        "snapshot", spec.__class__(**{**spec.__dict__, "kill_once_copied": False}), timeout=300
-    )
+    done = capture_child.run("snapshot", dataclasses.replace(spec, kill_once_copied=False), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["resumed"] is True
 
