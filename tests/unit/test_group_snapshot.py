@@ -47,21 +47,24 @@ def row(table: str, rows_known: int | None = None, rows_copied: int = 0) -> Tabl
     return TableProgress(SYNC, 1, table, rows_known, rows_copied, Phase.COPYING, ["id"], "pk", AT)
 
 
+G, DONE, BUSY = GroupProgress, Phase.COPIED, Phase.COPYING
+
+
 @pytest.mark.parametrize(
     ("groups", "expected"),
     [
         # Every group counted and copied it: the sums, COPIED.
-        ([GroupProgress(0, "t", 40, 40, Phase.COPIED), GroupProgress(1, "t", 60, 60, Phase.COPIED)], (100, 100, Phase.COPIED)),
+        ([G(0, "t", 40, 40, DONE), G(1, "t", 60, 60, DONE)], (100, 100, DONE)),
         # One group still copying: COPYING, the rows copied so far summed.
-        ([GroupProgress(0, "t", 40, 40, Phase.COPIED), GroupProgress(1, "t", 60, 12, Phase.COPYING)], (52, 100, Phase.COPYING)),
+        ([G(0, "t", 40, 40, DONE), G(1, "t", 60, 12, BUSY)], (52, 100, BUSY)),
         # A group whose count(*) has not come back: no total (no percent) yet.
-        ([GroupProgress(0, "t", 40, 40, Phase.COPIED), GroupProgress(1, "t", None, 12, Phase.COPYING)], (52, None, Phase.COPYING)),
+        ([G(0, "t", 40, 40, DONE), G(1, "t", None, 12, BUSY)], (52, None, BUSY)),
         # A group with no row yet (not started): not COPIED, no total, whatever the other says.
-        ([GroupProgress(0, "t", 40, 40, Phase.COPIED)], (40, None, Phase.COPYING)),
+        ([G(0, "t", 40, 40, DONE)], (40, None, BUSY)),
         # Rows of other tables do not count.
-        ([GroupProgress(0, "u", 5, 5, Phase.COPIED)], (0, None, Phase.COPYING)),
+        ([G(0, "u", 5, 5, DONE)], (0, None, BUSY)),
     ],
-)  # fmt: skip
+)
 def test_a_tables_progress_is_summed_over_its_groups(
     groups: list[GroupProgress], expected: tuple[int, int | None, Phase]
 ) -> None:
