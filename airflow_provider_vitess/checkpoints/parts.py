@@ -10,7 +10,8 @@ them may race for the next part numbers (:class:`PartNumbersTaken`, retried by t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, cast
 
@@ -18,8 +19,9 @@ from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from airflow_provider_vitess.checkpoints import progress
 from airflow_provider_vitess.checkpoints.models import WindowGroupRow, WindowPartRow, WindowRow
-from airflow_provider_vitess.checkpoints.states import Part, WindowState
+from airflow_provider_vitess.checkpoints.states import Part, Phase, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError
 
 _PART = cast(Table, WindowPartRow.__table__)
@@ -30,6 +32,42 @@ _GROUP = cast(Table, WindowGroupRow.__table__)
 class PartNumbersTaken(CheckpointError):
     """Another writer took the same part numbers in the window meanwhile (a group, or a writer
     that lost the lock: the fence tells them apart on the retry)."""
+
+
+def checkpoint(
+    begin: Callable[[], AbstractContextManager[Connection]],
+    clock: Callable[[], datetime],
+    sync_id: str,
+    seq: int,
+    parts: Sequence[Part],
+    resume: str,
+    group: int | None,
+    copied: Mapping[str, tuple[int, Phase]],
+) -> int:
+    """``CheckpointStore.record_parts``: in one transaction (``begin``: the store's, fenced),
+    the parts, the resume position and each table's phase, into a PLANNED window; retried when
+    another group took the same part numbers meanwhile. Returns how many parts were new."""
+    for attempt in range(5):
+        try:
+            with begin() as conn:
+                state = conn.execute(
+                    select(_WINDOW.c.state).where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq)
+                ).scalar()
+                if state is None:
+                    raise CheckpointError(f"sync {sync_id!r} has no window {seq}")
+                if WindowState(state) is not WindowState.PLANNED:
+                    raise CheckpointError(
+                        f"sync {sync_id!r} window {seq} is {state}: parts can only be recorded while "
+                        "PLANNED (a window's files are immutable once its manifest exists)"
+                    )
+                now = clock()
+                new = record(conn, now, sync_id, seq, parts, resume, group)
+                progress.save_in(conn, now, sync_id, seq, copied, group)
+                return new
+        except PartNumbersTaken:
+            if group is None or attempt == 4:  # one writer per window: a real conflict
+                raise
+    raise AssertionError("unreachable")
 
 
 def load(conn: Connection, sync_id: str, seq: int, group: int | None = None) -> list[Part]:

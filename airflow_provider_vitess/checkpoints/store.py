@@ -420,24 +420,16 @@ class CheckpointStore:
         rows copied and phase at that position, recorded in the same transaction (the phases a
         resume chooses ``tables_to_copy`` by must be those of its position).
         """
-        for attempt in range(5):
-            try:
-                with self._begin("staged parts") as conn:
-                    state = WindowState(self._window_row(conn, sync_id, seq).state)
-                    if state is not WindowState.PLANNED:
-                        raise CheckpointError(
-                            f"sync {sync_id!r} window {seq} is {state.value}: parts can only be recorded "
-                            "while PLANNED (a window's files are immutable once its manifest exists)"
-                        )
-                    now = self._clock()
-                    new = staged_parts.record(conn, now, sync_id, seq, parts, resume_vgtid.to_json(), group)
-                    progress.save_in(conn, now, sync_id, seq, copied or {}, group)
-                    return new
-            except staged_parts.PartNumbersTaken:
-                # Another group recorded its parts meanwhile: the next numbers are free.
-                if group is None or attempt == 4:
-                    raise
-        raise AssertionError("unreachable")
+        return staged_parts.checkpoint(
+            lambda: self._begin("staged parts"),
+            self._clock,
+            sync_id,
+            seq,
+            parts,
+            resume_vgtid.to_json(),
+            group,
+            copied or {},
+        )
 
     def parts(self, sync_id: str, seq: int, group: int | None = None) -> list[Part]:
         """The window's recorded parts (``group``: those the shard group recorded)."""
