@@ -31,6 +31,8 @@ from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, Vit
 from airflow_provider_vitess.operators.capture_groups import (
     VitessCatchUpGroupOperator,
     VitessCatchUpPlanOperator,
+    VitessSnapshotGroupOperator,
+    VitessSnapshotPlanOperator,
 )
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
@@ -162,6 +164,8 @@ def vitess_sync_dag(
     (``["-80", "80-"]``) makes a group of the shards inside each range. A ``plan_catch_up`` task
     plans each window (its stop position and the layout) and the ``catch_up`` task is mapped over
     the groups, one task instance per group, retried alone (docs/design.md, "Shard groups").
+    Snapshots are copied by the same groups: ``plan_snapshot`` (whether one is needed, and its
+    layout) and the ``snapshot`` task mapped over the groups, each copying its shards.
     ``max_events`` and ``max_seconds`` then bound each group's read, and a run reads one window.
     """
     try:
@@ -241,14 +245,36 @@ def vitess_sync_dag(
         **dag_kwargs,
     )
     with dag:
-        snapshot = VitessSnapshotOperator(
-            task_id="snapshot",
-            resnapshot_tables="{{ params." + RESNAPSHOT_PARAM + " }}",
-            target_location=target_location,
-            targets=merge.get("targets"),
-            **common,
-        )
-        merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
+        resnapshot = "{{ params." + RESNAPSHOT_PARAM + " }}"
+        copied: Any
+        if split != 1:
+            # The snapshot is copied by the same groups: plan_snapshot -> snapshot[0..N-1]. A
+            # plan with nothing to copy maps the copy over no group (skipped): the merge still runs.
+            plan_snapshot = VitessSnapshotPlanOperator(
+                task_id="plan_snapshot",
+                capture_parallelism=split,
+                resnapshot_tables=resnapshot,
+                target_location=target_location,
+                targets=merge.get("targets"),
+                **common,
+            )
+            copies = VitessSnapshotGroupOperator.partial(task_id="snapshot", **common).expand(
+                group=plan_snapshot.output
+            )
+            plan_snapshot >> copies
+            copied = copies
+            merge_snapshot = VitessMergeOperator(
+                task_id="merge_snapshot", trigger_rule="none_failed", **merge
+            )
+        else:
+            copied = VitessSnapshotOperator(
+                task_id="snapshot",
+                resnapshot_tables=resnapshot,
+                target_location=target_location,
+                targets=merge.get("targets"),
+                **common,
+            )
+            merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
         read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
         catch_up: Any
         read: Any
@@ -280,8 +306,8 @@ def vitess_sync_dag(
                 deferrable=sensor_deferrable,
                 lag_threshold=lag_threshold,
             )
-            snapshot >> merge_snapshot >> sense >> catch_up
+            copied >> merge_snapshot >> sense >> catch_up
         else:
-            snapshot >> merge_snapshot >> catch_up
+            copied >> merge_snapshot >> catch_up
         read >> merge_changes
     return dag

@@ -11,6 +11,7 @@ as the sync's lock is), stages its part into the window's directory (part files 
 group, a manifest of its own) and records the part STAGED (:meth:`GroupedCatchUp.read_group`). A
 failed or killed group is read again alone, from the window's start, whole; the others' parts stay.
 
+A snapshot of such a sync is copied by the same groups (``capture/group_snapshot.py``).
 Once every group is STAGED, :func:`assemble` (under the sync's lock: the merge task, or the next
 plan) writes the window's one manifest listing every group's parts and records the window STAGED:
 from there on it is a window like any other, merged once, one Delta commit per table. The merge's
@@ -174,10 +175,17 @@ class GroupedCatchUp(CatchUpRun):
 
 
 def delete_group_files(
-    location: str, sync_id: str, seq: int, group: int, options: Mapping[str, Any] | None
+    location: str,
+    sync_id: str,
+    seq: int,
+    group: int,
+    options: Mapping[str, Any] | None,
+    keep: Sequence[str] = (),
 ) -> list[str]:
     """A group's files of the window no recorded manifest lists: its part files (named with the
-    group, :func:`group_writer_id`) and its manifest. Other groups' files are left alone."""
+    group, :func:`group_writer_id`) and its manifest, but those in ``keep`` (a snapshot group's
+    checkpointed parts, paths relative to the window's directory as parts record them). Other
+    groups' files are left alone."""
     fs, root = open_location(location, options)
     wdir = window_dir(root, sync_id, seq)
     if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
@@ -187,8 +195,11 @@ def delete_group_files(
     if not fs.exists(wdir):
         return []
     marker, manifests, deleted = f"-g{group:03d}-", f"_group-{group:03d}-", []
+    kept = set(keep)
     for path in sorted(fs.find(wdir)):
         name = path.rsplit("/", 1)[-1]
+        if path.split(f"{wdir.rstrip('/')}/", 1)[-1] in kept:
+            continue
         if marker in name or name.startswith(manifests):
             fs.rm(path)
             deleted.append(name)
@@ -220,7 +231,6 @@ def assemble(store: CheckpointStore, sync_id: str, book: WindowBook) -> int | No
                 book.discard_lost(window, f"group {g.group}'s manifest is missing")
                 return None
             parts.append(part)
-        assert window.stop_vgtid is not None
         manifest = combine(window.start_vgtid, window.stop_vgtid, parts)
         fs, root = open_location(book.location, book.options)
         write_atomically(

@@ -5,21 +5,35 @@ The VStream copy phase from an empty position on every shard, checkpointed every
 transaction), so a killed snapshot resumes where it was. Vitess v0.23 copies *every* filtered
 table absent from the VGTID's table last-PKs when a copy resumes (finished ones included), so a
 resume passes ``tables_to_copy`` = the tables not yet copied on every shard.
+
+A sync read by shard groups (``capture_parallelism``) copies its snapshots by the same groups
+(``capture/group_snapshot.py``): each group runs this copy over its own shards, checkpointing its
+own parts, resume position and progress (``_run_snapshot(group=...)``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture.group_layout import GroupSplit, SplitMismatchError, layout
+from airflow_provider_vitess.capture.groups import (
+    delete_group_files,
+    group_manifest_name,
+    group_writer_id,
+    restrict,
+)
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
 from airflow_provider_vitess.capture.progress import ProgressTracker
 from airflow_provider_vitess.capture.run import SyncRun
-from airflow_provider_vitess.checkpoints import Part, Phase, WindowKind
-from airflow_provider_vitess.exceptions import UnknownTableError
-from airflow_provider_vitess.staging import PartInfo, WindowStager
+from airflow_provider_vitess.checkpoints import Part, Phase, TableProgress, WindowKind
+from airflow_provider_vitess.checkpoints.groups import WindowGroup
+from airflow_provider_vitess.checkpoints.progress import GroupProgress, by_table
+from airflow_provider_vitess.exceptions import CheckpointError, UnknownTableError
+from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
+from airflow_provider_vitess.staging.files import window_dir
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
@@ -77,12 +91,7 @@ class SnapshotRun(SyncRun):
         snapshot resumes with the tables it was started with, whatever ``tables`` says now.
         """
         spec = self.spec
-        chosen = tuple(tables) if tables else spec.tables
-        unknown = sorted(set(chosen) - set(spec.tables))
-        if unknown:
-            raise UnknownTableError(
-                f"sync {spec.sync_id!r} cannot snapshot {unknown}: not among its tables {list(spec.tables)}"
-            )
+        chosen = self._chosen(tables)
         chosen_keys = self._check_source()
         with self._locked():
             found = self._window_to_read(
@@ -92,47 +101,121 @@ class SnapshotRun(SyncRun):
                 return found
             window, resumed = found
             if resumed:
-                recorded = {p.table for p in self.store.progress(spec.sync_id, window.seq)}
-                chosen = tuple(t for t in spec.tables if t in recorded) or spec.tables
+                if self.store.window_groups(spec.sync_id, window.seq):
+                    raise CheckpointError(
+                        f"sync {spec.sync_id!r} snapshot window {window.seq} is copied by shard groups "
+                        "(it was planned with capture_parallelism), so one process cannot resume it; "
+                        "give the DAG its capture_parallelism back until this snapshot is merged"
+                    )
+                chosen = self._window_tables(window.seq)
             self._check_keyspace(window.start_vgtid, "the snapshot start")
             return self._run_snapshot(
                 window.seq, window.start_vgtid, resumed, checkpoint_every_rows, chosen, copy_stall_seconds
             )
 
-    def _plan_snapshot(self, tables: Sequence[str]) -> int:
+    def _chosen(self, tables: Sequence[str] | None) -> tuple[str, ...]:
+        """The tables to copy (default: all the sync's), each checked to be one of its tables."""
+        chosen = tuple(tables) if tables else self.spec.tables
+        unknown = sorted(set(chosen) - set(self.spec.tables))
+        if unknown:
+            raise UnknownTableError(
+                f"sync {self.spec.sync_id!r} cannot snapshot {unknown}: not among its tables "
+                f"{list(self.spec.tables)}"
+            )
+        return chosen
+
+    def _window_tables(self, seq: int) -> tuple[str, ...]:
+        """The tables an unfinished snapshot window was planned with (its progress rows)."""
+        recorded = {p.table for p in self.store.progress(self.spec.sync_id, seq)}
+        return tuple(t for t in self.spec.tables if t in recorded) or self.spec.tables
+
+    def _plan_snapshot(self, tables: Sequence[str], split: GroupSplit | None = None) -> int:
         """A new snapshot window from an empty position on every shard, with its tables (what a
-        resume copies: a kill before this copies every table)."""
+        resume copies: a kill before this copies every table). With ``split``, the shards are
+        laid out in groups as a catch-up's are (``capture/group_layout.py``): each group copies
+        its own (fewer than two groups: one process copies them all)."""
         stop = self._stop_position()
         start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
-        seq = self.store.plan_window(self.spec.sync_id, WindowKind.SNAPSHOT, start, None)
+        groups: list[list[str]] = []
+        if split is not None:
+            try:
+                groups = layout([sg.shard for sg in start.shard_gtids], split)
+            except SplitMismatchError as exc:
+                log.warning("sync %r: %s; this snapshot is copied by one process", self.spec.sync_id, exc)
+        groups = groups if len(groups) >= 2 else []
+        seq = self.store.plan_window(
+            self.spec.sync_id, WindowKind.SNAPSHOT, start, None, groups=groups or None
+        )
         for table in tables:
             self.store.update_progress(self.spec.sync_id, seq, table, phase=Phase.COPYING)
+        if groups:
+            self._record_key_progress(seq, tables)  # once, not by every group
         return seq
 
     def _run_snapshot(
-        self, seq: int, start: Vgtid, resumed: bool, every: int, tables: tuple[str, ...], stall: float
+        self,
+        seq: int,
+        start: Vgtid,
+        resumed: bool,
+        every: int,
+        tables: tuple[str, ...],
+        stall: float,
+        group: WindowGroup | None = None,
     ) -> WindowOutcome:
+        """The copy of ``tables`` from ``start`` (or the last checkpoint): the window's, or with
+        ``group`` that shard group's part only: its shards, its parts, resume position and
+        progress rows; the other groups' are left alone."""
         spec = self.spec
-        kept = self.store.parts(spec.sync_id, seq)
-        WindowStager.discard_uncommitted(
-            spec.staging_location,
-            spec.sync_id,
-            seq,
-            [p.path for p in kept],
-            storage_options=spec.storage_options,
-        )
-        position = self.store.resume_vgtid(spec.sync_id, seq) or start
-        previous = {p.table: p for p in self.store.progress(spec.sync_id, seq)}
+        g = None if group is None else group.group
+        kept = self.store.parts(spec.sync_id, seq, group=g)
+        previous: Mapping[str, TableProgress | GroupProgress]
+        if group is None:
+            WindowStager.discard_uncommitted(
+                spec.staging_location,
+                spec.sync_id,
+                seq,
+                [p.path for p in kept],
+                storage_options=spec.storage_options,
+            )
+            position = self.store.resume_vgtid(spec.sync_id, seq) or start
+            previous = {p.table: p for p in self.store.progress(spec.sync_id, seq)}
+        else:
+            delete_group_files(
+                spec.staging_location,
+                spec.sync_id,
+                seq,
+                group.group,
+                spec.storage_options,
+                [p.path for p in kept],
+            )
+            start = restrict(start, group.shards)
+            # Resumed from its own last checkpoint; a group killed before its first starts over.
+            resumed, position = group.resume_vgtid is not None, group.resume_vgtid or start
+            previous = by_table(self.store.group_progress(spec.sync_id, seq), group.group) if resumed else {}
         remaining = [t for t in tables if t not in previous or previous[t].phase is not Phase.COPIED]
         tracker = ProgressTracker(tables, emit=self._emit, interval=self._progress_interval)
         for table, p in previous.items():
             if table in tracker.tables:
                 tracker.tables[table].rows_copied = p.rows_copied or 0
                 tracker.tables[table].rows_known = p.rows_known
-        counter = threading.Thread(target=self._count_rows, args=(seq, tracker), daemon=True)
+        shards = () if group is None else group.shards
+        if group is not None:  # the group's rows as this run starts (a fresh start: from zero)
+            for table, progress in tracker.tables.items():
+                phase = Phase.COPYING if table in remaining else Phase.COPIED
+                self.store.update_progress(
+                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=phase, group=g
+                )
+        counter = threading.Thread(target=self._count_rows, args=(seq, tracker, shards, g), daemon=True)
         counter.start()
 
-        stager = self._stager(seq, tables)
+        if group is None:
+            stager = self._stager(seq, tables)
+        else:
+            assert self._writer_id is not None  # under the group's lock
+            writer = group_writer_id(group.group, self._writer_id)
+            stager = self._stager(
+                seq, [], writer_id=writer, manifest_name=group_manifest_name(group.group, writer)
+            )
         flags = self._target.flags(heartbeat_interval=spec.heartbeat_interval)
         if resumed:
             # See the module docstring: without this, Vitess recopies finished tables.
@@ -143,23 +226,29 @@ class SnapshotRun(SyncRun):
 
         def on_checkpoint(resume_at: Vgtid) -> None:
             parts = stager.checkpoint()
-            self.store.record_parts(spec.sync_id, seq, [_store_part(p) for p in parts], resume_at)
-            copied = copied_tables.at(resume_at)
-            for table, progress in tracker.tables.items():
-                self.store.update_progress(
-                    spec.sync_id,
-                    seq,
-                    table,
-                    rows_copied=progress.rows_copied,
-                    phase=Phase.COPIED if table in copied else Phase.COPYING,
-                )
+            done = copied_tables.at(resume_at)
+            # The phases in the position's own transaction: a kill between the two would resume
+            # from a position past a table still marked COPYING, and copy it again.
+            phases = {
+                table: (progress.rows_copied, Phase.COPIED if table in done else Phase.COPYING)
+                for table, progress in tracker.tables.items()
+            }
+            recorded = [_store_part(p) for p in parts]
+            self.store.record_parts(spec.sync_id, seq, recorded, resume_at, group=g, copied=phases)
 
         def copied() -> None:
             tracker.report()
             for table, progress in tracker.tables.items():
                 self.store.update_progress(
-                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED
+                    spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED, group=g
                 )
+
+        def record(manifest: Manifest) -> None:  # a group's part: STAGED under the group's lock
+            assert group is not None
+            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{stager.manifest_name}"
+            self.store.mark_group_staged(
+                spec.sync_id, seq, group.group, manifest.end_vgtid, path, dict(manifest.stats)
+            )
 
         reader = self._reader(
             stager,
@@ -174,15 +263,29 @@ class SnapshotRun(SyncRun):
             copy_stall_seconds=stall,
         )
         parts = [_staged_part(p) for p in kept]
-        return self._stage(seq, WindowKind.SNAPSHOT, resumed, reader, stager, start, None, parts, copied)
+        return self._stage(
+            seq,
+            WindowKind.SNAPSHOT,
+            resumed,
+            reader,
+            stager,
+            start,
+            None,
+            parts,
+            copied,
+            record=None if group is None else record,
+        )
 
-    def _count_rows(self, seq: int, tracker: ProgressTracker) -> None:
-        """``rows_known`` per table, concurrently with the copy (it may take a while)."""
+    def _count_rows(
+        self, seq: int, tracker: ProgressTracker, shards: Sequence[str] = (), group: int | None = None
+    ) -> None:
+        """``rows_known`` per table (``shards``: of a group's shards only), concurrently with the
+        copy (it may take a while)."""
         for table in tracker.tables:
             try:
-                rows = source.count_rows(self.hook, self.spec.keyspace, table)
+                rows = source.count_rows(self.hook, self.spec.keyspace, table, shards)
             except Exception as exc:  # progress is best effort: the copy goes on without a percent
-                log.warning("count(*) of %s.%s failed: %s", self.spec.keyspace, table, exc)
+                log.warning("count(*) of %s.%s %s failed: %s", self.spec.keyspace, table, list(shards), exc)
                 continue
             tracker.set_known(table, rows)
-            self.store.update_progress(self.spec.sync_id, seq, table, rows_known=rows)
+            self.store.update_progress(self.spec.sync_id, seq, table, rows_known=rows, group=group)

@@ -7,6 +7,7 @@ Names from users only ever reach SQL text as quoted identifiers.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 
 import sqlalchemy
 
@@ -50,15 +51,23 @@ def validate(hook: VitessClient, keyspace: str, tables: list[str]) -> None:
         )
 
 
-def count_rows(hook: VitessClient, keyspace: str, table: str) -> int:
+def count_rows(hook: VitessClient, keyspace: str, table: str, shards: Sequence[str] = ()) -> int:
     """``count(*)`` on the connection's tablet type: a full scan, which a user who streams from
     replicas wants kept off the primary. vtgate honours a tablet type named in ``USE`` (outside
-    a transaction) but silently reads the primary for one named in a ``FROM`` qualifier."""
-    target = quote(hook, f"{keyspace}@{hook.config.tablet_type.lower()}")
+    a transaction) but silently reads the primary for one named in a ``FROM`` qualifier.
+    ``shards``: the sum of those shards' counts only (a shard group's), each read through a
+    shard target (``USE `keyspace:shard@type```)."""
+    tablet_type = hook.config.tablet_type.lower()
+    targets = [f"{keyspace}:{shard}@{tablet_type}" for shard in shards] or [f"{keyspace}@{tablet_type}"]
     with hook.connect_sql() as conn:
         try:
             session = conn.execution_options(isolation_level="AUTOCOMMIT")
-            session.exec_driver_sql(f"USE {target}")
-            return int(session.exec_driver_sql(f"SELECT COUNT(*) FROM {quote(hook, table)}").scalar_one())
+            total = 0
+            for target in targets:
+                session.exec_driver_sql(f"USE {quote(hook, target)}")
+                total += int(
+                    session.exec_driver_sql(f"SELECT COUNT(*) FROM {quote(hook, table)}").scalar_one()
+                )
+            return total
         finally:
             conn.invalidate()  # the session is aimed at a tablet type now: never back into the pool

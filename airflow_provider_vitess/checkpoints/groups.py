@@ -49,6 +49,7 @@ class WindowGroup:
     end_vgtid: Vgtid | None
     manifest_path: str | None
     stats: dict[str, Any] = field(default_factory=dict)
+    resume_vgtid: Vgtid | None = None  # a snapshot's group: where its copy resumes
 
 
 def record_layout(
@@ -105,6 +106,7 @@ def load_many(conn: Connection, sync_id: str, seqs: Iterable[int]) -> dict[int, 
                 vgtid_or_none(r.end_vgtid),
                 r.manifest_path,
                 dict(r.stats or {}),
+                vgtid_or_none(r.resume_vgtid),
             )
         )
     return found

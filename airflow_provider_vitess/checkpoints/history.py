@@ -99,7 +99,8 @@ def latest_progress(engine: Engine, sync_id: str) -> dict[str, TableProgress]:
     )
     with engine.connect() as conn:
         rows = conn.execute(query.where(_PROGRESS.c.sync_id == sync_id).order_by(_PROGRESS.c.table_name))
-        return {r.table_name: progress.from_row(r) for r in rows}
+        found = progress.with_groups(conn, [progress.from_row(r) for r in rows])
+        return {p.table: p for p in found}
 
 
 @dataclass(frozen=True)

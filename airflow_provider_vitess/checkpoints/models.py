@@ -160,6 +160,8 @@ class WindowPartRow(Base):
     resume_vgtid: Mapped[str] = mapped_column(Text)
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # The shard group that staged it (a snapshot copied by groups); None: the window's one reader.
+    group_no: Mapped[int | None] = mapped_column(Integer)
 
 
 class WindowGroupRow(Base):
@@ -182,6 +184,29 @@ class WindowGroupRow(Base):
     manifest_path: Mapped[str | None] = mapped_column(Text)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # A snapshot's group: where its copy resumes (its last checkpoint, with table last-PKs).
+    resume_vgtid: Mapped[str | None] = mapped_column(Text)
+
+
+class GroupProgressRow(Base):
+    """One table's copy progress in one shard group of a snapshot copied by groups: the group's
+    rows copied and ``count(*)`` of its shards. The window's figures are their sums
+    (``checkpoints/progress.py``)."""
+
+    __tablename__ = f"{PREFIX}group_progress"
+    __table_args__ = (
+        _window_fk(),
+        CheckConstraint(_in("phase", PHASES), name="phase"),
+    )
+
+    sync_id: Mapped[str] = mapped_column(String(SYNC_ID_LENGTH), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    group_no: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    table_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    rows_known: Mapped[int | None] = mapped_column(BigInteger)
+    rows_copied: Mapped[int] = mapped_column(BigInteger)
+    phase: Mapped[str] = mapped_column(String(ENUM_LENGTH))
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 

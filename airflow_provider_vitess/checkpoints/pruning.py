@@ -21,6 +21,7 @@ _WINDOW = cast(Table, models.WindowRow.__table__)
 _PART = cast(Table, models.WindowPartRow.__table__)
 _PROGRESS = cast(Table, models.TableProgressRow.__table__)
 _GROUP = cast(Table, models.WindowGroupRow.__table__)
+_GROUP_PROGRESS = cast(Table, models.GroupProgressRow.__table__)
 _DONE = ("COMMITTED", "FAILED")
 
 
@@ -43,6 +44,6 @@ def prune_windows(conn: Connection, sync_id: str, keep: int) -> list[int]:
     gone = sorted(int(s) for s in candidates if int(s) not in held)
     versions.prune(conn, sync_id, before=newest - keep + 1)
     for chunk in (gone[i : i + 500] for i in range(0, len(gone), 500)):  # bound each IN list
-        for table in (_PART, _PROGRESS, _GROUP, _WINDOW):  # children before their window
+        for table in (_PART, _PROGRESS, _GROUP_PROGRESS, _GROUP, _WINDOW):  # children before their window
             conn.execute(delete(table).where(table.c.sync_id == sync_id, table.c.seq.in_(chunk)))
     return gone

@@ -39,6 +39,7 @@ from airflow_provider_vitess.checkpoints import (
 from airflow_provider_vitess.checkpoints import groups as window_groups
 from airflow_provider_vitess.checkpoints import parts as staged_parts
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
+from airflow_provider_vitess.checkpoints.progress import GroupProgress
 from airflow_provider_vitess.checkpoints.states import (
     LockInfo,
     Part,
@@ -400,25 +401,40 @@ class CheckpointStore:
 
     # -- staged parts -------------------------------------------------------------------------
 
-    def record_parts(self, sync_id: str, seq: int, parts: Sequence[Part], resume_vgtid: Vgtid) -> int:
+    def record_parts(
+        self,
+        sync_id: str,
+        seq: int,
+        parts: Sequence[Part],
+        resume_vgtid: Vgtid,
+        group: int | None = None,
+        copied: Mapping[str, tuple[int, Phase]] | None = None,
+    ) -> int:
         """Record staged files and the VGTID at which they end, in one transaction.
 
         A killed window resumes streaming from :meth:`resume_vgtid` and keeps these parts.
         Re-recording an identical part is a no-op (a retried batch); a different file under a
-        known path is refused. Returns the number of parts newly recorded.
+        known path is refused. Returns the number of parts newly recorded. With ``group`` (a
+        snapshot copied by shard groups, under the group's lock): the parts are that group's and
+        the resume position is the group's (:meth:`window_groups`). ``copied``: each table's
+        rows copied and phase at that position, recorded in the same transaction (the phases a
+        resume chooses ``tables_to_copy`` by must be those of its position).
         """
-        with self._begin("staged parts") as conn:
-            state = WindowState(self._window_row(conn, sync_id, seq).state)
-            if state is not WindowState.PLANNED:
-                raise CheckpointError(
-                    f"sync {sync_id!r} window {seq} is {state.value}: parts can only be recorded while "
-                    "PLANNED (a window's files are immutable once its manifest exists)"
-                )
-            return staged_parts.record(conn, self._clock(), sync_id, seq, parts, resume_vgtid.to_json())
+        return staged_parts.checkpoint(
+            lambda: self._begin("staged parts"),
+            self._clock,
+            sync_id,
+            seq,
+            parts,
+            resume_vgtid.to_json(),
+            group,
+            copied or {},
+        )
 
-    def parts(self, sync_id: str, seq: int) -> list[Part]:
+    def parts(self, sync_id: str, seq: int, group: int | None = None) -> list[Part]:
+        """The window's recorded parts (``group``: those the shard group recorded)."""
         with self.engine.connect() as conn:
-            return staged_parts.load(conn, sync_id, seq)
+            return staged_parts.load(conn, sync_id, seq, group)
 
     def resume_vgtid(self, sync_id: str, seq: int) -> Vgtid | None:
         """Where a resumed window streams from; None if it never recorded parts."""
@@ -436,14 +452,22 @@ class CheckpointStore:
         phase: Phase | str | None = None,
         key_columns: Sequence[str] | None = None,
         key_source: str | None = None,
+        group: int | None = None,
     ) -> None:
-        """Set the given fields of one table's progress; None leaves a field as it is."""
+        """Set the given fields of one table's progress (``group``: the shard group's, of a
+        snapshot copied by groups; no key fields then); None leaves a field as it is."""
         values = progress.changes(rows_known, rows_copied, phase, key_columns, key_source)
-        progress.save(lambda: self._begin("progress"), self._clock(), sync_id, seq, table, values)
+        progress.save(lambda: self._begin("progress"), self._clock(), sync_id, seq, table, values, group)
 
     def progress(self, sync_id: str, seq: int) -> list[TableProgress]:
-        """Every table's progress in the window, by table name; ``.percent`` when count is known."""
+        """Every table's progress in the window, by table name; ``.percent`` when count is known.
+        A window copied by shard groups: each table's figures summed over its groups."""
         return progress.load(self.engine, sync_id, seq)
+
+    def group_progress(self, sync_id: str, seq: int) -> list[GroupProgress]:
+        """Each group's per-table progress of a snapshot copied by groups (empty otherwise)."""
+        with self.engine.connect() as conn:
+            return progress.load_groups(conn, sync_id, seq)
 
     # -- the per-sync lock --------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
 from airflow_provider_vitess.capture.columns import parse as parse_columns
-from airflow_provider_vitess.capture.outcome import WindowOutcome, summary, window_metrics
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
@@ -250,8 +250,8 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         with task_failures(self.log):
             return self._snapshot(context)
 
-    def _snapshot(self, context: Any) -> dict[str, Any]:
-        runner = self._runner(context)
+    def _needed(self, runner: SnapshotRun) -> SnapshotNeed:
+        """What to copy, or (logged) that the sync already streams and nothing is asked."""
         settings = runner.spec
         need = runner.snapshot_need(as_tables(self.resnapshot_tables), only_if_needed=self.only_if_needed)
         if not need.needed:
@@ -260,12 +260,20 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
                 settings.sync_id,
                 need.committed_seq,
             )
-            return need.not_needed(settings.sync_id)
+            return need
         # A sync the store has never committed nor opened a window of: its first snapshot.
         first = not need.resnapshot and runner.store.open_window(settings.sync_id) is None
         if self.target_location and first:
             paths = {t: target_path(self.target_location, t, self.targets) for t in settings.tables}
             refuse_windows_of_another_store(settings.sync_id, paths, settings.storage_options)
+        return need
+
+    def _snapshot(self, context: Any) -> dict[str, Any]:
+        runner = self._runner(context)
+        settings = runner.spec
+        need = self._needed(runner)
+        if not need.needed:
+            return need.not_needed(settings.sync_id)
         what = "re-snapshot of " + ", ".join(need.tables) if need.resnapshot else "snapshot"
         started = time.monotonic()
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):

@@ -31,8 +31,9 @@ _SUMMED = (
 _JOINED = ("rows_per_table", "shard_lag_transactions")
 
 
-def combine(start: Vgtid, stop: Vgtid, parts: Sequence[Manifest]) -> Manifest:
-    """The window's manifest over the groups' ``parts`` (in group order)."""
+def combine(start: Vgtid, stop: Vgtid | None, parts: Sequence[Manifest]) -> Manifest:
+    """The window's manifest over the groups' ``parts`` (in group order); ``stop`` None: a
+    snapshot's (copied to the end of each group's copy)."""
     if not parts:
         raise StagingError("a window read by shard groups needs every group's manifest")
     first = parts[0]

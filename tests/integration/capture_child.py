@@ -1,11 +1,12 @@
 """Runs one capture (snapshot or catch-up window) in a process of its own, so tests can SIGKILL it.
 
-Usage: python -m tests.integration.capture_child snapshot|catchup|group <spec json>
+Usage: python -m tests.integration.capture_child snapshot|catchup|group|group_snapshot <spec json>
 The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
 Prints one JSON line with the outcome when it finishes. With ``"kill_after_journal": true`` it
 SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
 ``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet. With
-``"pause_after_rows": n`` it SIGSTOPs itself once it has copied n rows.
+``"pause_after_rows": n`` it SIGSTOPs itself once it has copied n rows; with
+``"kill_after_checkpoints": n`` it SIGKILLs itself once its n-th checkpoint is recorded.
 
 Tests build the spec as a :class:`ChildSpec` and start the child with :func:`start` or run it to
 its end with :func:`run`.
@@ -30,6 +31,8 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import WindowStager
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.copy_state import CopiedTables
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
 from tests.conftest import REPO
 
@@ -54,6 +57,11 @@ class ChildSpec:
     group: int = 0  # kind "group": the shard group it reads (capture/groups.py)
     kill_after_rows: int | None = None  # SIGKILL once this many rows are staged
     kill_before_record: bool = False  # SIGKILL once the part is written, before it is recorded
+    kill_after_checkpoints: int | None = None  # SIGKILL once this many checkpoints are recorded
+    # ... counting only checkpoints at which every shard has finished the same tables
+    kill_where_shards_agree: bool = False
+    # SIGKILL right after the first checkpoint whose position shows a table copied on every shard
+    kill_once_copied: bool = False
 
     def command(self, kind: str) -> list[str]:
         """The child's command line: ``kind`` is ``snapshot`` or ``catchup``."""
@@ -169,6 +177,48 @@ def _kill_before_record() -> None:
     CheckpointStore.mark_group_staged = killing  # type: ignore[method-assign]
 
 
+def _kill_after_checkpoints(
+    checkpoints: int, tables: tuple[str, ...], agreeing: bool, once_copied: bool = False
+) -> None:
+    """SIGKILL this process right after its ``checkpoints``-th checkpoint (parts and resume
+    position) is recorded (printing ``KILLED-AFTER-CHECKPOINTS`` first): a copy killed mid-way,
+    with checkpointed parts to keep and rows past them to copy again. ``agreeing``: count only
+    checkpoints at which every shard has finished the same tables (each shard's as
+    ``CopiedTables`` sees it): Vitess's ``tables_to_copy`` is one list for every shard, so a
+    resume from a checkpoint where one shard finished a table another has not copies it again
+    on the first (rows staged twice, harmless to the merge but not to an exact count).
+    ``once_copied``: the first checkpoint (from the ``checkpoints``-th on) whose position shows a
+    table copied on every shard, killed right after its parts and position are recorded."""
+    record_parts = CheckpointStore.record_parts
+    done = [0]
+    per_shard: dict[str, CopiedTables] = {}
+
+    def agree(position: Vgtid) -> bool:
+        finished = [
+            per_shard.setdefault(sg.shard, CopiedTables(tables)).at(Vgtid((sg,)))
+            for sg in position.shard_gtids
+        ]
+        return all(f == finished[0] for f in finished)
+
+    everywhere = CopiedTables(tables)
+
+    def copied_everywhere(position: Vgtid) -> bool:
+        return bool(everywhere.at(position))
+
+    def recording(store: CheckpointStore, *args: Any, **kwargs: Any) -> int:
+        recorded = record_parts(store, *args, **kwargs)
+        if agree(args[3]) or not agreeing:
+            done[0] += 1
+        if once_copied and not copied_everywhere(args[3]):
+            return recorded
+        if done[0] >= checkpoints:
+            print(f"KILLED-AFTER-CHECKPOINTS {done[0]}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return recorded
+
+    CheckpointStore.record_parts = recording  # type: ignore[method-assign,assignment]
+
+
 def main() -> None:
     kind, spec = sys.argv[1], ChildSpec.from_json(sys.argv[2])
     os.environ.update(spec.env)
@@ -182,6 +232,10 @@ def main() -> None:
         _kill_after_rows(spec.kill_after_rows)
     if spec.kill_before_record:
         _kill_before_record()
+    if spec.kill_after_checkpoints or spec.kill_once_copied:
+        _kill_after_checkpoints(
+            spec.kill_after_checkpoints or 1, spec.tables, spec.kill_where_shards_agree, spec.kill_once_copied
+        )
     sync = SyncSpec(
         sync_id=spec.sync_id, keyspace=spec.keyspace, tables=spec.tables, staging_location=spec.staging
     )
@@ -201,6 +255,19 @@ def main() -> None:
             lock_stale_after=timedelta(seconds=spec.lock_stale_seconds),
         )
         print(json.dumps(grouped.read_group(spec.group, ReadBounds(max_events=spec.max_events))), flush=True)
+        return
+    if kind == "group_snapshot":
+        from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+
+        copier = GroupedSnapshot(
+            VitessHook(spec.conn_id),
+            CheckpointStore(spec.store_url),
+            sync,
+            holder=f"pid {os.getpid()} snapshot group {spec.group}",
+            lock_stale_after=timedelta(seconds=spec.lock_stale_seconds),
+        )
+        result = copier.copy_group(spec.group, checkpoint_every_rows=spec.checkpoint_every_rows)
+        print(json.dumps(result), flush=True)
         return
     if kind == "snapshot":
         outcome = runner.snapshot(checkpoint_every_rows=spec.checkpoint_every_rows)

@@ -145,8 +145,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0004"
-    assert empty_store.migrate() == "0004"
+    assert empty_store.migrate() == head_revision() == "0005"
+    assert empty_store.migrate() == "0005"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -161,9 +161,62 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_target",
         "vitess_sync_window_version",
         "vitess_sync_window_group",
+        "vitess_sync_group_progress",
     }
-    assert versions == ["0004"]
+    assert versions == ["0005"]
+    assert empty_store.schema_revision() == "0005"
+
+
+def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
+    empty_store: CheckpointStore,
+) -> None:
+    """A store of the previous release, a snapshot window with recorded parts in it, upgraded:
+    its parts and resume position read as before (they belong to no group) and it records on."""
+    from alembic import command
+
+    with empty_store.engine.begin() as conn:
+        config = schema.alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0004")
     assert empty_store.schema_revision() == "0004"
+    old = Vgtid.from_json('[{"keyspace":"ks","shard":"-","gtid":""}]')
+    at = Vgtid.from_json('[{"keyspace":"ks","shard":"-","gtid":"MariaDB/0-1-5"}]')
+    with empty_store.engine.begin() as conn:  # what 0004's code wrote: no group_no column yet
+        now = datetime(2026, 11, 28, 12)
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_sync (sync_id, keyspace, tables, config, created_at, updated_at) "
+                "VALUES ('old', 'ks', '[\"t\"]', '{}', :now, :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_window (sync_id, seq, kind, state, start_vgtid, resume_vgtid, "
+                "stats, created_at, updated_at) VALUES ('old', 1, 'snapshot', 'PLANNED', :start, :at, "
+                "'{}', :now, :now)"
+            ),
+            {"start": old.to_json(), "at": at.to_json(), "now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_window_part (sync_id, seq, part_no, path, table_name, row_count, "
+                "byte_count, sha256, resume_vgtid, detail, created_at) VALUES ('old', 1, 1, 't/p1', "
+                "'t', 10, 100, :sha, :at, '{}', :now)"
+            ),
+            {"sha": "a" * 64, "at": at.to_json(), "now": now},
+        )
+    assert empty_store.migrate() == "0005"
+    assert [p.path for p in empty_store.parts("old", 1)] == ["t/p1"]
+    assert empty_store.parts("old", 1, group=0) == []
+    assert empty_store.resume_vgtid("old", 1) == at
+    assert empty_store.window_groups("old", 1) == []
+    later = Vgtid.from_json('[{"keyspace":"ks","shard":"-","gtid":"MariaDB/0-1-9"}]')
+    part = Part(path="t/p2", table="t", rows=5, bytes=50, sha256="b" * 64, detail={})
+    assert empty_store.record_parts("old", 1, [part], later, copied={"t": (15, Phase.COPYING)}) == 1
+    assert [p.path for p in empty_store.parts("old", 1)] == ["t/p1", "t/p2"]
+    assert empty_store.resume_vgtid("old", 1) == later
+    assert [(p.table, p.rows_copied) for p in empty_store.progress("old", 1)] == [("t", 15)]
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -221,7 +274,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0004"
+    assert empty_store.migrate() == "0005"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(

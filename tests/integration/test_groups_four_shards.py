@@ -4,31 +4,48 @@
 merges on Spark Connect): two shards per group, so some moves stay inside a group and others
 cross between groups.
 
-The first DAG run snapshots (one process: the snapshot is not split over groups yet) and reads a
-first grouped window; then seeded workload rounds (``group_workload.Workload``: moves between
+The first DAG run snapshots (split over the two groups: ``plan_snapshot`` -> ``snapshot[0, 1]``)
+and reads a first grouped window; then seeded workload rounds (``group_workload.Workload``: moves between
 shards in one transaction, either half first; moves split by a window stop in both orders;
 same-second delete and re-insert; key changes; updates; deletes), one DAG run each. After every
 run Delta equals ``SELECT *`` through vtgate, every window is in the Delta log exactly once, and
 the grouped windows were read by the two groups of two shards.
+
+A grouped snapshot of two tables of the module's own, checkpointed every 100 rows, with one group's
+copy SIGKILLed (a child process) after a seeded number of checkpoints and rerun alone: it resumes
+from its own checkpoint (its parts kept), the other group's part and progress untouched; the
+progress per group and the status document's sums equal the true counts; Delta == ``SELECT *``
+and the snapshot window once in each table's Delta log.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy
 
-from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+from airflow_provider_vitess.capture.runner import SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
+from airflow_provider_vitess.exceptions import SyncLockedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.runner import MergeRunner
+from airflow_provider_vitess.plugins import documents
+from airflow_provider_vitess.staging import load_manifest
 from tests.conftest import connection_uri_env
+from tests.integration import capture_child
 from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns
-from tests.integration.group_workload import Workload, create_orders
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
+from tests.integration.group_workload import Workload, create_orders, execute
 from tests.integration.topology import FourShardCluster
 
 pytestmark = pytest.mark.integration
@@ -190,11 +207,16 @@ def _acceptance(
     store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
     wl = Workload(hook, 4, shard_of, f"{cluster.keyspace}.{TABLE}", CUSTOMERS)
 
-    first = airflow.run_dag(SYNC)
-    assert_succeeded(first, "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
-    _check(hook, cluster.keyspace, store, delta)
-
     groups = [("-40", "40-80"), ("80-c0", "c0-")]
+    first = airflow.run_dag(SYNC)
+    assert_succeeded(
+        first, "plan_snapshot", "snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge"
+    )
+    # The snapshot was copied by the two groups, each its two shards, and merged as one window.
+    assert first["mapped"]["snapshot"] == {"0": "success", "1": "success"}, first["mapped"]
+    assert store.window(SYNC, 1).kind.value == "snapshot"
+    assert [g.shards for g in store.window_groups(SYNC, 1)] == groups
+    _check(hook, cluster.keyspace, store, delta)
     crossing = 0
     for n in range(2):
         before = dict(wl.orders)
@@ -213,7 +235,8 @@ def _acceptance(
             assert moved > 2, moved
         else:
             run = airflow.run_dag(SYNC)
-        assert_succeeded(run, "plan_catch_up", "catch_up", "merge")
+        assert_succeeded(run, "plan_snapshot", "merge_snapshot", "plan_catch_up", "catch_up", "merge")
+        assert run["tasks"]["snapshot"] == "skipped"  # nothing to copy: mapped over no group
         assert run["mapped"]["catch_up"] == {"0": "success", "1": "success"}, run["mapped"]
         committed = _check(hook, cluster.keyspace, store, delta)
         assert [g.shards for g in store.window_groups(SYNC, committed)] == groups
@@ -224,3 +247,140 @@ def _acceptance(
     final = airflow.run_dag(SYNC)
     assert_succeeded(final, "plan_catch_up", "catch_up", "merge")
     _check(hook, cluster.keyspace, store, delta)
+
+
+SNAP_TABLES = ("group4_snap_a", "group4_snap_b")  # this test's own tables
+# Rows per table. Rows of ~1 KB: vttablet sends a shard's copy in packets of 250 KB, ~240 rows,
+# so each shard copies a table in several batches (a checkpoint after each: every 100 rows).
+SNAP_ROWS = {"group4_snap_a": 4000, "group4_snap_b": 1200}
+STALE = timedelta(seconds=2)  # the group lock of the killed copy is taken over after this
+
+
+def _create_snapshot_tables(hook: VitessHook, keyspace: str) -> None:
+    for table in SNAP_TABLES:
+        execute(hook, f"DROP TABLE IF EXISTS {keyspace}.{table}")
+        execute(
+            hook,
+            f"CREATE TABLE {keyspace}.{table} (id BIGINT NOT NULL, note VARCHAR(1100), PRIMARY KEY (id))",
+        )
+        try:  # the vschema outlives a dropped table
+            execute(hook, f"ALTER VSCHEMA ON {keyspace}.{table} ADD VINDEX hash(id) USING hash")
+        except sqlalchemy.exc.DBAPIError as exc:
+            if "already" not in str(exc):
+                raise
+        for at in range(0, SNAP_ROWS[table], 400):
+            values = ", ".join(f"({i}, '{i:06d}{'x' * 1000}')" for i in range(at + 1, at + 401))
+            execute(hook, f"INSERT INTO {keyspace}.{table} (id, note) VALUES {values}")
+
+
+def _count(hook: VitessHook, keyspace: str, table: str, shards: tuple[str, ...]) -> int:
+    """The true count of ``table`` on ``shards``, each asked through a session aimed at it."""
+    total = 0
+    with hook.connect_sql() as conn:
+        for shard in shards:
+            conn.execute(sqlalchemy.text(f"USE `{keyspace}:{shard}`"))
+            total += int(conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
+        conn.execute(sqlalchemy.text(f"USE `{keyspace}`"))
+    return total
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_a_grouped_snapshot_killed_in_one_group_resumes_that_group_alone(
+    hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    keyspace = four_shard_cluster.keyspace
+    _create_snapshot_tables(hook, keyspace)
+    sync_id = f"groups4-snap-{seed}"
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    store.migrate()
+    spec = SyncSpec(sync_id, keyspace, SNAP_TABLES, str(tmp_path / "stage"))
+
+    def copier(who: str) -> GroupedSnapshot:
+        return GroupedSnapshot(hook, store, spec, holder=who, lock_stale_after=STALE)
+
+    def copy(group: int) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while True:  # the killed child's group lock goes stale after STALE
+            try:
+                return copier(f"group {group}").copy_group(group, checkpoint_every_rows=100)
+            except SyncLockedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+
+    assert copier("plan").plan_snapshot(2) == [0, 1]
+    window = store.open_window(sync_id)
+    assert window is not None and window.kind.value == "snapshot"
+    groups = store.window_groups(sync_id, window.seq)
+    assert [g.shards for g in groups] == [("-40", "40-80"), ("80-c0", "c0-")]
+    victim = rng.choice([0, 1])
+    other = 1 - victim
+    checkpoints = rng.randint(1, 3)  # of the victim's ~10 in table a: mid-table, mid-copy
+    child_spec = capture_child.ChildSpec.in_dir(
+        tmp_path, sync_id, keyspace, SNAP_TABLES, connection_uri_env(CONN, four_shard_cluster.vitess),
+        checkpoint_every_rows=100, lock_stale_seconds=STALE.total_seconds(), group=victim,
+        kill_after_checkpoints=checkpoints, kill_where_shards_agree=True,
+    )  # fmt: skip
+    child = capture_child.run("group_snapshot", child_spec, timeout=300)
+    assert child.returncode == -9 and "KILLED-AFTER-CHECKPOINTS" in child.stdout, (
+        child.returncode,
+        child.stdout,
+        child.stderr[-3000:],
+    )
+    killed = store.window_groups(sync_id, window.seq)[victim]
+    kept_parts = store.parts(sync_id, window.seq, group=victim)
+    assert killed.state is WindowState.PLANNED and killed.resume_vgtid is not None
+    assert kept_parts, "the killed group checkpointed parts"
+    assert sorted(sg.shard for sg in killed.resume_vgtid.shard_gtids) == sorted(killed.shards)
+    copied_at_kill = {p.table: p.rows_copied for p in store.group_progress(sync_id, window.seq)}
+    assert 0 < sum(copied_at_kill.values()) < sum(SNAP_ROWS.values()) // 2  # the group has ~half
+
+    assert copy(other)["status"] == "staged"
+    staged = store.window_groups(sync_id, window.seq)[other]
+    other_parts = store.parts(sync_id, window.seq, group=other)
+    assert staged.state is WindowState.STAGED and other_parts
+    # The victim alone resumes from its own checkpoint: its checkpointed parts are kept, the
+    # other group's record and parts are not touched.
+    assert copy(victim)["status"] == "staged"
+    resumed_parts = store.parts(sync_id, window.seq, group=victim)
+    assert resumed_parts[: len(kept_parts)] == kept_parts and len(resumed_parts) > len(kept_parts)
+    assert store.window_groups(sync_id, window.seq)[other] == staged
+    assert store.parts(sync_id, window.seq, group=other) == other_parts
+    assert copy(other)["status"] == "already staged"
+
+    # Progress: each group's rows copied and count(*) are its shards' true counts; the window's
+    # (and the status document's) their sums.
+    per_group = {(p.group, p.table): p for p in store.group_progress(sync_id, window.seq)}
+    assert len(per_group) == 4
+    for g in groups:
+        for table in SNAP_TABLES:
+            true = _count(hook, keyspace, table, g.shards)
+            mine = per_group[(g.group, table)]
+            assert (mine.rows_copied, mine.rows_known, mine.phase) == (true, true, Phase.COPIED), (g, mine)
+    summed = {p.table: p for p in store.progress(sync_id, window.seq)}
+    for table in SNAP_TABLES:
+        assert (summed[table].rows_copied, summed[table].rows_known) == (SNAP_ROWS[table], SNAP_ROWS[table])
+        assert summed[table].phase is Phase.COPIED
+    spark = spark_session()
+    delta = tmp_path / "delta"
+    MergeRunner(store, sync_id, str(delta), holder="merge").run(lambda plan: merge(spark, plan))
+    assert store.window(sync_id, window.seq).state is WindowState.COMMITTED
+    manifest = load_manifest(str(tmp_path / "stage"), sync_id, window.seq)
+    assert manifest is not None
+    for table in SNAP_TABLES:
+        # Nothing copied twice, nothing missing: the window's parts hold each row once.
+        assert sum(p.rows for p in manifest.tables[table].parts) == SNAP_ROWS[table]
+    assert_delta_equals_source(hook, keyspace, list(SNAP_TABLES), delta, spark)
+    for table in SNAP_TABLES:
+        versions = [v for app, v, _ in delta_txns(delta / table) if app.endswith(f":{sync_id}:{table}")]
+        assert versions == [window.seq], versions  # the snapshot window, once
+    status = documents.sync_status(store, "default", sync_id, datetime.now(timezone.utc))
+    assert status is not None
+    shown = {t.table: t for t in status.table_status}
+    for table in SNAP_TABLES:
+        rows = SNAP_ROWS[table]
+        assert (shown[table].rows_copied, shown[table].rows_known, shown[table].percent) == (
+            rows,
+            rows,
+            100.0,
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -307,3 +308,51 @@ def test_count_rows_reads_from_the_connections_tablet_type(vitess: LocalVitess) 
     # The pooled connections stay aimed at no tablet type: a plain query reads the keyspace.
     with hooks["RDONLY"].connect_sql() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM customer.snapkill_a").scalar_one() == 400
+
+
+GAP_TABLES = ("snapgap_a", "snapgap_b")  # this test's own tables, copied in this order
+GAP_ROWS = {"snapgap_a": 1000, "snapgap_b": 300}
+
+
+def test_a_kill_right_after_the_checkpoint_that_finished_a_table_does_not_copy_it_again(
+    vitess: LocalVitess, tmp_path: Path
+) -> None:
+    """The checkpoint at which ``snapgap_a`` is finished (its position names only ``snapgap_b``,
+    or nothing) is recorded, and the copy is SIGKILLed right then. The rerun must leave
+    ``snapgap_a`` out of ``tables_to_copy``, else Vitess copies it again (it copies every listed
+    table absent from the position's last PKs). Before the fix the phases were written after the
+    parts and position, in transactions of their own: the kill left ``snapgap_a`` COPYING, and
+    its rows were staged twice."""
+    name, value = connection_uri_env("vitess_snapgap", vitess)
+    os.environ[name] = value
+    hook = VitessHook("vitess_snapgap")
+    for table, rows in GAP_ROWS.items():
+        with hook.connect_sql() as conn, conn.begin():
+            conn.execute(sqlalchemy.text(f"DROP TABLE IF EXISTS commerce.{table}"))
+            conn.execute(
+                sqlalchemy.text(
+                    f"CREATE TABLE commerce.{table} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(1100))"
+                )
+            )
+            # Rows of ~1 KB: vttablet sends the copy in packets of 250 KB, a checkpoint after each.
+            conn.execute(
+                sqlalchemy.text(f"INSERT INTO commerce.{table} VALUES (:id, :note)"),
+                [{"id": i, "note": f"{i:06d}" + "x" * 1000} for i in range(1, rows + 1)],
+            )
+    options = {"checkpoint_every_rows": 100, "lock_stale_seconds": 1, "kill_once_copied": True}
+    spec = ChildSpec.in_dir(tmp_path, "snap-gap", "commerce", GAP_TABLES, (name, value), **options)
+    killed = capture_child.run("snapshot", spec, timeout=300)
+    assert killed.returncode == -9 and "KILLED-AFTER-CHECKPOINTS" in killed.stdout, killed.stderr[-3000:]
+    time.sleep(1.5)  # the killed run's lock goes stale
+    done = capture_child.run("snapshot", dataclasses.replace(spec, kill_once_copied=False), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["resumed"] is True
+
+    from airflow_provider_vitess.staging import load_manifest
+
+    manifest = load_manifest(spec.staging, "snap-gap", 1)
+    assert manifest is not None
+    for table in GAP_TABLES:
+        staged, n = _staged(manifest, table)
+        assert staged == _select(hook, "commerce", table), table
+        assert n == GAP_ROWS[table], f"{table}: {n} rows staged for {GAP_ROWS[table]} source rows"
