@@ -21,11 +21,13 @@ Windows are applied by the reference applier (``replay.py``, the merge's per-sha
 merged window by window into Delta by the merge job (PySpark); both are compared with
 ``SELECT *`` through vtgate, and each window is in each table's Delta log once (for `live`,
 also after a second merge of every window, which commits nothing). `live`'s windows of `corder`
-(the table whose rows move between shards) are also merged into a `history` and a `changelog`
-table, checked after the snapshot, each window across a switch and the last window against the
-reference applier's state after that window: the current versions are its rows (versions
-contiguous, one current per live key), and the changelog's rows, replayed by the same applier in
-their order, are its rows too, with one row per staged change.
+(the table whose rows move between shards) are also merged into a `soft_delete`, a `history`
+and a `changelog` table, checked after the snapshot, each window across a switch and the last
+window against the reference applier's state after that window: the soft-delete table's live
+rows are its rows and its flagged ones keys it no longer has (every key it had is there); the
+current versions are its rows (versions contiguous, one current per live key), and the
+changelog's rows, replayed by the same applier in their order, are its rows too, with one row per
+staged change.
 """
 
 from __future__ import annotations
@@ -189,7 +191,9 @@ class Sync:
             for lo, hi in zip([0, *[e + 1 for e in ends]], ends, strict=False):
                 self._merge_modes(spark, root, lo, hi, targets["corder"])
             in_modes = time.monotonic() - started
-            print(f"\n{self.id}: corder in history and changelog, merged and checked in {in_modes:.1f}s")
+            print(
+                f"\n{self.id}: corder in soft_delete, history, changelog: merged, checked in {in_modes:.1f}s"
+            )
         if merge_again:
             again = merge(spark, MergePlan(self.id, tuple(windows), targets)).statuses()
             assert set(again.values()) <= {TableStatus.ALREADY_APPLIED, TableStatus.NO_CHANGES}, again
@@ -203,21 +207,27 @@ class Sync:
             assert sorted(seqs) == written[table] and len(written[table]) > 2, (table, seqs, written)
 
     def _merge_modes(self, spark: Any, root: Path, lo: int, i: int, mirror: TableTarget) -> None:
-        """Windows ``lo``..``i`` of `corder` merged into a `history` and a `changelog` table (one
-        job each, a commit per window), each then checked against the reference applier's rows
-        after window ``i``."""
+        """Windows ``lo``..``i`` of `corder` merged into a `soft_delete`, a `history` and a
+        `changelog` table (one job each, a commit per window), each then checked against the
+        reference applier's rows after window ``i``."""
         manifest = self.windows[i]
         batch = tuple(
             WindowToMerge(m.window_seq, m.path, ("corder",) if n == 0 else ())
             for n, m in enumerate(self.windows[lo : i + 1], start=lo)
         )
         paths = {}
-        for mode in (TargetMode.HISTORY, TargetMode.CHANGELOG):
+        for mode in (TargetMode.SOFT_DELETE, TargetMode.HISTORY, TargetMode.CHANGELOG):
             paths[mode] = str(root / f"corder_{mode.value}")
             target = replace(mirror, path=paths[mode], shape=TargetShape(mode))
             merge(spark, MergePlan(self.id, batch, {"corder": target}))
         want = self.orders_after[i]
         columns = _columns(self.windows[0], "corder")
+        kept = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.SOFT_DELETE]).collect()]
+        live = {(r[columns[0]],): tuple(r[c] for c in columns) for r in kept if not r["_vitess_deleted"]}
+        flagged = {(r[columns[0]],) for r in kept if r["_vitess_deleted"]}
+        assert live == want, (manifest.window_seq, _diff(live, want))
+        gone = {k for rows in self.orders_after[: i + 1] for k in rows} - set(want)
+        assert not flagged & set(want) and gone <= flagged, (manifest.window_seq, gone - flagged)
         versions = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.HISTORY]).collect()]
         _assert_history(versions, columns, want, manifest.window_seq)
         log = [r.asDict() for r in spark.read.format("delta").load(paths[TargetMode.CHANGELOG]).collect()]
