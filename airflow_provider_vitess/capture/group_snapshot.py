@@ -22,12 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_vitess.capture.group_layout import GroupSplit
-from airflow_provider_vitess.capture.groups import assemble
+from airflow_provider_vitess.capture.groups import assemble, window_for_group
 from airflow_provider_vitess.capture.outcome import WindowOutcome
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.checkpoints import WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
-from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 
 log = logging.getLogger(__name__)
@@ -65,13 +64,7 @@ class GroupedSnapshot(SnapshotRun):
         """Copy ``group``'s part of the sync's unfinished snapshot window (group 0 of a window
         copied by one process copies it whole, as the snapshot task does). Returns what it did."""
         sync_id = self.spec.sync_id
-        window = self.store.open_window(sync_id)
-        if window is None or window.kind is not WindowKind.SNAPSHOT:
-            raise CheckpointError(
-                f"sync {sync_id!r} has no unfinished snapshot window for group {group} to copy: its "
-                "plan task plans one (run the DAG's plan_snapshot task first)"
-            )
-        groups = self.store.window_groups(sync_id, window.seq)
+        window, groups = window_for_group(self.store, sync_id, WindowKind.SNAPSHOT, group)
         if not groups:
             if group != 0:
                 return {"seq": window.seq, "group": group, "status": "copied by group 0 (one process)"}
@@ -79,12 +72,6 @@ class GroupedSnapshot(SnapshotRun):
                 checkpoint_every_rows=checkpoint_every_rows, copy_stall_seconds=copy_stall_seconds
             )
             return {"seq": outcome.seq, "group": 0, "status": "staged", "rows": outcome.manifest.rows}
-        if not 0 <= group < len(groups):
-            raise CheckpointError(
-                f"sync {sync_id!r} snapshot window {window.seq} was planned with groups "
-                f"0-{len(groups) - 1}, not {group}: the mapped task's group comes from the plan task "
-                "of the same DAG run"
-            )
         if window.state is not WindowState.PLANNED or groups[group].state is WindowState.STAGED:
             return {"seq": window.seq, "group": group, "status": "already staged"}
         chosen_keys = self._check_source()

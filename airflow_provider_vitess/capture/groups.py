@@ -43,6 +43,36 @@ from airflow_provider_vitess.vstream.window import ReadBounds
 log = logging.getLogger(__name__)
 
 
+# Per kind of window: how its group tasks' errors name it, what a group does, its plan task.
+_GROUP_TASK = {
+    WindowKind.CATCHUP: ("catch-up", "read", "plan"),
+    WindowKind.SNAPSHOT: ("snapshot", "copy", "plan_snapshot"),
+}
+
+
+def window_for_group(
+    store: CheckpointStore, sync_id: str, kind: WindowKind, group: int
+) -> tuple[Window, list[WindowGroup]]:
+    """The sync's unfinished window of ``kind`` that mapped task ``group`` reads its part of, and
+    the window's groups (none: one process reads it, as group 0). Refused when there is no such
+    window, or the window has no group ``group`` (a task of another DAG run)."""
+    what, does, plan_task = _GROUP_TASK[kind]
+    window = store.open_window(sync_id)
+    if window is None or window.kind is not kind:
+        raise CheckpointError(
+            f"sync {sync_id!r} has no unfinished {what} window for group {group} to {does}: its "
+            f"plan task plans one (run the DAG's {plan_task} task first)"
+        )
+    groups = store.window_groups(sync_id, window.seq)
+    if groups and not 0 <= group < len(groups):
+        label = "window" if kind is WindowKind.CATCHUP else f"{what} window"
+        raise CheckpointError(
+            f"sync {sync_id!r} {label} {window.seq} was planned with groups 0-{len(groups) - 1}, not "
+            f"{group}: the mapped task's group comes from the plan task of the same DAG run"
+        )
+    return window, groups
+
+
 def restrict(position: Vgtid, shards: Sequence[str]) -> Vgtid:
     """``position``'s entries of ``shards`` only (what one group reads from, or up to)."""
     wanted = set(shards)
@@ -109,23 +139,12 @@ class GroupedCatchUp(CatchUpRun):
         """Stage ``group``'s part of the sync's unfinished grouped window (group 0 of a window
         read by one process reads it whole, as a catch-up does). Returns what it did."""
         sync_id = self.spec.sync_id
-        window = self.store.open_window(sync_id)
-        if window is None or window.kind is not WindowKind.CATCHUP:
-            raise CheckpointError(
-                f"sync {sync_id!r} has no unfinished catch-up window for group {group} to read: its "
-                "plan task plans one (run the DAG's plan task first)"
-            )
-        groups = self.store.window_groups(sync_id, window.seq)
+        window, groups = window_for_group(self.store, sync_id, WindowKind.CATCHUP, group)
         if not groups:
             if group != 0:
                 return {"seq": window.seq, "group": group, "status": "read by group 0 (one process)"}
             outcome = self.catch_up(bounds)
             return {"seq": outcome.seq, "group": 0, "status": "staged", "rows": outcome.manifest.rows}
-        if not 0 <= group < len(groups):
-            raise CheckpointError(
-                f"sync {sync_id!r} window {window.seq} was planned with groups 0-{len(groups) - 1}, not "
-                f"{group}: the mapped task's group comes from the plan task of the same DAG run"
-            )
         if window.state is not WindowState.PLANNED or groups[group].state is WindowState.STAGED:
             return {"seq": window.seq, "group": group, "status": "already staged"}
         chosen = self._check_source()

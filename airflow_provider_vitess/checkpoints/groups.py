@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, insert, select, update
+from sqlalchemy import ColumnElement, Engine, Table, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_provider_vitess.checkpoints.models import LockRow, WindowGroupRow, WindowRow
@@ -75,6 +75,17 @@ def record_layout(
             }
             for g, shards in enumerate(layout)
         ],
+    )
+
+
+def planned_group(sync_id: str, seq: int, group: int) -> tuple[ColumnElement[bool], ...]:
+    """The conditions of an update of one group's row that only a PLANNED group takes (a group
+    staged meanwhile, by a retry that took its lock over, is left as it is)."""
+    return (
+        _GROUP.c.sync_id == sync_id,
+        _GROUP.c.seq == seq,
+        _GROUP.c.group_no == group,
+        _GROUP.c.state == WindowState.PLANNED.value,
     )
 
 
@@ -164,12 +175,7 @@ def mark_staged(
         )
     changed = conn.execute(
         update(_GROUP)
-        .where(
-            _GROUP.c.sync_id == sync_id,
-            _GROUP.c.seq == seq,
-            _GROUP.c.group_no == group,
-            _GROUP.c.state == WindowState.PLANNED.value,
-        )
+        .where(*planned_group(sync_id, seq, group))
         .values(
             state=WindowState.STAGED.value,
             end_vgtid=end,

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_vitess.checkpoints import progress
+from airflow_provider_vitess.checkpoints.groups import planned_group
 from airflow_provider_vitess.checkpoints.models import WindowGroupRow, WindowPartRow, WindowRow
 from airflow_provider_vitess.checkpoints.states import Part, Phase, WindowState
 from airflow_provider_vitess.exceptions import CheckpointError
@@ -146,12 +147,7 @@ def set_group_resume(
     if window == WindowState.PLANNED.value:
         changed = conn.execute(
             update(_GROUP)
-            .where(
-                _GROUP.c.sync_id == sync_id,
-                _GROUP.c.seq == seq,
-                _GROUP.c.group_no == group,
-                _GROUP.c.state == WindowState.PLANNED.value,
-            )
+            .where(*planned_group(sync_id, seq, group))
             .values(resume_vgtid=resume, updated_at=now)
         ).rowcount
     if changed != 1:
