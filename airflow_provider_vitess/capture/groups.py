@@ -33,7 +33,6 @@ from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import WindowGroup, group_lock_id
 from airflow_provider_vitess.exceptions import CheckpointError
-from airflow_provider_vitess.staging import Manifest
 from airflow_provider_vitess.staging.files import MANIFEST_NAME, open_location, window_dir, write_atomically
 from airflow_provider_vitess.staging.group_manifest import combine
 from airflow_provider_vitess.staging.manifest import load_manifest
@@ -81,18 +80,6 @@ def restrict(position: Vgtid, shards: Sequence[str]) -> Vgtid:
         missing = sorted(wanted - {sg.shard for sg in entries})
         raise CheckpointError(f"position {position.to_json()} names no entry for shard(s) {missing}")
     return Vgtid(tuple(entries))
-
-
-def group_manifest_name(group: int, writer: str) -> str:
-    """A group's part's manifest, named with its writer: a stalled try that wakes up after its
-    retry took the group over writes a manifest of its own, which nothing records or reads."""
-    return f"_group-{group:03d}-{writer}.json"
-
-
-def group_writer_id(group: int, token: str) -> str:
-    """In the group's part file names: its files are told from the other groups' (a rerun of
-    one group deletes only its own unrecorded files) and from a stalled writer's."""
-    return f"g{group:03d}-{token[:12]}"
 
 
 class GroupedCatchUp(CatchUpRun):
@@ -163,18 +150,10 @@ class GroupedCatchUp(CatchUpRun):
         if window.stop_vgtid is None:
             raise CheckpointError(f"sync {spec.sync_id!r} catch-up window {seq} has no stop position")
         start, stop = restrict(window.start_vgtid, part.shards), restrict(window.stop_vgtid, part.shards)
-        assert self._writer_id is not None
-        writer = group_writer_id(g, self._writer_id)
         # A group's read is short: a rerun reads it again from the window's start, whole.
         delete_group_files(spec.staging_location, spec.sync_id, seq, g, spec.storage_options)
-        manifest_name = group_manifest_name(g, writer)
-        stager = self._stager(seq, [], writer_id=writer, manifest_name=manifest_name)
+        stager, record = self._group_part(seq, g)
         reader = self._catch_up_reader(stager, start, stop, bounds)
-
-        def record(manifest: Manifest) -> None:
-            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{manifest_name}"
-            self.store.mark_group_staged(spec.sync_id, seq, g, manifest.end_vgtid, path, dict(manifest.stats))
-
         outcome = self._stage(seq, WindowKind.CATCHUP, False, reader, stager, start, stop, record=record)
         log.info(
             "sync %r window %d group %d (%s) staged %d rows",
@@ -202,9 +181,9 @@ def delete_group_files(
     keep: Sequence[str] = (),
 ) -> list[str]:
     """A group's files of the window no recorded manifest lists: its part files (named with the
-    group, :func:`group_writer_id`) and its manifest, but those in ``keep`` (a snapshot group's
-    checkpointed parts, paths relative to the window's directory as parts record them). Other
-    groups' files are left alone."""
+    group, ``staging.files.group_writer_id``) and its manifest, but those in ``keep`` (a snapshot
+    group's checkpointed parts, paths relative to the window's directory as parts record them).
+    Other groups' files are left alone."""
     fs, root = open_location(location, options)
     wdir = window_dir(root, sync_id, seq)
     if fs.exists(f"{wdir}/{MANIFEST_NAME}"):

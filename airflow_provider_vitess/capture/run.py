@@ -42,6 +42,7 @@ from airflow_provider_vitess.exceptions import (
 from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
+from airflow_provider_vitess.staging.files import group_manifest_name, group_writer_id, window_dir
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import moves
@@ -228,6 +229,22 @@ class SyncRun:
         return {
             t: tuple(dict.fromkeys(c.source_columns + c.target_from_source)) for t, c in self._keys.items()
         }
+
+    def _group_part(self, seq: int, group: int) -> tuple[WindowStager, Callable[[Manifest], None]]:
+        """The stager of shard group ``group``'s part of window ``seq`` (part files and manifest
+        named with the group and this writer), and what records the staged part: the group
+        STAGED with its end and manifest (``capture/groups.py``). Under the group's lock."""
+        assert self._writer_id is not None
+        writer = group_writer_id(group, self._writer_id)
+        stager = self._stager(seq, [], writer_id=writer, manifest_name=group_manifest_name(group, writer))
+        spec = self.spec
+
+        def record(manifest: Manifest) -> None:
+            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{stager.manifest_name}"
+            end, stats = manifest.end_vgtid, dict(manifest.stats)
+            self.store.mark_group_staged(spec.sync_id, seq, group, end, path, stats)
+
+        return stager, record
 
     def _stager(self, seq: int, tables: Sequence[str], **options: Any) -> WindowStager:
         self._record_key_progress(seq, tables)

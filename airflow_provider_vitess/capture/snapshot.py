@@ -21,8 +21,6 @@ from airflow_provider_vitess.capture import source
 from airflow_provider_vitess.capture.group_layout import GroupSplit, SplitMismatchError, layout
 from airflow_provider_vitess.capture.groups import (
     delete_group_files,
-    group_manifest_name,
-    group_writer_id,
     restrict,
 )
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
@@ -32,8 +30,7 @@ from airflow_provider_vitess.checkpoints import Part, Phase, TableProgress, Wind
 from airflow_provider_vitess.checkpoints.groups import WindowGroup
 from airflow_provider_vitess.checkpoints.progress import GroupProgress, by_table
 from airflow_provider_vitess.exceptions import CheckpointError, UnknownTableError
-from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
-from airflow_provider_vitess.staging.files import window_dir
+from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
@@ -208,14 +205,11 @@ class SnapshotRun(SyncRun):
         counter = threading.Thread(target=self._count_rows, args=(seq, tracker, shards, g), daemon=True)
         counter.start()
 
+        record = None
         if group is None:
             stager = self._stager(seq, tables)
         else:
-            assert self._writer_id is not None  # under the group's lock
-            writer = group_writer_id(group.group, self._writer_id)
-            stager = self._stager(
-                seq, [], writer_id=writer, manifest_name=group_manifest_name(group.group, writer)
-            )
+            stager, record = self._group_part(seq, group.group)
         flags = self._target.flags(heartbeat_interval=spec.heartbeat_interval)
         if resumed:
             # See the module docstring: without this, Vitess recopies finished tables.
@@ -243,13 +237,6 @@ class SnapshotRun(SyncRun):
                     spec.sync_id, seq, table, rows_copied=progress.rows_copied, phase=Phase.COPIED, group=g
                 )
 
-        def record(manifest: Manifest) -> None:  # a group's part: STAGED under the group's lock
-            assert group is not None
-            path = f"{window_dir(spec.staging_location, spec.sync_id, seq)}/{stager.manifest_name}"
-            self.store.mark_group_staged(
-                spec.sync_id, seq, group.group, manifest.end_vgtid, path, dict(manifest.stats)
-            )
-
         reader = self._reader(
             stager,
             tables,
@@ -273,7 +260,7 @@ class SnapshotRun(SyncRun):
             None,
             parts,
             copied,
-            record=None if group is None else record,
+            record=record,
         )
 
     def _count_rows(

@@ -169,3 +169,15 @@ def sha256_of(fs: Any, path: str) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
+
+
+def group_manifest_name(group: int, writer: str) -> str:
+    """A group's part's manifest, named with its writer: a stalled try that wakes up after its
+    retry took the group over writes a manifest of its own, which nothing records or reads."""
+    return f"_group-{group:03d}-{writer}.json"
+
+
+def group_writer_id(group: int, token: str) -> str:
+    """In the group's part file names: its files are told from the other groups' (a rerun of
+    one group deletes only its own unrecorded files) and from a stalled writer's."""
+    return f"g{group:03d}-{token[:12]}"

@@ -13,19 +13,14 @@ import pytest
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.capture.group_layout import SplitMismatchError, group_split, layout
-from airflow_provider_vitess.capture.groups import (
-    assemble,
-    delete_group_files,
-    group_manifest_name,
-    group_writer_id,
-    restrict,
-)
+from airflow_provider_vitess.capture.groups import assemble, delete_group_files, restrict
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import CheckpointError, SyncLockedError
 from airflow_provider_vitess.staging import WindowStager, load_manifest, read_table, verify
+from airflow_provider_vitess.staging.files import group_manifest_name, group_writer_id
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
 SYNC = "grouped"
