@@ -8,6 +8,8 @@ user: ``dev/vitess_topology.sh``), so each copy query is killed when that time r
 a table with a primary key, nearly all its rows on one shard, copies there for longer than the
 duration: each killed query is started again from its last copied key (by vtgate, unseen by
 the client), every row is staged once, and the snapshot, merged into Delta, equals ``SELECT *``.
+The copy is made long by the wire, not by the machine: the snapshot's VStream runs through a
+``FaultProxy`` at a few MB/s, and the stream's flow control holds vttablet's copy query back.
 
 The tablets' logs show the condition was there: the copy queries carry the flag's value as
 their MAX_EXECUTION_TIME hint, and were killed and started again from their last key.
@@ -24,6 +26,7 @@ copy here, but in 2-second cycles that each sorted the rest again and sent a few
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -43,21 +46,38 @@ from airflow_provider_vitess.staging import read_table
 from tests.conftest import connection_uri_env
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import spark_session
+from tests.integration.faultproxy import FaultProxy
 from tests.integration.topology import FourShardCluster
 
 pytestmark = pytest.mark.integration
 
 BIG = "copy_phase_big"
 TENANT = 7  # every row but a few on this tenant's shard (the vindex column)
-BIG_ROWS = 600_000
+BIG_ROWS = 200_000
 BATCH = 10_000
+# The snapshot's stream from vtgate, at most this fast: BIG_ROWS (~40 MB on the wire) then take
+# several times the copy-phase duration to arrive (~10 s), and vttablet's copy, held back by the
+# stream's flow control once the buffers on the way are full, outlasts it on any machine.
+COPY_BYTES_PER_SECOND = 4_000_000
 # A copy query's kill: MySQL's (MAX_EXECUTION_TIME, error 3024) or MariaDB's (error 1969).
 KILLED = re.compile(r"maximum statement execution time exceeded|max_statement_time exceeded")
 
 
 @pytest.fixture(scope="module")
-def hook(four_shard_cluster: FourShardCluster) -> Iterator[VitessHook]:
-    name, value = connection_uri_env("vitess_shards4", four_shard_cluster.vitess)
+def proxy(four_shard_cluster: FourShardCluster) -> Iterator[FaultProxy]:
+    """Between the snapshot's VStream and vtgate: the copy is made slow by the wire, whatever
+    the machine's speed (a fast machine copied BIG_ROWS in under the duration: CI, session 19)."""
+    p = FaultProxy(four_shard_cluster.vitess.grpc_port)
+    p.start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def hook(four_shard_cluster: FourShardCluster, proxy: FaultProxy) -> Iterator[VitessHook]:
+    # gRPC through the proxy; SQL (DDL, the fill, the oracle's SELECT) straight to vtgate.
+    vitess = dataclasses.replace(four_shard_cluster.vitess, grpc_port=proxy.port)
+    name, value = connection_uri_env("vitess_shards4", vitess)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(name, value)
         yield VitessHook("vitess_shards4")
@@ -107,7 +127,7 @@ def _big_row(i: int) -> dict[str, Any]:
 
 
 def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
-    hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
+    hook: VitessHook, proxy: FaultProxy, four_shard_cluster: FourShardCluster, tmp_path: Path
 ) -> None:
     cluster, ks = four_shard_cluster, four_shard_cluster.keyspace
     _create(
@@ -126,15 +146,21 @@ def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     spec = SyncSpec("copy-phase-big", ks, (BIG,), str(tmp_path / "stage"))
     logs_before = cluster.tablet_log_sizes()
+    proxy.slow(COPY_BYTES_PER_SECOND)
     started = time.monotonic()
-    outcome = CaptureRunner(hook, store, spec, holder="test").snapshot(checkpoint_every_rows=50_000)
+    try:
+        outcome = CaptureRunner(hook, store, spec, holder="test").snapshot(checkpoint_every_rows=50_000)
+    finally:
+        proxy.slow(None)
     took = time.monotonic() - started
-    print(f"\ncopy of {BIG_ROWS} rows on shard {heavy}: snapshot {took:.1f}s")
+    print(
+        f"\ncopy of {BIG_ROWS} rows on shard {heavy}: snapshot {took:.1f}s, {proxy.stats.bytes_down:,} bytes"
+    )
     assert store.window(spec.sync_id, outcome.seq).state is WindowState.STAGED
 
     # The condition: the copy queries carry the flag (2s -> 2000 ms), and the heavy shard's was
-    # killed at that duration and started again from its last key (more often on a slower
-    # machine: the copy of BIG_ROWS rows runs at up to ~170,000 rows/s here).
+    # killed at that duration and started again from its last key (the stream's rate decides
+    # how often, not the machine's speed).
     logs = cluster.tablet_logs(since=logs_before)
     queries = _copy_queries(logs, BIG)
     duration_ms = int(float(cluster.copy_phase_duration.rstrip("s")) * 1000)
