@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.capture.group_layout import SplitMismatchError, group_split, layout
-from airflow_provider_vitess.capture.groups import assemble, delete_group_files, restrict
+from airflow_provider_vitess.capture.groups import assemble, delete_group_files, restrict, window_for_group
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
@@ -236,3 +236,53 @@ def test_a_lost_group_manifest_discards_the_window(store: CheckpointStore, tmp_p
     assert assemble(store, SYNC, WindowBook(store, SYNC, str(root), None, "merge")) is None
     assert store.window(SYNC, seq).state is WindowState.FAILED
     assert store.open_window(SYNC) is None  # the next plan reads it again from its start
+
+
+@pytest.mark.parametrize(
+    ("kind", "other", "missing", "planned"),
+    [
+        (
+            WindowKind.CATCHUP,
+            WindowKind.SNAPSHOT,
+            "sync 'grouped' has no unfinished catch-up window for group 2 to read: its plan task plans "
+            "one (run the DAG's plan task first)",
+            "sync 'grouped' window {seq} was planned with groups 0-1, not 2: the mapped task's group "
+            "comes from the plan task of the same DAG run",
+        ),
+        (
+            WindowKind.SNAPSHOT,
+            WindowKind.CATCHUP,
+            "sync 'grouped' has no unfinished snapshot window for group 2 to copy: its plan task plans "
+            "one (run the DAG's plan_snapshot task first)",
+            "sync 'grouped' snapshot window {seq} was planned with groups 0-1, not 2: the mapped "
+            "task's group comes from the plan task of the same DAG run",
+        ),
+    ],
+)
+def test_a_group_task_finds_its_window_or_names_the_plan_task(
+    store: CheckpointStore, kind: WindowKind, other: WindowKind, missing: str, planned: str
+) -> None:
+    with pytest.raises(CheckpointError) as none_open:
+        window_for_group(store, SYNC, kind, 2)
+    assert str(none_open.value) == missing
+    # A window of the other kind open: not this task's either.
+    seq = store.plan_window(SYNC, other, position(1), position(9))
+    with pytest.raises(CheckpointError) as other_open:
+        window_for_group(store, SYNC, kind, 2)
+    assert str(other_open.value) == missing
+    store.discard_unmerged(SYNC, "the test's next window")
+
+    seq = store.plan_window(SYNC, kind, position(1), position(9), groups=[SHARDS[:2], SHARDS[2:]])
+    window, groups = window_for_group(store, SYNC, kind, 1)
+    assert (window.seq, window.kind, [g.shards for g in groups]) == (seq, kind, [SHARDS[:2], SHARDS[2:]])
+    with pytest.raises(CheckpointError) as outside:
+        window_for_group(store, SYNC, kind, 2)
+    assert str(outside.value) == planned.format(seq=seq)
+    store.discard_unmerged(SYNC, "the test's next window")
+
+    # A window read by one process: no groups, whichever group asks (group 0 reads it whole).
+    seq = store.plan_window(SYNC, kind, position(1), position(9))
+    assert [(w.seq, g) for w, g in [window_for_group(store, SYNC, kind, n) for n in (0, 2)]] == [
+        (seq, []),
+        (seq, []),
+    ]
