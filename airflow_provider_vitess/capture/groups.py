@@ -42,10 +42,11 @@ from airflow_provider_vitess.vstream.window import ReadBounds
 log = logging.getLogger(__name__)
 
 
-# Per kind of window: how its group tasks' errors name it, what a group does, its plan task.
+# Per kind of window: how its group tasks' errors name it (unplanned, planned), what a group
+# does, its plan task.
 _GROUP_TASK = {
-    WindowKind.CATCHUP: ("catch-up", "read", "plan"),
-    WindowKind.SNAPSHOT: ("snapshot", "copy", "plan_snapshot"),
+    WindowKind.CATCHUP: ("catch-up window", "window", "read", "plan"),
+    WindowKind.SNAPSHOT: ("snapshot window", "snapshot window", "copy", "plan_snapshot"),
 }
 
 
@@ -55,16 +56,15 @@ def window_for_group(
     """The sync's unfinished window of ``kind`` that mapped task ``group`` reads its part of, and
     the window's groups (none: one process reads it, as group 0). Refused when there is no such
     window, or the window has no group ``group`` (a task of another DAG run)."""
-    what, does, plan_task = _GROUP_TASK[kind]
+    unplanned, label, does, plan_task = _GROUP_TASK[kind]
     window = store.open_window(sync_id)
     if window is None or window.kind is not kind:
         raise CheckpointError(
-            f"sync {sync_id!r} has no unfinished {what} window for group {group} to {does}: its "
+            f"sync {sync_id!r} has no unfinished {unplanned} for group {group} to {does}: its "
             f"plan task plans one (run the DAG's {plan_task} task first)"
         )
     groups = store.window_groups(sync_id, window.seq)
     if groups and not 0 <= group < len(groups):
-        label = "window" if kind is WindowKind.CATCHUP else f"{what} window"
         raise CheckpointError(
             f"sync {sync_id!r} {label} {window.seq} was planned with groups 0-{len(groups) - 1}, not "
             f"{group}: the mapped task's group comes from the plan task of the same DAG run"
