@@ -71,32 +71,31 @@ def _free_uids(state_dir: Path, n: int) -> list[str]:
     return free[:n]
 
 
-def _tablets(shards: dict[str, str]) -> None:
-    """The shards' tablets, started side by side (most of a start is waiting)."""
+def _side_by_side(*commands: tuple[str, ...]) -> list[str]:
+    """The script's ``commands`` run at once (a tablet's start or stop is mostly waiting:
+    mysqld's start and shutdown, vttablet's drain); the stderr of each that failed."""
     env = _four_shard_env()
-    if "regroup" not in _topo("vtctldclient", "GetKeyspaces"):
-        _topo("vtctldclient", "CreateKeyspace", "--durability-policy=none", KEYSPACE)
     procs = [
         subprocess.Popen(
-            [str(SCRIPT), "tablet", KEYSPACE, shard, uid], env=env, stderr=subprocess.PIPE, text=True
+            [str(SCRIPT), *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
-        for shard, uid in shards.items()
+        for command in commands
     ]
-    errors = [p.communicate(timeout=300)[1] for p in procs if p.wait(timeout=300) != 0]
+    outputs = [proc.communicate(timeout=300)[1] for proc in procs]
+    return [err for proc, err in zip(procs, outputs, strict=True) if proc.returncode != 0]
+
+
+def _tablets(shards: dict[str, str]) -> None:
+    """The shards' tablets, started side by side."""
+    if "regroup" not in _topo("vtctldclient", "GetKeyspaces"):
+        _topo("vtctldclient", "CreateKeyspace", "--durability-policy=none", KEYSPACE)
+    errors = _side_by_side(*[("tablet", KEYSPACE, shard, uid) for shard, uid in shards.items()])
     assert not errors, errors
 
 
 def _teardown(uids: list[str]) -> None:
-    # Side by side: a tablet's stop is mostly waiting (vttablet's drain, mysqld's shutdown).
-    env = _four_shard_env()
-    procs = [
-        subprocess.Popen(
-            [str(SCRIPT), "tablet-down", uid], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        for uid in uids
-    ]
-    for proc in procs:
-        proc.wait(timeout=300)
+    """Best effort: the tablets stopped side by side, then the keyspace deleted."""
+    _side_by_side(*[("tablet-down", uid) for uid in uids])
     subprocess.run(
         [str(SCRIPT), "vtctldclient", "DeleteKeyspace", "--recursive", "--force", KEYSPACE],
         env=_four_shard_env(),

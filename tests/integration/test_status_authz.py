@@ -45,7 +45,7 @@ dag = vitess_sync_dag(
 
 
 # What ``airflow sync-perm --include-dags``, ``roles create``, ``roles add-perms`` and ``users
-# create`` do, in one process: seven CLI calls were ~30 s of Airflow start-ups. argv: a JSON of
+# create`` do, in one process: eight CLI calls were ~30 s of Airflow start-ups. argv: a JSON of
 # {role: DAG it may read} and [(user, password, role)].
 FAB_USERS = """
 import json, sys
