@@ -14,14 +14,16 @@ throughout whichever half comes first). Per key, in event order:
 * a delete followed by the key's next event, an upsert on another shard, at most
   :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
   that upsert (no deleted gap between the two versions);
-* events run in *groups*: consecutive events of one shard and one commit second (the rows of
-  one transaction share both). A group that ends with the key existing and with an upsert
-  (a move's delete, counted after its insert, aside) gives one version, with the values of
-  the latest upsert; one that ends with the key gone
-  ends the version before it (``deleted``). A delete and re-insert inside one group ends the
+* events run in *groups*: consecutive events of one shard, one commit second and one window
+  (the rows of one transaction share all three; a window's stop between two transactions of one
+  second splits them, as the earlier window already merged the first). A group that ends with
+  the key existing and with an upsert (a move's delete, counted after its insert, aside) gives
+  one version, with the values of the latest upsert; one that ends with the key gone ends the
+  version before it (``deleted``). A delete and re-insert inside one group ends the
   version before with ``deleted`` and starts the next at the same second.
 
-So a version is one transaction's result (one version per key per shard and commit second):
+So a version is the state a second ends with (one version per key per shard, commit second and
+window; a key deleted in its last transaction of the second has none):
 updates of a key inside one transaction give one version. ``valid_from`` is the group's commit
 time (the second the merge orders it by, :data:`.order.ORDER_TS`), ``valid_to`` the next
 group's that ends it (NULL: current). A snapshot's rows start at an
@@ -65,6 +67,7 @@ HEAL_TS = "_heal_ts"  # a close row: the end of the version an earlier window en
 # non-decreasing along its shard's events of the key: :data:`.order.ORDER_TS`), so a version never
 # ends before it starts.
 _TS = order.ORDER_TS
+_WIN = order.WINDOW
 
 
 def _events(
@@ -97,7 +100,7 @@ def _events(
         ).where(col("_guard").isNull())
         events = events.drop("_guard", *blobs)
     # The keys the window touches, ranked, with each event's next one (for a move's two halves).
-    return order.key_order(events, keys, retired, following=(_UP, _SHARD, _TS))
+    return order.key_order(events, keys, retired, following=(_UP, _SHARD, _TS, _WIN), window=True)
 
 
 def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
@@ -138,7 +141,7 @@ def versions(
     as for :func:`.apply.last_per_key`)."""
     e = _heirs(_events(staged, context, keys, data, table, retired or {}), keys, retired or {})
     key_cols = [col(k) for k in keys]
-    nxt = {n: col(order.NEXT + n) for n in (_UP, _SHARD, _TS)}
+    nxt = {n: col(order.NEXT + n) for n in (_UP, _SHARD, _TS, _WIN)}
     nxt[_ORD] = F.when(nxt[_UP].isNotNull(), col(_ORD) + 1)  # ranks are 1, 2, ... per key
     healed = ~col(_UP) & F.coalesce(nxt[_UP], F.lit(False))
     healed = healed & (nxt[_SHARD] != col(_SHARD)) & (nxt[_TS] - col(_TS) <= CONTEXT_SECONDS)
@@ -147,6 +150,7 @@ def versions(
         .withColumn("_eff", F.when(col("_healed"), nxt[_ORD] * 2 + 1).otherwise(col(_ORD) * 2))
         .withColumn("_gshard", F.when(col("_healed"), nxt[_SHARD]).otherwise(col(_SHARD)))
         .withColumn("_gts", F.when(col("_healed"), nxt[_TS]).otherwise(col(_TS)))
+        .withColumn("_gwin", F.when(col("_healed"), nxt[_WIN]).otherwise(col(_WIN)))
     )
     up = col(_UP).cast("int")
     prior = F.when(col(CHANGE) == "insert", 0).otherwise(1)  # the shard's holding before it
@@ -165,9 +169,12 @@ def versions(
     h0 = F.sum(F.when(col("_first"), prior).otherwise(0)).over(key_all)
     e = e.withColumn("_h0", h0).withColumn("_exists", (col("_h0") + F.sum("_delta").over(running)) > 0)
     e = e.withColumn("_vals", F.last(F.when(col(_UP), F.struct(*[col(c) for c in data])), True).over(running))
-    # Groups: runs of one shard and one commit second.
-    prev_g = F.lag(F.struct(col("_gshard"), col("_gts"))).over(ordered)
-    starts = F.when(prev_g.isNull() | (prev_g != F.struct(col("_gshard"), col("_gts"))), 1).otherwise(0)
+    # Groups: runs of one shard, one commit second and one window. A window's stop can fall
+    # between two transactions of one second: the earlier window merged the first as a version of
+    # its own, which the second (a delete) must end, not join.
+    group = F.struct(col("_gshard"), col("_gts"), col("_gwin"))
+    prev_g = F.lag(group).over(ordered)
+    starts = F.when(prev_g.isNull() | (prev_g != group), 1).otherwise(0)
     e = e.withColumn("_run", F.sum(starts).over(running))
     # The run's last event: the next one starts another run (in the same order: no sort of its own).
     e = e.withColumn("_i", F.when(F.coalesce(F.lead(col("_run")).over(ordered), F.lit(-1)) != col("_run"), 1))

@@ -26,6 +26,9 @@ _SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .apply's per-key frame
 # same value; ``history``'s versions start and end at it.
 ORDER_TS = "_order_ts"
 NEXT = "_next"  # + a column: its value at the key's next event (key_order's ``following``)
+# The window an event belongs to (key_order's ``window=True``): 0 for the window itself, -k for the
+# look-back's k-th context window before it.
+WINDOW = "_win"
 
 
 def col(name: str) -> Column:
@@ -37,6 +40,7 @@ def key_order(
     keys: Sequence[str],
     retired: Mapping[str, Sequence[str]] | None = None,
     following: Sequence[str] = (),
+    window: bool = False,
 ) -> DataFrame:
     """``_ord`` becomes each key's events' rank in the merge's order (1, 2, ...), an order that does
     not depend on which process staged an event (docs/design.md, "Shard groups"):
@@ -61,15 +65,17 @@ def key_order(
     shard's events of a key come before its successors' (its journal ends its stream, theirs start
     there), which neither the seconds nor the names say: a successor's second is raised to the old
     shard's last second of the key (its host's clock may be behind) and, in one second, the old
-    shard comes first (``-40`` would sort before ``-80``, which it replaced)."""
+    shard comes first (``-40`` would sort before ``-80``, which it replaced).
+
+    ``window``: keep each event's window as :data:`WINDOW` (it may also be one of ``following``)."""
     win = F.floor(col(_ORD) / F.lit(2 * SEQ_SHIFT))
     by_key = [col(k) for k in keys]
     # One partitioning and ordering (by key; shard, window, order) for every window function but the
     # rank (one sort): the running maximum of (shard, window, second) is the running maximum of the
     # second within the current shard; an old shard's last second of the key and whether the
     # window touches the key are over the whole partition.
-    along = Window.partitionBy(*by_key).orderBy(col(_SHARD), col("_win"), col(_ORD))
-    running = F.max(F.struct(col(_SHARD), col("_win"), col(A.COMMIT_TS).alias("ts"))).over(
+    along = Window.partitionBy(*by_key).orderBy(col(_SHARD), col(WINDOW), col(_ORD))
+    running = F.max(F.struct(col(_SHARD), col(WINDOW), col(A.COMMIT_TS).alias("ts"))).over(
         along.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     whole = along.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
@@ -77,17 +83,18 @@ def key_order(
     for old, new in (retired or {}).items():
         # The old shard's last window of the key and its latest second there: a floor for its
         # successors' events of that window (an earlier window comes first anyway).
-        old_last = F.max(F.when(col(_SHARD) == old, F.struct(col("_win"), col(A.COMMIT_TS).alias("ts"))))
+        old_last = F.max(F.when(col(_SHARD) == old, F.struct(col(WINDOW), col(A.COMMIT_TS).alias("ts"))))
         old_last = old_last.over(whole)
-        floor = F.when(col(_SHARD).isin(list(new)) & (old_last["_win"] == col("_win")), old_last["ts"])
+        floor = F.when(col(_SHARD).isin(list(new)) & (old_last[WINDOW] == col(WINDOW)), old_last["ts"])
         kts = F.greatest(kts, floor)
         gen = F.when(col(_SHARD) == old, F.lit(0)).otherwise(gen)
-    ordered = events.withColumn("_win", win).withColumn(ORDER_TS, kts).withColumn("_gen", gen)
+    ordered = events.withColumn(WINDOW, win).withColumn(ORDER_TS, kts).withColumn("_gen", gen)
     if _CTX in events.columns:  # only the keys the window touches: not those of context events only
         touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(whole) == 1
         ordered = ordered.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
-    rank_by = (col("_win"), col(ORDER_TS), col("_gen"), col(_SHARD), col(_ORD))
+    rank_by = (col(WINDOW), col(ORDER_TS), col("_gen"), col(_SHARD), col(_ORD))
     ranked = Window.partitionBy(*by_key).orderBy(*rank_by)
     for c in following:
         ordered = ordered.withColumn(NEXT + c, F.lead(col(c)).over(ranked))
-    return ordered.withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType())).drop("_win", "_gen")
+    ranks = ordered.withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType())).drop("_gen")
+    return ranks if window else ranks.drop(WINDOW)
