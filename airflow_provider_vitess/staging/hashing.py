@@ -3,8 +3,12 @@
 The value hashed is the column's value exactly as vtgate sends it (MySQL's text of it: the
 UTF-8 bytes of a utf8mb4 string, ``42`` for an INT, ``2024-01-31`` for a DATE), prefixed by the
 salt's UTF-8 bytes: ``sha256(salt + value).hexdigest()``, 64 lower-case hex characters. NULL
-stays NULL. Equal values hash equal, so the column still joins and groups; without the salt a
-dictionary of likely values cannot be hashed to match them.
+stays NULL. FLOAT and DOUBLE are the exception: vttablet prints one value two ways (a FLOAT
+``1.1`` in the copy phase is ``1.100000023841858`` in a binlog row event), so the text hashed is
+Python's ``repr`` of the number the column stages as when it is not hashed (the server's
+rounding: docs/types.md): ``1.1``, ``-123457.0`` (a FLOAT prints six digits), ``1e-07``.
+Equal values hash equal, so the column still joins and groups; without the salt a dictionary of
+likely values cannot be hashed to match them.
 
 The stager hashes a column in its row buffer (:class:`~.buffer.RowBuffer`), on the raw bytes of
 the row events, before any Arrow array of the column exists, on both of its paths (the
@@ -20,6 +24,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 
 from airflow_provider_vitess._proto import query_pb2
+from airflow_provider_vitess.decoding.values import converter_for
 from airflow_provider_vitess.exceptions import ColumnChoiceError
 from airflow_provider_vitess.staging import arrow_types
 from airflow_provider_vitess.staging.row_images import BLOB_TYPES
@@ -39,6 +44,13 @@ def hasher(salt: str) -> Callable[[bytes], str]:
         return h.hexdigest()
 
     return digest
+
+
+def _of_number(digest: Callable[[bytes], str], field: query_pb2.Field) -> Callable[[bytes], str]:
+    """A FLOAT/DOUBLE column's converter: the hash of :func:`repr` of the number the column stages
+    as when it is not hashed (module docstring)."""
+    number = converter_for(field)
+    return lambda value: digest(repr(number(value)).encode("ascii"))
 
 
 def hashed_field(field: query_pb2.Field) -> query_pb2.Field:
@@ -78,7 +90,11 @@ class ColumnHasher:
     def converters(self, table: str, fields: Iterable[query_pb2.Field]) -> dict[str, Callable[[bytes], str]]:
         """Column name -> the hashing converter, for the hashed ones of ``fields``."""
         wanted = self._columns.get(table, frozenset())
-        return {f.name: self._convert for f in fields if f.name.lower() in wanted}
+        return {
+            f.name: _of_number(self._convert, f) if f.type in (T.FLOAT32, T.FLOAT64) else self._convert
+            for f in fields
+            if f.name.lower() in wanted
+        }
 
     def staged_fields(self, table: str, fields: Iterable[query_pb2.Field]) -> list[query_pb2.Field]:
         """``fields`` as staged: the hashed ones as :func:`hashed_field`."""

@@ -149,6 +149,9 @@ class WindowStager:
         self._check_open()
         check_name("table", table)
         hashing = self._hashing
+        # The converters by the source's types (a FLOAT hashes its canonical text), then the fields
+        # as staged (a hashed column is a string).
+        hashed = hashing.converters(table, fields) if hashing is not None else None
         if hashing is not None:
             fields = hashing.staged_fields(table, fields)
         schema = TableSchema.from_fields(table, fields, self._key_columns.get(table))
@@ -158,7 +161,6 @@ class WindowStager:
         buf = state.buffers.get(key)
         if buf is None:
             state.schemas.setdefault(key, schema)
-            hashed = hashing.converters(table, fields) if hashing is not None else None
             buf = state.buffers[key] = RowBuffer(table, schema, self._zero_dates.for_table(table), hashed)
         shards = self._routes.setdefault(table, {}).setdefault(keyspace, {})
         if shards.get(shard) is buf and shard:
