@@ -7,6 +7,13 @@ produced (``record``); the cut at window W takes, per table, the version of its 
 before W: a table a window did not change keeps the version an earlier window left. Reading every
 table at its cut version (Delta time travel) gives all of them at one source position.
 
+A re-snapshot of some of the tables (``resnapshot_tables``, or tables that joined the sync) is the
+exception: its window leaves the copied tables at their copy's position and the others at the
+previous window's, so a transaction between the two shows in one table only. No cut is taken at
+such a window (:func:`torn_by`): the committed position's cut, and one by time, are the newest
+window's before it; asked for by number, it is refused, naming the windows around it. The
+catch-up window after it brings every table to one position again.
+
 How far back: the rows of windows the store prunes go too, but the cut at the oldest window
 kept stays complete (each table keeps its newest row before it); the committed position's row
 records that oldest window (``versions_from``), and older cuts are refused by name. Delta's own retention
@@ -23,11 +30,13 @@ from typing import cast
 from sqlalchemy import Table, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from airflow_provider_vitess.checkpoints.models import CheckpointRow, WindowVersionRow
+from airflow_provider_vitess.checkpoints.models import CheckpointRow, WindowRow, WindowVersionRow
+from airflow_provider_vitess.checkpoints.states import WindowKind
 from airflow_provider_vitess.exceptions import CutUnavailableError
 
 _VERSION = cast(Table, WindowVersionRow.__table__)
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
+_WINDOW = cast(Table, WindowRow.__table__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
     ``as_of``, or (neither given) at the committed position."""
     if seq is not None and as_of is not None:
         raise ValueError("give a window or a time, not both")
+    asked = seq  # a window asked for by number is refused rather than moved
     point = conn.execute(
         select(_CHECKPOINT.c.committed_seq, _CHECKPOINT.c.versions_from).where(
             _CHECKPOINT.c.sync_id == sync_id
@@ -138,6 +148,20 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
             f"sync {sync_id!r}: window {seq} is older than the oldest window the store keeps Delta "
             f"versions for ({oldest}); the merge operator's keep_records sets how many windows stay"
         )
+    while (stale := torn_by(conn, sync_id, seq)) is not None:
+        if asked is not None:
+            raise CutUnavailableError(
+                f"sync {sync_id!r}: window {seq} re-copied some tables while {stale} stayed at the "
+                f"window before, so no cut at it holds every transaction whole; read the cut at "
+                f"window {seq - 1} (before the copy) or at the catch-up window after it"
+            )
+        if seq - 1 < oldest or seq <= 1:
+            raise CutUnavailableError(
+                f"sync {sync_id!r}: window {seq} re-copied some tables while {stale} stayed at the "
+                "window before, and the store keeps no earlier window's versions; read the cut "
+                "once the next catch-up window is committed"
+            )
+        seq -= 1  # the newest whole cut before the re-copy
     latest = (
         select(_VERSION.c.table_name, func.max(_VERSION.c.seq).label("seq"))
         .where(_VERSION.c.sync_id == sync_id, _VERSION.c.seq <= seq)
@@ -156,3 +180,18 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
         r.table_name: TableVersion(r.table_name, r.path, int(r.delta_version), int(r.seq)) for r in rows
     }
     return Cut(sync_id, seq, dict(sorted(tables.items())))
+
+
+def torn_by(conn: Connection, sync_id: str, seq: int) -> list[str] | None:
+    """The tables a snapshot window ``seq`` left at an earlier window's position while it copied
+    others (a partial re-snapshot: module docstring), or None when its cut is whole."""
+    kind = conn.execute(
+        select(_WINDOW.c.kind).where(_WINDOW.c.sync_id == sync_id, _WINDOW.c.seq == seq)
+    ).scalar()
+    if kind != WindowKind.SNAPSHOT.value:
+        return None
+    tables = select(_VERSION.c.table_name).where(_VERSION.c.sync_id == sync_id)
+    before = set(conn.execute(tables.where(_VERSION.c.seq < seq)).scalars())
+    copied = set(conn.execute(tables.where(_VERSION.c.seq == seq)).scalars())
+    stale = sorted(before - copied)
+    return stale if stale and copied else None

@@ -249,3 +249,58 @@ def test_every_committed_window_is_a_cut_through_whole_transactions(hook: Vitess
     assert kept in ledger.states and _whole(kept)
     assert _state(consistent_tables(spark, store, spec.sync_id)) == ledger.states[-1]
     store.close()
+
+
+def test_a_re_snapshot_of_one_table_is_no_cut_until_the_next_catch_up(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    """A transaction writes both tables right before a re-snapshot of one of them: the re-copied
+    table shows it, the other one not yet (its changes are read by the next catch-up). The cut at
+    the committed position is the window's before the re-copy, whole; the re-snapshot's window is
+    refused by number; after the next catch-up the cut is at it and equals the source."""
+    spark = spark_session()
+    ledger = Ledger(hook, "resnapshot-cut")
+    ledger.create()
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"cutsre-{uuid.uuid4().hex[:8]}", "commerce", (ACCOUNT, ENTRY), str(tmp_path / "stage"))
+    capture = CaptureRunner(hook, store, spec, holder="test-cuts")
+    merger = MergeRunner(store, spec.sync_id, str(tmp_path / "delta"), holder="test-cuts-merge")
+
+    def merge_all() -> int:
+        return merger.run(lambda plan: merge(spark, plan)).committed_seq
+
+    capture.snapshot()
+    merge_all()
+    for _ in range(3):
+        ledger.step()
+    capture.catch_up()
+    before = merge_all()
+    assert _state(consistent_tables(spark, store, spec.sync_id)) == ledger.states[-1]
+    ledger.step()  # both tables, then one of them re-copied
+    ledger.step()
+    capture.snapshot(tables=[ACCOUNT])
+    resnapshot = merge_all()
+    assert resnapshot == before + 1
+
+    # The tear is real: the tables at their newest versions are the state after no transaction.
+    newest = {t: spark.read.format("delta").load(str(tmp_path / "delta" / t)) for t in (ACCOUNT, ENTRY)}
+    assert not _whole(_state(newest))
+    latest = consistent_cut(store, spec.sync_id)
+    assert latest.seq == before, latest
+    state = _state(consistent_tables(spark, store, spec.sync_id))
+    assert state == ledger.states[-3] and _whole(state)
+    with pytest.raises(
+        CutUnavailableError, match=rf"window {resnapshot} re-copied some tables while \['{ENTRY}'\]"
+    ):
+        consistent_cut(store, spec.sync_id, window=resnapshot)
+    assert (
+        consistent_cut(store, spec.sync_id, as_of=datetime.datetime.now(datetime.timezone.utc)).seq == before
+    )
+
+    capture.catch_up()
+    after = merge_all()
+    assert consistent_cut(store, spec.sync_id).seq == after
+    assert _state(consistent_tables(spark, store, spec.sync_id)) == ledger.states[-1]
+    assert_delta_equals_source(hook, "commerce", [ACCOUNT, ENTRY], tmp_path / "delta")
+    store.close()
