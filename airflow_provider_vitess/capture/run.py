@@ -43,6 +43,7 @@ from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
 from airflow_provider_vitess.staging.files import group_manifest_name, group_writer_id, window_dir
+from airflow_provider_vitess.staging.manifest import COPY_STARTED_AT
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import moves
@@ -370,6 +371,10 @@ class SyncRun:
                 raise columns.unprojectable(self.spec.sync_id, self._columns, exc) from exc
             raise
         stats = self._stats(result)
+        if kind is WindowKind.SNAPSHOT:  # the second a re-snapshot's findings are dated at (merge)
+            planned = self.store.window(self.spec.sync_id, seq).created_at
+            if planned is not None:
+                stats[COPY_STARTED_AT] = int(planned.timestamp())
         if stop is not None:
             stats["shard_lag_transactions"] = lag = shard_lag(stop, result.end_vgtid, result.retired_shards)
             if any(lag.values()):
