@@ -31,6 +31,8 @@ from airflow_provider_vitess.vgtid import Vgtid
 FORMAT_VERSION = 1
 # A snapshot window's stats: its plan time, whole seconds since the epoch (:attr:`Manifest.copy_started_at`).
 COPY_STARTED_AT = "copy_started_at"
+# A snapshot window's stats: the tables it re-copies because their column choice changed.
+COLUMN_CHOICE_CHANGED = "column_choice_changed"
 
 # How vttablet names the columns of a binlog row it cannot match to the table's schema.
 _POSITIONAL = re.compile(r"@\d+")

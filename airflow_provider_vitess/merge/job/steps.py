@@ -28,7 +28,7 @@ from airflow_provider_vitess.merge.job.schema import (
 )
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape, collisions
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
-from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED, Manifest
 
 
 class Action(str, enum.Enum):
@@ -124,7 +124,10 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
             continue
         tm = manifest.tables.get(table)
         replace = table in window.replace_tables
-        keeps_past = shape.mode in KEEPS_PAST and schema is not None
+        # A changed column choice: the past holds what the new choice hides (clear values of a
+        # newly hashed or excluded column), so the re-snapshot replaces the table.
+        rechosen = table in (manifest.stats.get(COLUMN_CHOICE_CHANGED) or ())
+        keeps_past = shape.mode in KEEPS_PAST and schema is not None and not rechosen
         if tm is None or not tm.schemas:
             if replace and schema is not None:
                 past = schema if keeps_past else None
