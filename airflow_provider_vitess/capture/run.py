@@ -43,6 +43,7 @@ from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
 from airflow_provider_vitess.staging import Manifest, PartInfo, WindowStager
 from airflow_provider_vitess.staging.files import group_manifest_name, group_writer_id, window_dir
+from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED, COPY_STARTED_AT
 from airflow_provider_vitess.utils.heap import frozen_heap
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream import moves
@@ -81,6 +82,7 @@ class SyncRun:
         self._keys: dict[str, KeyChoice] = {}
         self._checked: dict[str, KeyChoice] | None = None  # the last _check_source's
         self._columns: dict[str, columns.ColumnChoice] = {}  # the last _check_source's too
+        self._choice_changed: list[str] = []  # tables re-snapshotted with a new column choice
         self._copied_at: dict[str, Vgtid] = {}  # re-copied tables' copy positions (copy_positions)
         self._writer_id: str | None = None
         self._windows = WindowBook(store, spec.sync_id, spec.staging_location, spec.storage_options, holder)
@@ -185,6 +187,13 @@ class SyncRun:
                     seq,
                 )
         self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
+        before = dict(config.get(columns.WINDOW_COLUMNS) or {})
+        # A re-snapshot after a changed column choice: its merge replaces a history or
+        # soft_delete table (their past holds what the new choice hides; merge/job/resnapshot).
+        copied = () if resuming else snapshot_of
+        self._choice_changed = sorted(
+            t for t in copied if t in recorded and _choice_changed(t, before, self._columns)
+        )
         column_record = columns.reconcile(
             self.spec.sync_id,
             dict(config.get(columns.WINDOW_COLUMNS) or {}),
@@ -370,6 +379,12 @@ class SyncRun:
                 raise columns.unprojectable(self.spec.sync_id, self._columns, exc) from exc
             raise
         stats = self._stats(result)
+        if kind is WindowKind.SNAPSHOT:  # the second a re-snapshot's findings are dated at (merge)
+            planned = self.store.window(self.spec.sync_id, seq).created_at
+            if planned is not None:
+                stats[COPY_STARTED_AT] = int(planned.timestamp())
+            if self._choice_changed:
+                stats[COLUMN_CHOICE_CHANGED] = list(self._choice_changed)
         if stop is not None:
             stats["shard_lag_transactions"] = lag = shard_lag(stop, result.end_vgtid, result.retired_shards)
             if any(lag.values()):
@@ -399,3 +414,13 @@ class SyncRun:
             "retired_shards": result.retired_shards,
             **result.stats,
         }
+
+
+def _choice_changed(
+    table: str, recorded: Mapping[str, Any], chosen: Mapping[str, columns.ColumnChoice]
+) -> bool:
+    """Whether ``table``'s column choice now differs in effect from the one its table was built with."""
+    choice = chosen.get(table)
+    now = (choice.given if choice is not None else columns.ALL_COLUMNS).record()
+    before = dict(recorded.get(table) or columns.ALL_COLUMNS.record())
+    return before != now and not (choice is not None and choice.same_effect(before))

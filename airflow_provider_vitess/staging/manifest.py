@@ -29,6 +29,10 @@ from airflow_provider_vitess.utils.jsondoc import JsonDocument, adapter
 from airflow_provider_vitess.vgtid import Vgtid
 
 FORMAT_VERSION = 1
+# A snapshot window's stats: its plan time, whole seconds since the epoch (:attr:`Manifest.copy_started_at`).
+COPY_STARTED_AT = "copy_started_at"
+# A snapshot window's stats: the tables it re-copies because their column choice changed.
+COLUMN_CHOICE_CHANGED = "column_choice_changed"
 
 # How vttablet names the columns of a binlog row it cannot match to the table's schema.
 _POSITIONAL = re.compile(r"@\d+")
@@ -197,6 +201,15 @@ class Manifest:
         """The newest source time (seconds, the tablets' clocks) the window's read saw, if
         recorded (``WindowReader``'s ``source_ts_max`` stat; see ``merge/context.py``)."""
         value = self.stats.get("source_ts_max")
+        return int(value) if value else None
+
+    @property
+    def copy_started_at(self) -> int | None:
+        """A snapshot window's plan time (seconds, the checkpoint store's clock), if recorded
+        (``COPY_STARTED_AT``): every change a sync merged before a re-snapshot committed before
+        it, and every change read after the copy after it; a re-snapshot of a ``history`` or
+        ``soft_delete`` table dates what its copy tells at this second (``merge/job/resnapshot``)."""
+        value = self.stats.get(COPY_STARTED_AT)
         return int(value) if value else None
 
     @property

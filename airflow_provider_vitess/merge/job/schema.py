@@ -230,7 +230,8 @@ def _incompatible(table: str, column: str, old: str, new: TargetColumn) -> Merge
         f"be written to {old}: "
         "Delta can only widen a column in place (e.g. INT -> BIGINT, DECIMAL(10,2) -> "
         "DECIMAL(12,2)); nothing was written. Re-snapshot the table to take the new type: trigger the "
-        f'DAG with {{"resnapshot_tables": ["{table}"]}} (its changes from before the copy are skipped)'
+        f'DAG with {{"resnapshot_tables": ["{table}"]}} (its changes from before the copy are skipped; '
+        "a history or soft_delete table keeps its past, cast to the new type)"
     )
 
 

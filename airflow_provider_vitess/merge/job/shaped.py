@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from airflow_provider_vitess.merge.job import apply, conflicts, history, shapes
+from airflow_provider_vitess.merge.job import apply, conflicts, history, resnapshot, shapes
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
@@ -71,6 +71,9 @@ def truncate(spark: SparkSession, s: ShapedStep) -> None:
     nothing, in a commit that records the window)."""
     assert s.step.schema is not None
     shape, keys = s.target.shape, list(s.target.key_columns)
+    if s.step.past is not None:  # history, soft_delete: the past stays, every key ended
+        _rewrite(spark, s, None)
+        return
     empty = shapes.empty_rows(spark, s.step.schema, shape)
     if shape.mode is TargetMode.CHANGELOG:
         shapes.append(
@@ -86,6 +89,27 @@ def truncate(spark: SparkSession, s: ShapedStep) -> None:
         files=1,
         column_mapping=False,
         properties=shapes.properties(shape),
+    )
+
+
+def _rewrite(spark: SparkSession, s: ShapedStep, copy: DataFrame | None) -> None:
+    """A re-snapshot of a table whose mode keeps its past (:mod:`.resnapshot`), one commit."""
+    step, target = s.step, s.target
+    assert step.schema is not None and step.past is not None
+    at = resnapshot.copy_second(s.manifest)
+    keys = list(target.key_columns)
+    rows = resnapshot.rows(
+        spark, target.path, copy, keys, step.schema, step.past, target.shape, step.seq, step.table, at
+    )
+    apply.write_replace(
+        rows,
+        target.path,
+        keys,
+        s.app_id,
+        step.seq,
+        files=s.files,
+        column_mapping=s.column_mapping,
+        properties=shapes.properties(target.shape),
     )
 
 
@@ -112,6 +136,12 @@ def write(
             shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
             return (), False
         covered = conflicts.covered(s.manifest, staged)
+        if step.past is not None:  # a re-snapshot of a history or soft_delete table: the past stays
+            final = apply.last_per_key(
+                staged, keys, data, table=table, covered=covered, replace=True, meta=True
+            )
+            _rewrite(spark, s, final.where(apply.col(apply.OP) == apply.UPSERT))
+            return (), False
         if shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
             versions = history.versions(staged, None, keys, data, shape, seq, table, covered)
             rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(

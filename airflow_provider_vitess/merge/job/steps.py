@@ -21,13 +21,14 @@ from airflow_provider_vitess.exceptions import TargetModeError
 from airflow_provider_vitess.merge.job.schema import (
     Evolution,
     WindowColumns,
+    can_widen,
     evolve,
     needs_column_mapping,
     window_columns,
 )
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape, collisions
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
-from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED, Manifest
 
 
 class Action(str, enum.Enum):
@@ -71,6 +72,9 @@ class Step:
     columns: WindowColumns | None = None
     evolution: Evolution | None = None
     schema: T.StructType | None = None  # the Delta schema once the step is done
+    # A REPLACE or TRUNCATE of a table whose mode keeps its past (KEEPS_PAST) and that exists:
+    # its data schema before the step; the step rewrites it with the copy (.resnapshot).
+    past: T.StructType | None = None
 
 
 def touched_tables(plan: MergePlan, manifests: Sequence[Manifest]) -> list[str]:
@@ -120,9 +124,14 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
             continue
         tm = manifest.tables.get(table)
         replace = table in window.replace_tables
+        # A changed column choice: the past holds what the new choice hides (clear values of a
+        # newly hashed or excluded column), so the re-snapshot replaces the table.
+        rechosen = table in (manifest.stats.get(COLUMN_CHOICE_CHANGED) or ())
+        keeps_past = shape.mode in KEEPS_PAST and schema is not None and not rechosen
         if tm is None or not tm.schemas:
             if replace and schema is not None:
-                out.append(Step(seq, table, Action.TRUNCATE, schema=schema))
+                past = schema if keeps_past else None
+                out.append(Step(seq, table, Action.TRUNCATE, schema=schema, past=past))
             else:
                 out.append(Step(seq, table, Action.NO_CHANGES, schema=schema))
             continue
@@ -136,6 +145,12 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
                 f"{shape.mode.value} target's metadata columns; nothing was written. Give the sync "
                 f"another metadata_prefix (now {shape.prefix!r})"
             )
+        if replace and keeps_past:  # a re-snapshot: the past stays (.resnapshot)
+            assert schema is not None
+            past, schema = schema, kept_schema(schema, wc, shape.mode)
+            mapping = mapping or needs_column_mapping(schema.fieldNames())
+            out.append(Step(seq, table, Action.REPLACE, wc, schema=schema, past=past))
+            continue
         if replace or schema is None:
             schema = T.StructType([c.struct_field() for c in wc.columns])
             mapping = mapping or needs_column_mapping(schema.fieldNames())
@@ -152,6 +167,28 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
 
 # Modes whose rows record the past: a column the source dropped stays, NULL in later rows.
 KEEPS_DROPPED = frozenset({TargetMode.HISTORY, TargetMode.CHANGELOG})
+# Modes whose existing table a re-snapshot rewrites with its copy instead of replacing it:
+# closed versions and tombstones stay (.resnapshot). A changelog appends (it keeps its past anyway).
+KEEPS_PAST = frozenset({TargetMode.HISTORY, TargetMode.SOFT_DELETE})
+
+
+def kept_schema(current: T.StructType, copy: WindowColumns, mode: TargetMode) -> T.StructType:
+    """The data schema of a table a re-snapshot rewrites: the copy's columns, each with the
+    table's type when that type holds the copy's (a column widened earlier stays wide), else the
+    copy's (the past's values are cast to it, losslessly or not at all: .resnapshot); then, in
+    ``history``, the table's columns the copy lacks (dropped at the source: the past keeps them)."""
+    have = {f.name: f for f in current.fields}
+    fields = []
+    for c in copy.columns:
+        old = have.get(c.name)
+        if old is not None and can_widen(c.type, old.dataType):
+            fields.append(T.StructField(c.name, old.dataType, True, old.metadata))
+        else:
+            fields.append(c.struct_field())
+    if mode in KEEPS_DROPPED:
+        names = {c.name for c in copy.columns}
+        fields += [f for f in current.fields if f.name not in names]
+    return T.StructType(fields)
 
 
 def data_schema(schema: T.StructType, shape: TargetShape) -> T.StructType:
