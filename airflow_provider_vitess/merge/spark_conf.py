@@ -137,3 +137,29 @@ def spark_submit_args(*, local: bool = False, extra: Mapping[str, str] | None = 
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args
+
+
+# What a Spark Connect merge can take of the merge task's ``conf``: the settings a session sets at
+# run time (SQL and Delta ones). The others (executors, jars, the driver's JVM) and the static SQL
+# settings are the server's own, fixed when it started: given to a Connect merge they would do
+# nothing, so they are refused by name (:func:`connect_session_conf`).
+SESSION_CONF_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
+STATIC_SQL_CONF = (
+    "spark.sql.extensions",
+    "spark.sql.catalog.",
+    "spark.sql.catalogImplementation",
+    "spark.sql.warehouse.dir",
+    "spark.sql.hive.",
+)
+
+
+def connect_session_conf(conf: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
+    """``conf`` split into what a Spark Connect session applies (:data:`SESSION_CONF_PREFIXES`,
+    not :data:`STATIC_SQL_CONF`) and the names it cannot take (sorted)."""
+    applied, refused = {}, []
+    for key, value in conf.items():
+        if key.startswith(SESSION_CONF_PREFIXES) and not key.startswith(STATIC_SQL_CONF):
+            applied[key] = str(value)
+        else:
+            refused.append(key)
+    return applied, sorted(refused)

@@ -34,8 +34,9 @@ from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
+from airflow_provider_vitess.merge.plan import MergePlanError
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE
+from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
 from airflow_provider_vitess.operators.merge_backends import SparkConnectMerge, SparkSubmitMerge
 from airflow_provider_vitess.plugins.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import task_failures
@@ -53,6 +54,38 @@ def _default_spark_binary() -> str | None:
         return None
     beside = Path(sys.executable).parent / "spark-submit"
     return str(beside) if beside.exists() else None
+
+
+# SparkSubmitOperator's arguments of a spark-submit (everything but ``conf``, given apart, and the
+# task's own): a merge on Spark Connect has no spark-submit, so given with it they are refused.
+SUBMIT_ARGS = frozenset(
+    {
+        "conn_id", "files", "py_files", "archives", "driver_class_path", "jars", "java_class",
+        "exclude_packages", "repositories", "total_executor_cores", "executor_cores",
+        "executor_memory", "driver_memory", "keytab", "principal", "proxy_user", "name",
+        "num_executors", "status_poll_interval", "application_args", "verbose", "properties_file",
+        "yarn_queue", "deploy_mode", "use_krb5ccache", "post_submit_commands",
+        "track_driver_via_k8s_api", "yarn_track_via_rm_api", "yarn_rm_auth",
+    }
+)  # fmt: skip
+
+
+def _connect_conf(conn_id: str | None, conf: Mapping[str, Any], submit_args: Sequence[str]) -> dict[str, str]:
+    """A Spark Connect merge's session settings: the SQL and Delta ones of ``conf``. What a
+    Connect session cannot take (other settings, spark-submit's arguments) fails the DAG's parse,
+    named, rather than being ignored. Without ``conn_id`` (spark-submit): none."""
+    if not conn_id:
+        return {}
+    applied, refused = connect_session_conf(conf)
+    if refused or submit_args:
+        names = ", ".join([*(f"conf {k!r}" for k in refused), *sorted(submit_args)])
+        raise MergePlanError(
+            f"the merge runs on Spark Connect ({conn_id!r}), which takes only session settings "
+            f"(spark.sql.*, spark.databricks.delta.*) and no spark-submit arguments: {names} would "
+            "do nothing there. Set executor, jar and static settings on the Connect server "
+            "itself, or drop spark_connect_conn_id to merge with spark-submit"
+        )
+    return applied
 
 
 class VitessMergeOperator(SparkSubmitOperator):
@@ -136,6 +169,26 @@ class VitessMergeOperator(SparkSubmitOperator):
         change_data_feed: bool = False,
         **kwargs: Any,
     ) -> None:
+        submit_only = {
+            "application": application,
+            "packages": packages,
+            "spark_binary": spark_binary,
+            "env_vars": env_vars,
+            "jars_cache_dir": jars_cache_dir,
+        }
+        self.connect_conf = _connect_conf(
+            spark_connect_conn_id,
+            conf or {},
+            [
+                *(k for k, v in submit_only.items() if v is not None),
+                # The DAG factory names the default Spark connection whatever the backend.
+                *(
+                    k
+                    for k in kwargs
+                    if k in SUBMIT_ARGS and not (k == "conn_id" and kwargs[k] == "spark_default")
+                ),
+            ],
+        )
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         binary = spark_binary or _default_spark_binary()
         super().__init__(
@@ -174,7 +227,9 @@ class VitessMergeOperator(SparkSubmitOperator):
     def _make_backend(self) -> SparkSubmitMerge | SparkConnectMerge:
         """Where this run's merge job runs: chosen once, with its own ``on_kill``."""
         if self.spark_connect_conn_id:
-            return SparkConnectMerge(self.spark_connect_conn_id, self.sync_id, self.aws_conn_id, self.log)
+            return SparkConnectMerge(
+                self.spark_connect_conn_id, self.sync_id, self.aws_conn_id, self.log, conf=self.connect_conf
+            )
         return SparkSubmitMerge(
             self,
             sync_id=self.sync_id,

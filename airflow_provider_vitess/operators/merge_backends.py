@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
@@ -209,9 +209,15 @@ class SparkConnectMerge:
     """The job's merge in the task's process, on the Spark Connect server of ``conn_id``."""
 
     def __init__(
-        self, conn_id: str, sync_id: str, aws_conn_id: str | None, log: logging.Logger | Any
+        self,
+        conn_id: str,
+        sync_id: str,
+        aws_conn_id: str | None,
+        log: logging.Logger | Any,
+        conf: Mapping[str, str] | None = None,
     ) -> None:
         self.conn_id, self.sync_id, self.aws_conn_id, self.log = conn_id, sync_id, aws_conn_id, log
+        self.conf = dict(conf or {})  # session settings (the operator's _connect_conf)
         self._sessions: RemoteSessions | None = None
         self.application_id: str | None = None
 
@@ -234,7 +240,12 @@ class SparkConnectMerge:
         with log_group(f"Merge window {seq} of sync {self.sync_id} on Spark Connect"):
             try:
                 return run_merge(
-                    url, plan, s3=s3_settings(self.aws_conn_id), progress=progress, started=self._started
+                    url,
+                    plan,
+                    s3=s3_settings(self.aws_conn_id),
+                    progress=progress,
+                    started=self._started,
+                    conf=self.conf,
                 )
             except Exception as exc:
                 if self._sessions is None or not self._sessions.interrupted:

@@ -105,8 +105,10 @@ CONNECT_MERGE = '{"spark_connect_conn_id": "spark_connect_default"}'
 # The same, unless the run's environment names a spark-submit of its own in
 # ``VITESS_TEST_SPARK_SUBMIT`` (a wrapper that injects a failure around the real one): then that
 # run's merges go through spark-submit. A DAG file using it imports ``os``.
+# spark-submit's settings go with it (a Connect merge refuses them: they would do nothing there).
 CONNECT_UNLESS_SUBMIT = (
-    '({"spark_binary": os.environ["VITESS_TEST_SPARK_SUBMIT"]} '
+    '({"spark_binary": os.environ["VITESS_TEST_SPARK_SUBMIT"], "conf": {"spark.jars.ivy": '
+    'os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}} '
     f'if os.environ.get("VITESS_TEST_SPARK_SUBMIT") else {CONNECT_MERGE})'
 )
 

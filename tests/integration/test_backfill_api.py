@@ -50,7 +50,6 @@ DAG_FILE = """
 import os
 from datetime import datetime, timezone
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -63,8 +62,6 @@ dag = vitess_sync_dag(
     end_date=datetime.fromisoformat("{end}"),
     sensor_timeout=6,
     default_args={{"retries": 0}},
-    # Small-machine settings (a few partitions, no UI): the merge's fixed costs dominate here.
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """
@@ -79,7 +76,6 @@ FILLER_BASE = 500_000  # order ids of the filler rows (each group's window has r
 GROUPED_DAG_FILE = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -91,7 +87,6 @@ dag = vitess_sync_dag(
     capture_parallelism=2,
     wait_for_changes=False,
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """

@@ -40,7 +40,6 @@ dag_backlog_sync = vitess_sync_dag(
     max_events={max_events},
     sensor_timeout=10,
     default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={merge_kwargs},
 )
 """

@@ -60,7 +60,6 @@ dag_busy_shard = vitess_sync_dag(
     schedule=None,
     sensor_timeout={timeout},
     default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={merge_kwargs},
 )
 """

@@ -34,7 +34,6 @@ ADDED = (ID_BASE + 10, ID_BASE + 11)  # customers run 2 inserts
 SYNC_DAG = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -45,7 +44,6 @@ dag = vitess_sync_dag(
     schedule=None,
     sensor_timeout=8,
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """

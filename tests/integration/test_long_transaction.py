@@ -51,7 +51,6 @@ dag_long_transaction = vitess_sync_dag(
     max_seconds=1,
     wait_for_changes=False,
     default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={merge_kwargs},
 )
 """

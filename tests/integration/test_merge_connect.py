@@ -92,9 +92,12 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
     runner = MergeRunner(store, spec.sync_id, str(delta), holder="test-connect-merge")
     submitted: list[MergePlan] = []
 
+    # A session setting (the merge task's SQL/Delta conf): Delta's default of a new table's property.
+    retention = {"spark.databricks.delta.properties.defaults.logRetentionDuration": "interval 45 days"}
+
     def submit(plan: MergePlan) -> MergeReport:
         submitted.append(plan)
-        return connect.run_merge(spark_connect, plan)
+        return connect.run_merge(spark_connect, plan, conf=retention)
 
     rng = random.Random(spec.sync_id)
     first = workload(hook, rng)
@@ -110,6 +113,11 @@ def test_windows_merged_on_spark_connect_equal_the_source_each_once(
         A: (30, 5, 3),
         B: (30, 5, 3),
     }
+
+    for table in (A, B):  # the sessions took the setting: the tables were created with it
+        actions = [json.loads(line) for line in (delta / table / "_delta_log" / f"{0:020d}.json").open()]
+        created = next(a["metaData"] for a in actions if "metaData" in a)
+        assert created["configuration"]["delta.logRetentionDuration"] == "interval 45 days", created
 
     # The Connect merge leaves this process for classic Spark (the Spark tests after this one).
     assert not is_remote()

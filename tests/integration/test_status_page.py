@@ -37,7 +37,6 @@ ID_BASE = 9_000_000
 DAG_FILE = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{sync}",
@@ -48,7 +47,6 @@ dag = vitess_sync_dag(
     schedule=None,
     wait_for_changes=False,  # every run catches up: window 1 snapshot, then one window a run
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """

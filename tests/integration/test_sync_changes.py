@@ -53,7 +53,6 @@ for dag_id, tables, store in [
         schedule=None,
         sensor_timeout=20,
         default_args={{"retries": 0}},
-        spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
         merge_kwargs={merge_kwargs},
     )
 """

@@ -73,7 +73,6 @@ globals()["{sync}"] = vitess_sync_dag(
         "{meta}": {{"metadata_columns": True}},
     }},
     default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={merge_kwargs},
 )
 
@@ -118,7 +117,6 @@ globals()["{sync}_changed"] = vitess_sync_dag(
         "{meta}": {{"metadata_columns": True}},
     }},
     default_args={{"retries": 0}},
-    spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
     merge_kwargs={merge_kwargs},
 )
 """

@@ -26,7 +26,7 @@ from airflow_provider_vitess.merge.job.connect import (
     split_token,
 )
 from airflow_provider_vitess.merge.job.delta_access import is_connect
-from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
+from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, HADOOP_AWS_PACKAGE
 
@@ -172,3 +172,54 @@ def test_blocks_at_once_keep_the_mark_until_the_last_ends_and_restore_what_was_t
         "SPARK_LOCAL_REMOTE": None,
     }
     assert len({id(c) for c in released}) == 2
+
+
+def test_a_connect_merge_refuses_by_name_the_settings_it_cannot_take() -> None:
+    """spark-submit's arguments and the server's own settings would do nothing on a Connect
+    merge: refused when the DAG is parsed, each named (they were accepted and ignored)."""
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    with pytest.raises(MergePlanError) as refused:
+        VitessMergeOperator(
+            task_id="merge",
+            sync_id="s",
+            target_location="/tmp/lake",
+            spark_connect_conn_id="sc",
+            conf={
+                "spark.executor.memory": "4g",
+                "spark.sql.extensions": "x",
+                "spark.sql.shuffle.partitions": "3",
+            },
+            packages="io.delta:delta-spark_2.13:4.0.0",
+            executor_cores=2,
+        )
+    text = str(refused.value)
+    assert "conf 'spark.executor.memory', conf 'spark.sql.extensions', executor_cores, packages" in text
+    assert "spark.sql.shuffle.partitions" not in text and "on the Connect server itself" in text
+
+
+def test_a_connect_merge_applies_the_session_settings_it_is_given() -> None:
+    from airflow_provider_vitess.dag_factory import vitess_sync_dag
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+    from airflow_provider_vitess.operators.merge_backends import SparkConnectMerge
+
+    settings = {"spark.sql.shuffle.partitions": "3", "spark.databricks.delta.optimizeWrite.enabled": "true"}
+    op = VitessMergeOperator(
+        task_id="merge", sync_id="s", target_location="/tmp/lake", spark_connect_conn_id="sc", conf=settings
+    )
+    assert op.connect_conf == settings
+    backend = op._make_backend()
+    assert isinstance(backend, SparkConnectMerge) and backend.conf == settings  # every session sets them
+    submit = VitessMergeOperator(task_id="merge", sync_id="s", target_location="/tmp/lake", conf=settings)
+    assert submit.connect_conf == {} and (submit.conf or {})["spark.sql.shuffle.partitions"] == "3"
+    with pytest.raises(MergePlanError, match=r"conf 'spark.jars.ivy' would do nothing there"):
+        vitess_sync_dag(
+            "connect_conf_dag",
+            keyspace="customer",
+            tables=["customer"],
+            staging_location="/tmp/lake/staging",
+            target_location="/tmp/lake/delta",
+            schedule=None,
+            spark_conf={"spark.jars.ivy": "/tmp/ivy"},
+            merge_kwargs={"spark_connect_conn_id": "sc"},
+        )

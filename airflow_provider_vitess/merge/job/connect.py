@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
@@ -167,12 +167,12 @@ def _channel_builder(url: str, token: str | None) -> Any:
 
 
 @contextmanager
-def remote_sessions(url: str) -> Iterator[RemoteSessions]:
+def remote_sessions(url: str, conf: Mapping[str, str] | None = None) -> Iterator[RemoteSessions]:
     """A maker of new sessions on the Connect server at ``url`` (``sc://host:port/;token=...``)
-    for the block. On every way out of it, each session made is stopped, pyspark's Connect
-    default and active sessions are what they were, and the Connect mark is taken off the
-    process's environment once no other block runs (the mark is process-wide: while a block
-    runs, this process cannot use classic Spark)."""
+    for the block, each with the session settings ``conf``. On every way out of it, each session
+    made is stopped, pyspark's Connect default and active sessions are what they were, and the
+    Connect mark is taken off the process's environment once no other block runs (the mark is
+    process-wide: while a block runs, this process cannot use classic Spark)."""
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     global _mode_users
@@ -190,7 +190,10 @@ def remote_sessions(url: str) -> Iterator[RemoteSessions]:
         # Connect mark as SparkSession.builder.remote(url).create() would set it.
         channel = _channel_builder(plain, token)
         os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-        return cast("SparkSession", RemoteSession.builder.channelBuilder(channel).create())
+        session = cast("SparkSession", RemoteSession.builder.channelBuilder(channel).create())
+        for key, value in (conf or {}).items():
+            session.conf.set(key, value)
+        return session
 
     sessions = RemoteSessions(new)
     made = sessions.made
@@ -229,6 +232,7 @@ def run_merge(
     parallelism: int | None = None,
     timings: dict[str, float] | None = None,
     started: Callable[[RemoteSessions], None] | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> MergeReport:
     """The merge job's :func:`~airflow_provider_vitess.merge.job.merge` of ``plan`` on the server
     at ``url``: one remote session per concurrently merged table, all stopped on return and the
@@ -236,12 +240,12 @@ def run_merge(
     fsspec (manifests); the server reads ``s3a://`` with its own S3A settings. ``timings``: as
     the job's, plus ``session`` (the first session) and ``session stop``. ``started`` is given
     the block's sessions before the first is made: what a kill calls :meth:`~RemoteSessions.
-    interrupt` on."""
+    interrupt` on. ``conf``: session settings (SQL and Delta ones) every session gets."""
     if s3 is not None:
         run.use_s3_settings(s3)
     timed = timings if timings is not None else {}
     began = time.monotonic()
-    with remote_sessions(url) as new_session:
+    with remote_sessions(url, conf) as new_session:
         if started is not None:
             started(new_session)
         spark = new_session()
