@@ -39,9 +39,10 @@ from airflow_provider_vitess.exceptions import (
     UnsupportedDeltaError,
 )
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job import apply, delta_log, tables
+from airflow_provider_vitess.merge.job import apply, delta_features, delta_log, tables
 from airflow_provider_vitess.merge.job.delta_features import delta_major
 from airflow_provider_vitess.merge.job.schema import MergeSchemaError
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -566,6 +567,52 @@ def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
     rows = {r["id"]: r["note"] for r in spark.read.format("delta").load(str(target / EVOLVE)).collect()}
     assert rows == {1: None, 2: "22", 4: "44", 5: None}
     wl.execute(hook, f"DROP TABLE commerce.{EVOLVE}")
+
+
+@pytest.mark.parametrize("mode", [TargetMode.SOFT_DELETE, TargetMode.HISTORY, TargetMode.CHANGELOG])
+def test_a_widened_column_in_every_mode_is_refused_before_any_change_without_type_widening(
+    spark: SparkSession,
+    vitess: LocalVitess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: TargetMode,
+) -> None:
+    """The type-widening guard runs for every target mode, not only ``mirror``: without Delta's
+    type widening (Delta 3, Spark 3.5), a window that widens a column and adds another is refused
+    before the table gets any commit. The session's Delta line is read as 3 here (this suite runs
+    Delta 4, which widens); ``make test-compat`` runs the mirror's refusal on a real Delta 3.3."""
+    table = f"{EVOLVE}_{mode.value}"
+    hook = wl.hook_for(vitess, "vitess_merge_evolve")
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{table}",
+        f"CREATE TABLE commerce.{table} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), qty INT)",
+        f"INSERT INTO commerce.{table} VALUES (1, 'one', 1), (2, 'two', 2)",
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    sync = wl.new_sync(hook, store, tmp_path / "stage", f"widen-{uuid.uuid4().hex[:8]}", "commerce", [table])
+    target = tmp_path / "delta"
+    sync.capture(snapshot=True)
+    shaped = {t: replace(v, shape=TargetShape(mode)) for t, v in sync.targets(target).items()}
+
+    def plan(first: int, last: int | None = None) -> MergePlan:
+        return replace(sync.plan(target, first, last), targets=shaped)
+
+    merge(spark, plan(0, 1))
+    wl.execute(
+        hook,
+        f"ALTER TABLE commerce.{table} ADD COLUMN note VARCHAR(10), MODIFY qty BIGINT",
+        f"UPDATE commerce.{table} SET qty = 5000000000, note = 'n' WHERE id = 1",
+    )
+    sync.capture()
+    before = history_versions(spark, target / table)
+    monkeypatch.setattr(delta_features, "delta_major", lambda _spark: 3)
+    with pytest.raises(DeltaFeatureError, match=r"qty int -> bigint.*needs Delta Lake type widening"):
+        merge(spark, plan(1, 2))
+    assert history_versions(spark, target / table) == before  # no ALTER, no ADD COLUMNS commit
+    schema = spark.read.format("delta").load(str(target / table)).schema
+    assert schema["qty"].dataType == T.IntegerType() and "note" not in schema.fieldNames()
+    wl.execute(hook, f"DROP TABLE commerce.{table}")
 
 
 # -- spark-submit: killed at random points, and on a standalone cluster ------------------------------

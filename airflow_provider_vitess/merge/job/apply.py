@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import conflicts, order, partial
+from airflow_provider_vitess.merge.job import conflicts, delta_features, order, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.pruning import (
@@ -49,7 +49,7 @@ from airflow_provider_vitess.merge.job.pruning import (
     numeric_distance,
     sql_literal,
 )
-from airflow_provider_vitess.merge.job.schema import Conversion, TargetColumn, WindowColumns
+from airflow_provider_vitess.merge.job.schema import Conversion, Evolution, TargetColumn, WindowColumns
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.files import window_dir
@@ -249,16 +249,13 @@ def last_per_key(
 # -- Delta --------------------------------------------------------------------------------------
 
 
-def evolve_table(
-    spark: SparkSession,
-    path: str,
-    add: Sequence[T.StructField],
-    widen: Sequence[tuple[str, T.DataType]],
-    column_mapping: bool,
-    drop: Sequence[str] = (),
-) -> None:
-    """Schema changes before a MERGE (each its own commit; repeating them is a no-op). Dropping
-    needs column mapping, which ``column_mapping`` turns on first (``merge.schema`` decides)."""
+def evolve_table(spark: SparkSession, path: str, ev: Evolution) -> None:
+    """A step's schema changes before it writes, in every target mode (each its own commit;
+    repeating them is a no-op). Refused before the first where the cluster's Delta cannot widen a
+    column (:func:`.delta_features.require_type_widening`): a half-changed table otherwise.
+    Dropping needs column mapping, which ``ev.column_mapping`` turns on first."""
+    delta_features.require_type_widening(spark, ev.table, ev.widen)
+    add, widen, column_mapping, drop = ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, ev.drop
     table = f"delta.{q(path)}"
     props = dict(TABLE_PROPERTIES)
     if column_mapping:

@@ -34,7 +34,6 @@ from airflow_provider_vitess.exceptions import UnsupportedDeltaError
 from airflow_provider_vitess.merge.job import (
     apply,
     conflicts,
-    delta_features,
     delta_log,
     lookback,
     partial,
@@ -397,10 +396,7 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
-        delta_features.require_type_widening(spark, step.table, ev.widen)  # before any change
-        apply.evolve_table(
-            spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
-        )
+        apply.evolve_table(spark, path, ev)
     types = write_types(step.columns, step.schema)
     keep = [apply.col(c) for c in final.columns if c.startswith(partial.KEEP)]  # .partial
     rows = apply.persist(

@@ -172,9 +172,7 @@ def write(
     assert step.evolution is not None and step.schema is not None
     ev = step.evolution
     if not ev.empty:
-        apply.evolve_table(
-            spark, path, ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, drop=ev.drop
-        )
+        apply.evolve_table(spark, path, ev)
     shapes.set_change_data_feed(spark, path, shape, s.properties)
     if shape.mode is TargetMode.CHANGELOG:
         rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot=False, retired=retired)
