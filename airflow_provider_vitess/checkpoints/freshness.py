@@ -19,6 +19,9 @@ nor adds to it; only the worker clock's own error counts (one NTP-synced host: m
 A freshness objective (``freshness_sla``, seconds, given to the merge task) is breached when the
 data is older than that: kept with the committed position, so the status page can say so while
 the sync's tasks fail (a stalled sync). A quiet source is never a breach: its runs move the time.
+The merge task reports a breach of the window it committed (a warning, ``breached`` in its
+result) and still succeeds: what it committed is there, and its asset events must reach the
+table's consumers. Only a catch-up window can breach it there (:func:`window_breached`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ def breached(as_of: datetime | None, sla: float | None, now: datetime) -> bool:
     """Is the data older than its objective? (No objective, or no data yet: no.)"""
     behind = seconds_behind(as_of, now)
     return sla is not None and behind is not None and behind > sla
+
+
+def window_breached(kind: WindowKind, as_of: datetime | None, sla: float | None, now: datetime) -> bool:
+    """Does the window the merge task just committed breach the objective? Catch-up windows
+    only: a snapshot's *as of* is when it was planned, and a first copy (or a re-copy) takes as
+    long as the tables take; the objective is meant for what follows, the run's own catch-up."""
+    return kind is WindowKind.CATCHUP and breached(as_of, sla, now)
 
 
 def record_sla(engine: Engine, sync_id: str, sla: float | None) -> None:
