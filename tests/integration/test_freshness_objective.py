@@ -6,11 +6,13 @@ The objective is tiny, so every catch-up window breaches it. Then:
 
 * ``airflow dags test`` exits 0 (a DAG with a deadline: Airflow's ``dag.test()`` used to fail a
   successful run in its deadline code, see ``utils.airflow_compat.DeadlineSafeDAG``);
-* the first snapshot's merge is no breach; the catch-up merges are, and say so in their result,
-  yet succeed;
-* the breached merge that changed the table records its asset event (with the window's extra),
-  Airflow queues the consumer DAG scheduled on the table's Asset, and that consumer runs and reads
-  the event.
+* the first snapshot's merge is no breach;
+* a quiet source (item 4a): the changes sensor finds nothing and the run skips its catch-up and
+  merge, yet the sync's *as of* moves to when the sensor's position was taken (no window), and
+  the status document says so;
+* the catch-up's merge is a breach, says so in its result, yet succeeds; it records its asset
+  event (with the window's extra) and Airflow queues the consumer DAG scheduled on the table's
+  Asset (that the consumer then runs, under the scheduler: ``test_backfill_api.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.plugins import documents
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
+from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
 from tests.integration.merge_workload import execute
 
 pytestmark = pytest.mark.integration
@@ -46,7 +51,7 @@ dag = vitess_sync_dag(
     staging_location="{lake}/staging",
     target_location="{lake}/delta",
     schedule=None,
-    wait_for_changes=False,
+    sensor_timeout=5,
     freshness_sla={sla},
     default_args={{"retries": 0}},
     spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
@@ -55,15 +60,13 @@ dag = vitess_sync_dag(
 """
 
 CONSUMER_DAG = """
-import json
 from airflow.sdk import DAG, Asset, task
 
-asset = Asset("file://{lake}/delta/{table}")
-with DAG("on_{table}", schedule=[asset]) as dag:
+with DAG("on_{table}", schedule=[Asset("file://{lake}/delta/{table}")]) as dag:
 
-    @task(inlets=[asset])
-    def read(inlet_events=None):
-        print("INLET_EXTRA " + json.dumps(dict(inlet_events[asset][-1].extra)))
+    @task
+    def read():
+        return "read"
 
     read()
 """
@@ -102,12 +105,23 @@ def _results(airflow: AirflowEnv) -> list[dict[str, Any]]:
     return [{"task": task, **json.loads(value)} for task, value in rows]
 
 
+def _states(airflow: AirflowEnv) -> dict[str, str]:
+    """The task states of the sync DAG's latest run."""
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = "
+            "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
+            (DAG_ID, DAG_ID),
+        ).fetchall()
+    return dict(rows)
+
+
 def _queued(airflow: AirflowEnv) -> set[str]:
     with sqlite3.connect(airflow.home / "airflow.db") as db:
         return {r[0] for r in db.execute("SELECT target_dag_id FROM asset_dag_run_queue")}
 
 
-def test_a_breached_merge_succeeds_and_its_asset_event_runs_the_consumer(
+def test_a_breached_merge_succeeds_with_its_asset_event_and_a_quiet_source_stays_fresh(
     vitess: LocalVitess, spark_connect: str, hook: VitessHook, tmp_path: Path
 ) -> None:
     lake = tmp_path / "lake"
@@ -119,14 +133,31 @@ def test_a_breached_merge_succeeds_and_its_asset_event_runs_the_consumer(
     )
     uri = f"file://{lake}/delta/{TABLE}"
 
-    # Run 1: the first snapshot (no breach), then a catch-up with nothing new (a breach).
+    # Run 1: the first snapshot (no breach), then the sensor finds no change: the rest skipped.
     _dags_test(airflow)
-    snapshot, empty = _results(airflow)
+    ended = datetime.now(timezone.utc)
+    (snapshot,) = _results(airflow)
     assert (snapshot["task"], snapshot["kind"], snapshot["breached"]) == ("merge_snapshot", "snapshot", False)
-    assert (empty["task"], empty["kind"], empty["breached"]) == ("merge", "catchup", True)
-    assert empty["freshness_sla"] == FRESHNESS_SLA and empty["seconds_behind"] > FRESHNESS_SLA
+    states = _states(airflow)
+    assert states["merge_snapshot"] == "success", states
+    assert (states["wait_for_changes"], states["catch_up"], states["merge"]) == ("skipped",) * 3, states
     (first,) = airflow.asset_events()[uri]
     assert (first["kind"], first["rows_inserted"]) == ("snapshot", 2)
+    # The quiet source's proof: as of moved from the snapshot's time to the sensor's, no window.
+    store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
+    point = history.checkpoint(store.engine, SYNC)
+    assert point is not None and point.as_of is not None and point.committed_seq == snapshot["merged"]
+    snapshot_as_of = datetime.fromisoformat(snapshot["as_of"])
+    assert snapshot_as_of < point.as_of < ended, (snapshot_as_of, point.as_of, ended)
+    assert point.as_of > snapshot_as_of + timedelta(seconds=snapshot["seconds_behind"]), (
+        "the sensor's position is taken after the snapshot's merge ended"
+    )
+    at = point.as_of + timedelta(seconds=FRESHNESS_SLA / 2)
+    status = documents.sync_status(store, "default", SYNC, at)
+    assert status is not None and status.committed is not None
+    assert (status.committed.as_of, status.committed.seconds_behind) == (point.as_of, 0.005)
+    assert status.freshness_breached is False, "a quiet, healthy source is no breach"
+    store.close()
 
     # The consumer appears now: the queue below is what run 2's breached merge alone caused.
     airflow.write_dag("consumer", CONSUMER_DAG.format(lake=lake, table=TABLE))
@@ -137,16 +168,12 @@ def test_a_breached_merge_succeeds_and_its_asset_event_runs_the_consumer(
     _dags_test(airflow)
     *_, breached = _results(airflow)
     assert (breached["task"], breached["kind"], breached["breached"]) == ("merge", "catchup", True)
-    assert breached["merged"] > empty["merged"]
+    assert breached["freshness_sla"] == FRESHNESS_SLA and breached["seconds_behind"] > FRESHNESS_SLA
+    assert breached["merged"] > snapshot["merged"]
+    assert _states(airflow)["wait_for_changes"] == "success"
     events = airflow.asset_events()[uri]
     assert len(events) == 2, events
     extra = events[-1]
     assert (extra["sync_id"], extra["kind"], extra["window_seq"]) == (SYNC, "catchup", breached["merged"])
     assert (extra["rows_inserted"], extra["rows_updated"], extra["rows_deleted"]) == (3, 0, 0)
     assert _queued(airflow) == {f"on_{TABLE}"}
-
-    consumer = airflow.run_dag(f"on_{TABLE}")
-    assert_succeeded(consumer, "read")
-    lines = [x for x in consumer["log"].splitlines() if "INLET_EXTRA " in x]
-    assert lines, consumer["log"][-4000:]
-    assert json.loads(lines[-1].split("INLET_EXTRA ", 1)[1]) == extra
