@@ -1,9 +1,11 @@
 """A sync's freshness objective as an Airflow deadline alert (Airflow 3.1+'s ``DeadlineAlert``).
 
-The merge task fails past ``freshness_sla`` after its commit, and the status page turns red while
-the data is older (``checkpoints/freshness.py``). Both need a run that gets as far as the merge or
-a look at the page; a sync whose runs fail before it (vtgate unreachable) is flagged by Airflow
-itself with a deadline on each DAG run: a run that has not *succeeded* by
+Past ``freshness_sla`` the merge task warns and returns ``breached: true``, yet succeeds (a
+failed task records no asset events: the table's consumers would not run for data that is there),
+and the status page turns red while the data is older (``checkpoints/freshness.py``). Both need a
+run that gets as far as the merge or a look at the page; a sync whose runs fail before it (vtgate
+unreachable) is flagged by Airflow itself with a deadline on each DAG run: a run that has not
+*succeeded* by
 
     its queue time + the sensor's longest wait (when it waits for changes) + ``freshness_sla``
 
@@ -12,6 +14,9 @@ healthy run ends: a quiet source's run waits the sensor's time, then succeeds (s
 and Airflow drops its deadline; a run that commits within the objective succeeds before it. A
 failed run keeps its deadline (Airflow prunes them on success only), so a stalled sync's alert
 fires once per failed run, late by at most the sensor's wait: the page is red at once.
+
+``airflow dags test`` runs without it: Airflow 3.1-3.3's ``dag.test()`` cannot end a run of a DAG
+with a deadline (see ``utils.airflow_compat.DeadlineSafeDAG``, the factory's DAG class).
 """
 
 from __future__ import annotations

@@ -203,8 +203,10 @@ class KeyChangedError(KeyChoiceError):
 
 
 class FreshnessBreachError(VitessProviderError):
-    """The sync's data is older than its ``freshness_sla`` after the merge committed: what was
-    read is kept; the task fails to say so (not retried: a retry changes nothing)."""
+    """The sync's data is older than its ``freshness_sla``. No longer raised by the provider: a
+    merge past its objective succeeds (its asset events must reach the consumers), warns and
+    returns ``breached: true``. Kept importable for code that catches or raises it (a check task
+    of the user's); not retried if raised (a retry changes nothing)."""
 
 
 class ColumnChoiceError(VitessProviderError, ValueError):

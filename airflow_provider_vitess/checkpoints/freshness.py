@@ -11,6 +11,11 @@ A window reads every table of the sync to one end position, so one time serves a
   time the sync had before it. Never later than the truth, at worst older, until a window of the
   chain reaches the stop.
 * a snapshot: the moment it was planned (its copy holds everything committed before).
+* a quiet source, between commits: the changes sensor that streamed the sync's tables from the
+  committed position up to the keyspace's position and found no change proves that every
+  transaction before that position, so before the moment it was taken, is in the targets; it
+  moves *as of* there (:func:`record_quiet`), with no window. Without it a quiet source's runs
+  skip their catch-up and merge, and *as of* would stand still until the next commit.
 
 Times are the worker's (UTC). "Seconds behind" is then the worker's now minus *as of*: both ends
 on one clock, so a skew between the source's clock and the worker's neither makes it negative
@@ -19,6 +24,9 @@ nor adds to it; only the worker clock's own error counts (one NTP-synced host: m
 A freshness objective (``freshness_sla``, seconds, given to the merge task) is breached when the
 data is older than that: kept with the committed position, so the status page can say so while
 the sync's tasks fail (a stalled sync). A quiet source is never a breach: its runs move the time.
+The merge task reports a breach of the window it committed (a warning, ``breached`` in its
+result) and still succeeds: what it committed is there, and its asset events must reach the
+table's consumers. Only a catch-up window can breach it there (:func:`window_breached`).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, update
+from sqlalchemy import Engine, Table, or_, select, update
 
 from airflow_provider_vitess.checkpoints.models import CheckpointRow
 from airflow_provider_vitess.checkpoints.states import WindowKind
+from airflow_provider_vitess.vgtid import Vgtid
 
 STOP_TAKEN_AT = "stop_taken_at"  # window stats: when the stop position was taken (ISO 8601, UTC)
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
@@ -59,7 +68,38 @@ def breached(as_of: datetime | None, sla: float | None, now: datetime) -> bool:
     return sla is not None and behind is not None and behind > sla
 
 
+def window_breached(kind: WindowKind, as_of: datetime | None, sla: float | None, now: datetime) -> bool:
+    """Does the window the merge task just committed breach the objective? Catch-up windows
+    only: a snapshot's *as of* is when it was planned, and a first copy (or a re-copy) takes as
+    long as the tables take; the objective is meant for what follows, the run's own catch-up."""
+    return kind is WindowKind.CATCHUP and breached(as_of, sla, now)
+
+
 def record_sla(engine: Engine, sync_id: str, sla: float | None) -> None:
     """Keep the merge task's objective with the sync's committed position (status page)."""
     with engine.begin() as conn:
         conn.execute(update(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id).values(freshness_sla=sla))
+
+
+def record_quiet(engine: Engine, sync_id: str, watched_from: Vgtid, taken_at: datetime) -> datetime | None:
+    """A read of the sync's tables from ``watched_from`` up to a position taken at ``taken_at``
+    found no change: moves the committed position's *as of* to ``taken_at`` if the sync is still
+    committed at ``watched_from`` (a window committed since has a time of its own) and never
+    backwards. Returns the time the sync had when it moved, else None (nothing written)."""
+    with engine.begin() as conn:
+        row = conn.execute(select(_CHECKPOINT).where(_CHECKPOINT.c.sync_id == sync_id)).first()
+        if row is None or row.as_of is None or row.as_of >= taken_at:
+            return None
+        committed = Vgtid.from_json(row.committed_vgtid)
+        if not (committed.has_reached(watched_from) and watched_from.has_reached(committed)):
+            return None
+        moved = conn.execute(
+            update(_CHECKPOINT)
+            .where(
+                _CHECKPOINT.c.sync_id == sync_id,
+                _CHECKPOINT.c.committed_seq == row.committed_seq,  # no commit in between
+                or_(_CHECKPOINT.c.as_of.is_(None), _CHECKPOINT.c.as_of < taken_at),
+            )
+            .values(as_of=taken_at)
+        ).rowcount
+        return cast(datetime, row.as_of) if moved == 1 else None

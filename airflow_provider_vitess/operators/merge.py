@@ -27,9 +27,8 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_vitess.checkpoints.freshness import breached, seconds_behind
+from airflow_provider_vitess.checkpoints.freshness import seconds_behind, window_breached
 from airflow_provider_vitess.connections import open_store, s3_settings
-from airflow_provider_vitess.exceptions import FreshnessBreachError
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
@@ -119,6 +118,10 @@ class VitessMergeOperator(SparkSubmitOperator):
         task's reads of the manifests.
     :param spark_history_url: a Spark history server (``http://host:18080``): the task's "Spark
         UI" link then opens the merge's application there.
+    :param freshness_sla: seconds: the data may be at most this old once a catch-up window is
+        committed. Past it the task logs a warning and its result says ``"breached": true``; it
+        still succeeds, and emits its asset events (``checkpoints/freshness.py``). The objective
+        is also kept for the status page, and the DAG factory makes it the DAG's deadline alert.
     :param tables: the sync's tables, when known where the DAG is defined: each Delta table is
         then an outlet Asset, and a window that changed a table emits an event for it (extra:
         sync id, window seq and kind, committed VGTID, rows inserted/updated/deleted).
@@ -130,7 +133,8 @@ class VitessMergeOperator(SparkSubmitOperator):
 
     Other arguments are ``SparkSubmitOperator``'s. The Delta package (with Hadoop's S3A for S3
     locations) and session settings are added to ``packages``/``conf`` unless given. Returns
-    (XCom) the merge summary; the committed VGTID is also pushed under the key ``committed_vgtid``.
+    (XCom) the merge summary (with ``as_of``, ``seconds_behind`` and ``breached``); the committed
+    VGTID is also pushed under the key ``committed_vgtid``.
     """
 
     template_fields: Sequence[str] = (
@@ -266,21 +270,29 @@ class VitessMergeOperator(SparkSubmitOperator):
             return {"sync_id": self.sync_id, "merged": None, "committed_seq": outcome.committed_seq}
         assert outcome.committed_vgtid is not None and outcome.kind is not None
         emit_metrics("merge", self.sync_id, {"duration": time.monotonic() - started}, timing=True)
-        behind = seconds_behind(outcome.as_of, datetime.now(timezone.utc))
+        now = datetime.now(timezone.utc)
+        behind = seconds_behind(outcome.as_of, now)
         if behind is not None and outcome.plan is not None:  # per table: a metric names one
             emit_metrics("freshness_seconds", self.sync_id, dict.fromkeys(outcome.plan.targets, behind))
         context["ti"].xcom_push(key="committed_vgtid", value=outcome.committed_vgtid.to_json())
         self._lineage = self._record_lineage(context, runner, outcome)
         report = outcome.report
-        if breached(outcome.as_of, self.freshness_sla, datetime.now(timezone.utc)):
-            with task_failures(self.log):  # after the commit: what was merged stays
-                raise FreshnessBreachError(
-                    f"sync {self.sync_id!r}: its data is as of {outcome.as_of}, {behind} s behind, "
-                    f"past its freshness_sla of {self.freshness_sla} s (window {outcome.seq} is "
-                    "committed). Runs that take longer than the objective, or backlogs read in "
-                    "windows cut short, leave it behind: give the catch-up more max_seconds or "
-                    "max_events, run more often, or raise freshness_sla"
-                )
+        # A breach never fails this task: the window is committed and its asset events must
+        # reach the consumers. It is told here, on the status page and by the DAG's deadline.
+        breach = window_breached(outcome.kind, outcome.as_of, self.freshness_sla, now)
+        if breach:
+            self.log.warning(
+                "sync %r: freshness objective breached: its data is as of %s, %s s behind, past "
+                "its freshness_sla of %s s (window %s is committed, its asset events emitted). Runs "
+                "that take longer than the objective, or backlogs read in windows cut short, leave "
+                "it behind: give the catch-up more max_seconds or max_events, run more often, or "
+                "raise freshness_sla",
+                self.sync_id,
+                outcome.as_of,
+                behind,
+                self.freshness_sla,
+                outcome.seq,
+            )
         return {
             "sync_id": self.sync_id,
             "merged": outcome.seq,
@@ -288,6 +300,8 @@ class VitessMergeOperator(SparkSubmitOperator):
             "committed_vgtid": outcome.committed_vgtid.to_json(),
             "as_of": None if outcome.as_of is None else outcome.as_of.isoformat(),
             "seconds_behind": behind,
+            "freshness_sla": self.freshness_sla,
+            "breached": breach,
             "report": {} if report is None else json.loads(report.to_json()),
         }
 

@@ -4,19 +4,23 @@
 the sync's table filter (:mod:`..vstream.changes`). Deferrable, it waits in the triggerer
 (:class:`VitessChangesTrigger`); otherwise each poke reads on from where the last one stopped.
 Only "no change within ``timeout``" may end the wait without success (skipped with
-``skip_on_timeout``); every other outcome fails the task. Arguments, reasons and the summary it
-returns: ``docs/reference.md``.
+``skip_on_timeout``); every other outcome fails the task. A "no change" read up to the keyspace's
+position, taken when the wait began, proves the sync's data fresh up to that moment: with
+``sync_id`` it is recorded as the sync's *as of* (``checkpoints/freshness.record_quiet``), so a
+quiet source's runs, which skip their catch-up and merge, do not leave it behind. Arguments,
+reasons and the summary it returns: ``docs/reference.md``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_provider_vitess.checkpoints.freshness import record_quiet
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -139,6 +143,7 @@ class VitessChangesSensor(BaseSensorOperator):
         # Poke mode: the position of the first poke (what "no change" must have read up to) and
         # how far the pokes read.
         self._watch_stop: Vgtid | None = None
+        self._watch_stop_at: datetime | None = None  # when it was taken
         self._read_to: Vgtid | None = None
         # Tables under column control: their key columns only are streamed (read with the
         # committed position from the sync's config; capture/columns.watched_columns).
@@ -190,13 +195,34 @@ class VitessChangesSensor(BaseSensorOperator):
 
     # ----- deferrable ---------------------------------------------------------------------
 
-    def _no_change(self) -> Exception:
+    def _no_change(self, watched_from: Vgtid | None = None, taken_at: datetime | None = None) -> Exception:
+        """The end of a wait that read from ``watched_from`` up to the position taken at
+        ``taken_at`` and found no change: recorded as the sync's freshness (after the check
+        for moved tables: their silence proves nothing)."""
         with task_failures(self.log):
             self.refuse_moved_tables()  # "no change" is also what tables moved away look like
+            self._record_quiet(watched_from, taken_at)
         message = f"No change to {self.keyspace}.{','.join(self.tables)} within {self.timeout:g} s"
         if self.skip_on_timeout:
             return AirflowSkipException(f"{message}: nothing to do, the rest of this run is skipped")
         return AirflowSensorTimeout(message)
+
+    def _record_quiet(self, watched_from: Vgtid | None, taken_at: datetime | None) -> None:
+        if self.sync_id is None or watched_from is None or taken_at is None:
+            return
+        store = CheckpointStore(store_url(self.checkpoint_conn_id))
+        try:
+            before = record_quiet(store.engine, self.sync_id, watched_from, taken_at)
+        finally:
+            store.close()
+        if before is not None:
+            self.log.info(
+                "Sync %r: no change of its tables up to the position taken at %s: its data is as "
+                "of then (it was as of %s)",
+                self.sync_id,
+                taken_at.isoformat(),
+                before.isoformat(),
+            )
 
     def execute(self, context: Context) -> Any:
         with task_failures(self.log):
@@ -212,7 +238,7 @@ class VitessChangesSensor(BaseSensorOperator):
                 unscanned = unscanned_verdict(self.keyspace, self._read_to, self._watch_stop)
                 if unscanned is not None:
                     return self._done(unscanned)
-                raise self._no_change() from None
+                raise self._no_change(committed, self._watch_stop_at) from None
         self.log.info("Deferring until %s.%s changes", self.keyspace, ",".join(self.tables))
         self.defer(
             trigger=VitessChangesTrigger(
@@ -233,7 +259,11 @@ class VitessChangesSensor(BaseSensorOperator):
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger: the change it saw becomes the task's result."""
         if event and event.get("status") == "timeout":
-            raise self._no_change()
+            watched_from, taken_at = event.get("watched_from"), event.get("watched_at")
+            raise self._no_change(
+                Vgtid.from_json(watched_from) if watched_from else None,
+                datetime.fromisoformat(taken_at) if taken_at else None,
+            )
         if not event or event.get("status") != "change":
             message = (event or {}).get("message", "the trigger ended without an event")
             failure = f"Watching {self.keyspace} for changes failed: {message}"
@@ -263,6 +293,7 @@ class VitessChangesSensor(BaseSensorOperator):
     def read_once(self, hook: VitessHook, committed: Vgtid) -> Change | None:
         """One bounded read: the first change between ``committed`` and now, or None."""
         target = StreamTarget.of(hook.config)
+        taken_at = datetime.now(timezone.utc)  # before asking: never late
         stop = capture_stop_position(
             hook.open_vstream_raw, self.keyspace, target=target, timeout=self.poke_read_seconds
         )
@@ -270,7 +301,7 @@ class VitessChangesSensor(BaseSensorOperator):
         if lag is not None:
             return lag
         if self._watch_stop is None:
-            self._watch_stop = stop
+            self._watch_stop, self._watch_stop_at = stop, taken_at
         start = self._scanned.get(committed.to_json(), committed)
         self._read_to = start
         if start.has_reached(stop):

@@ -12,6 +12,10 @@ it reports ``timeout`` ("no change") only if its stream read up to that position
 behind it (other tables' traffic on the shard takes longer to scan than the timeout) fires a
 ``scan_unfinished`` change instead, so the run goes on and its catch-up reads the rest.
 
+A ``timeout`` event says how far "no change" holds: ``watched_to``, the position its stream
+read up to, and ``watched_at``, when that position was taken (this host's clock, just before it
+asked): the sensor records it as the sync's freshness (``checkpoints/freshness.record_quiet``).
+
 The trigger holds only the connection id: the triggerer rebuilds the hook and reads the
 connection itself (asynchronously), so no credential is ever serialized. Transient gRPC
 errors reopen the stream from the last VGTID seen (no change before it, so nothing is lost);
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import grpc
@@ -108,6 +113,7 @@ class VitessChangesTrigger(BaseTrigger):
         self._failing: str | None = None
         # What the wait must read up to before "no change" is an answer, and how far it read.
         self._watch_stop: Vgtid | None = None
+        self._watch_stop_at: datetime | None = None  # when it was taken
         self._read: tuple[ChangeDetector, Vgtid] | None = None  # the detector and its start
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -156,7 +162,13 @@ class VitessChangesTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "change", **unscanned.summary()})
                 return
             self.log.info("No change to %s before the sensor's timeout", self._describe())
-            yield TriggerEvent({"status": "timeout", "message": f"no change to {self._describe()}"})
+            event: dict[str, Any] = {"status": "timeout", "message": f"no change to {self._describe()}"}
+            if self._watch_stop is not None and self._watch_stop_at is not None:
+                # Read up to it (unscanned_verdict): no change before the moment it was taken.
+                event["watched_from"] = self.start_vgtid
+                event["watched_to"] = self._watch_stop.to_json()
+                event["watched_at"] = self._watch_stop_at.isoformat()
+            yield TriggerEvent(event)
             return
         except (VitessProviderError, grpc.RpcError) as exc:
             self.log.error("Watching %s for changes failed: %s", self._describe(), exc)
@@ -201,7 +213,9 @@ class VitessChangesTrigger(BaseTrigger):
                     if self._watch_stop is None:
                         # "No change" needs a read up to here (see the module docstring); its
                         # errors are the stream's (reconnects, the credentials hint).
+                        taken_at = datetime.now(timezone.utc)  # before asking: never late
                         self._watch_stop = await current_position(client, self.keyspace, target)
+                        self._watch_stop_at = taken_at
                     async for response in call:
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:

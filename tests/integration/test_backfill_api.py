@@ -92,6 +92,43 @@ dag = vitess_sync_dag(
 """
 
 
+# A sync with a freshness objective every catch-up breaches (issue 38 item 3), and a consumer DAG
+# on its table's Asset, run by the scheduler: the breached merge succeeds, its asset event runs the
+# consumer, and the DAG's deadline (the factory's, from freshness_sla) does not stop the scheduler.
+FRESH_DAG_ID = FRESH_SYNC = "fresh_sched_sync"
+FRESH_TABLE = "fresh_sched_orders"
+FRESH_DAG_FILE = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
+
+dag = vitess_sync_dag(
+    "{dag_id}",
+    keyspace="commerce",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    sensor_timeout=300,
+    freshness_sla=0.01,
+    default_args={{"retries": 0}},
+    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
+    merge_kwargs={merge_kwargs},
+)
+"""
+FRESH_CONSUMER_FILE = """
+from airflow.sdk import DAG, Asset, task
+
+with DAG("on_{table}", schedule=[Asset("file://{lake}/delta/{table}")]) as dag:
+
+    @task
+    def read():
+        return "read"
+
+    read()
+"""
+
+
 def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
@@ -134,6 +171,11 @@ def services(
             dag_id=GROUPED_DAG_ID, table=GROUPED_TABLE, lake=lake / "grouped", merge_kwargs=CONNECT_MERGE
         ),
     )
+    fresh = FRESH_DAG_FILE.format(
+        dag_id=FRESH_DAG_ID, table=FRESH_TABLE, lake=lake / "fresh", merge_kwargs=CONNECT_MERGE
+    )
+    env.write_dag(FRESH_DAG_ID, fresh)
+    env.write_dag(f"on_{FRESH_TABLE}", FRESH_CONSUMER_FILE.format(table=FRESH_TABLE, lake=lake / "fresh"))
     # Two mapped group tasks of a window run at once only if the executor and the DAG allow it.
     with airflow_services(env, extra_env={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4"}) as running:
         yield running, lake
@@ -396,3 +438,78 @@ def test_grouped_sync_reads_its_groups_at_once_in_separate_workers(
     assert store.open_window(GROUPED_SYNC) is None
     api.pause(GROUPED_DAG_ID)
     print("\n".join(overlaps) + f"\ngrouped test: {time.monotonic() - began:.1f} s")
+
+
+def _deadlines(api: AirflowServices, dag_id: str, run_id: str) -> int:
+    """The Deadline rows Airflow keeps for a run, in its metadata database (read only)."""
+    engine = sqlalchemy.create_engine(api.airflow.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sqlalchemy.text(
+                        "SELECT COUNT(*) FROM deadline d JOIN dag_run r ON r.id = d.dagrun_id "
+                        "WHERE r.dag_id = :dag AND r.run_id = :run"
+                    ),
+                    {"dag": dag_id, "run": run_id},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_breached_merge_succeeds_and_its_asset_event_runs_the_consumer_under_the_scheduler(
+    services: tuple[AirflowServices, Path], hook: VitessHook
+) -> None:
+    """Issue 38 item 3, the scheduler's path: a factory DAG with a tiny ``freshness_sla`` (each
+    catch-up breaches it) and the deadline the factory sets. The run succeeds, its breached
+    merge says so and records the table's asset event, and the consumer scheduled on the Asset
+    runs for that event. (Before: the merge failed after its commit, no event, no consumer.)"""
+    api, lake = services
+    consumer = f"on_{FRESH_TABLE}"
+    group_execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{FRESH_TABLE}",
+        f"CREATE TABLE commerce.{FRESH_TABLE} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(16))",
+        f"INSERT INTO commerce.{FRESH_TABLE} (id, note) VALUES (1, 'a'), (2, 'b')",
+    )
+    api.wait_for_dag(FRESH_DAG_ID)
+    api.wait_for_dag(consumer)
+    api.unpause(FRESH_DAG_ID)
+    run_id = api.trigger(FRESH_DAG_ID)["dag_run_id"]
+    deadline = time.monotonic() + 240
+    while (states := api.task_states(FRESH_DAG_ID, run_id)).get("merge_snapshot") != "success":
+        api.check_alive()
+        assert "failed" not in states.values(), api.explain_run(FRESH_DAG_ID, run_id)
+        assert time.monotonic() < deadline, f"no snapshot merged after 240 s: {states}"
+        time.sleep(0.5)
+    # The scheduler gave the run the factory's deadline (the DAG's class keeps it outside tests).
+    assert _deadlines(api, FRESH_DAG_ID, run_id) == 1
+    # The consumer is unpaused only now: Airflow queues runs of unpaused DAGs only, so its run
+    # below comes from the catch-up's breached merge, not from the snapshot's event.
+    api.unpause(consumer)
+    assert api.dag_runs(consumer) == []
+    group_execute(hook, f"INSERT INTO commerce.{FRESH_TABLE} (id, note) VALUES (3, 'c'), (4, 'd'), (5, 'e')")
+    [run] = api.wait_for_runs(FRESH_DAG_ID, 1, timeout=300)
+    assert run["state"] == "success", api.explain_run(FRESH_DAG_ID, run_id)
+    states = api.task_states(FRESH_DAG_ID, run_id)
+    assert (states["wait_for_changes"], states["catch_up"], states["merge"]) == ("success",) * 3, states
+    merged = api.api(
+        "GET", f"/api/v2/dags/{FRESH_DAG_ID}/dagRuns/{run_id}/taskInstances/merge/xcomEntries/return_value"
+    )["value"]
+    assert (merged["kind"], merged["breached"], merged["freshness_sla"]) == ("catchup", True, 0.01)
+    [table_report] = merged["report"]["windows"][-1]["tables"]
+    assert table_report["rows_inserted"] == 3, merged["report"]
+
+    [ran] = api.wait_for_runs(consumer, 1, timeout=120)
+    assert ran["state"] == "success" and ran["run_type"] == "asset_triggered", ran
+    events = api.api("GET", f"/api/v2/dags/{consumer}/dagRuns/{ran['dag_run_id']}/upstreamAssetEvents")
+    # The events since the asset's last consumption: the snapshot's (which queued nothing: the
+    # consumer was paused) and the breached merge's, which queued this run.
+    extras = sorted((e["extra"] for e in events["asset_events"]), key=lambda x: x["window_seq"])
+    assert [(x["sync_id"], x["kind"], x["window_seq"]) for x in extras] == [
+        (FRESH_SYNC, "snapshot", 1),
+        (FRESH_SYNC, "catchup", merged["merged"]),
+    ], extras
+    assert (extras[-1]["rows_inserted"], extras[-1]["rows_updated"], extras[-1]["rows_deleted"]) == (3, 0, 0)
+    assert_delta_equals_source(hook, "commerce", [FRESH_TABLE], lake / "fresh" / "delta")

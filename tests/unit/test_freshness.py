@@ -1,16 +1,24 @@
-"""The "as of" rule of a window (``checkpoints/freshness.py``), case by case."""
+"""The "as of" rule of a window (``checkpoints/freshness.py``), case by case, and a quiet
+source's proof (``record_quiet``)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import cast
 
-from airflow_provider_vitess.checkpoints import WindowKind
+from sqlalchemy import Table, insert
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, history
 from airflow_provider_vitess.checkpoints.freshness import (
     STOP_TAKEN_AT,
     breached,
+    record_quiet,
     seconds_behind,
     window_as_of,
 )
+from airflow_provider_vitess.checkpoints.models import CheckpointRow
+from airflow_provider_vitess.vgtid import Vgtid
 
 PLANNED = datetime(2026, 11, 28, 10, 0, 5, tzinfo=timezone.utc)
 TAKEN = datetime(2026, 11, 28, 10, 0, 4, 250000, tzinfo=timezone.utc)
@@ -45,3 +53,34 @@ def test_an_objective_is_breached_only_when_the_data_is_older() -> None:
     assert not breached(PLANNED, 60, PLANNED + timedelta(seconds=60))
     assert not breached(PLANNED, None, PLANNED + timedelta(days=1)), "no objective"
     assert not breached(None, 60, PLANNED), "no data yet"
+
+
+def test_a_quiet_read_moves_as_of_forward_only_at_the_position_it_watched_from(tmp_path: Path) -> None:
+    """Issue 38 item 4a: a sensor that read from the committed position to one taken later and
+    found no change moves *as of* to that time; never backwards, never past a window committed
+    since (its position is not the one watched from), and a sync never committed has none."""
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    at = '[{"keyspace":"ks","shard":"0","gtid":"MariaDB/0-1-7"}]'
+    assert record_quiet(store.engine, "s", Vgtid.from_json(at), TAKEN) is None  # no sync yet
+    store.ensure_sync("s", "ks", ["t"], {})
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(cast(Table, CheckpointRow.__table__)).values(
+                sync_id="s", committed_vgtid=at, committed_seq=3, updated_at=PLANNED, as_of=PLANNED
+            )
+        )
+
+    def as_of() -> datetime | None:
+        point = history.checkpoint(store.engine, "s")
+        return None if point is None else point.as_of
+
+    later = PLANNED + timedelta(seconds=90)
+    elsewhere = Vgtid.from_json('[{"keyspace":"ks","shard":"0","gtid":"MariaDB/0-1-9"}]')
+    assert record_quiet(store.engine, "s", elsewhere, later) is None, "a commit since: its own time"
+    assert as_of() == PLANNED
+    assert record_quiet(store.engine, "s", Vgtid.from_json(at), later) == PLANNED
+    assert as_of() == later
+    assert record_quiet(store.engine, "s", Vgtid.from_json(at), PLANNED + timedelta(seconds=30)) is None
+    assert as_of() == later, "never backwards"
+    store.close()

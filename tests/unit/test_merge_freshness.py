@@ -1,4 +1,6 @@
-"""The merge operator and its freshness objective: past it, the task fails after its commit."""
+"""The merge operator and its freshness objective: past it, the task still succeeds (its window
+is committed and its asset events must reach the consumers), warns, and says ``breached``; a
+snapshot window never breaches it (issue 38, item 3)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.exceptions import AirflowFailException
 
 from airflow_provider_vitess.checkpoints import WindowKind
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
@@ -27,13 +28,19 @@ class _Ti:
         self.pushed[key] = value
 
 
-def _execute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, behind: float, sla: float | None) -> Any:
+def _execute(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    behind: float,
+    sla: float | None,
+    kind: WindowKind = WindowKind.CATCHUP,
+) -> Any:
     from airflow_provider_vitess.operators.merge import VitessMergeOperator
 
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_X", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     as_of = datetime.now(timezone.utc) - timedelta(seconds=behind)
-    outcome = MergeOutcome(3, 3, WindowKind.CATCHUP, COMMITTED, None, "committed window(s) 3", as_of=as_of)
+    outcome = MergeOutcome(3, 3, kind, COMMITTED, None, "committed window(s) 3", as_of=as_of)
     monkeypatch.setattr(MergeRunner, "run", lambda self, submit: outcome)
     op = VitessMergeOperator(
         task_id="merge", sync_id="s", target_location=str(tmp_path), conn_id="spark_x", freshness_sla=sla
@@ -49,14 +56,33 @@ def test_within_the_objective_the_task_returns_the_time(
 ) -> None:
     result = _execute(monkeypatch, tmp_path, behind=5, sla=60)
     assert result["merged"] == 3 and 5 <= result["seconds_behind"] < 60
+    assert (result["freshness_sla"], result["breached"]) == (60, False)
     assert datetime.fromisoformat(result["as_of"]) < datetime.now(timezone.utc)
-    assert _execute(monkeypatch, tmp_path, behind=500, sla=None)["seconds_behind"] >= 500
+    unbounded = _execute(monkeypatch, tmp_path, behind=500, sla=None)
+    assert unbounded["seconds_behind"] >= 500 and unbounded["breached"] is False
 
 
-def test_past_the_objective_the_task_fails_after_the_commit(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_past_the_objective_the_task_succeeds_warns_and_says_breached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(
-        AirflowFailException, match=r"FreshnessBreachError: sync 's': .* past its freshness_sla of 60"
-    ):
-        _execute(monkeypatch, tmp_path, behind=90, sla=60)
+    result = _execute(monkeypatch, tmp_path, behind=90, sla=60)
+    assert (result["merged"], result["breached"], result["freshness_sla"]) == (3, True, 60)
+    assert result["seconds_behind"] >= 90
+    (warning,) = _warnings(capsys)  # the task's log (structlog, to the captured output)
+    assert "sync 's': freshness objective breached: its data is as of " in warning
+    assert "past its freshness_sla of 60 s (window 3 is committed, its asset events emitted)" in warning
+
+
+def test_a_snapshot_window_never_breaches_the_objective(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _execute(monkeypatch, tmp_path, behind=900, sla=60, kind=WindowKind.SNAPSHOT)
+    assert (result["kind"], result["breached"], result["seconds_behind"] >= 900) == ("snapshot", False, True)
+    assert _warnings(capsys) == []
+
+
+def _warnings(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert any("sync 's': committed window(s) 3" in line for line in lines), lines  # the log is here
+    return [line for line in lines if "[warning" in line and "outside of the Task Runner" not in line]
