@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_provider_vitess.capture.group_layout import GroupSplit
 from airflow_provider_vitess.capture.groups import assemble, window_for_group
-from airflow_provider_vitess.capture.outcome import WindowOutcome
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.checkpoints import WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
@@ -35,14 +35,18 @@ log = logging.getLogger(__name__)
 class GroupedSnapshot(SnapshotRun):
     """The plan step and the per-group copy of a snapshot copied by shard groups."""
 
-    def plan_snapshot(self, split: GroupSplit, tables: Sequence[str] | None = None) -> list[int]:
+    def plan_snapshot(
+        self, split: GroupSplit, tables: Sequence[str] | None = None, need: SnapshotNeed | None = None
+    ) -> list[int]:
         """Under the sync's lock: the unfinished snapshot window, or a new one of ``tables``
         (default: all) planned with its group layout; returns its groups (``[0]``: a window
-        copied by one process). A window whose groups are all staged is assembled first."""
+        copied by one process). A window whose groups are all staged is assembled first; an
+        unmerged one that is not what ``need`` asks is replaced (``_replace_unmerged``)."""
         chosen = self._chosen(tables)
         chosen_keys = self._check_source()
         with self._locked():
             assemble(self.store, self.spec.sync_id, self._windows)
+            chosen = self._replace_unmerged(chosen_keys, need) or chosen
             found = self._window_to_read(
                 WindowKind.SNAPSHOT,
                 chosen_keys,

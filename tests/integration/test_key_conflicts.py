@@ -5,12 +5,19 @@ MySQL enforces a PRIMARY KEY per shard: a table sharded by ``customer_id`` whose
 merge kept one of the two rows and the run was green. Now the merge refuses, naming table, key
 value and both shards, in a snapshot and in a catch-up window; and the remedy the error names (a
 key override that adds the vindex column) gives a Delta table equal to ``SELECT *``.
+
+Through the DAG factory, as a user runs it: the first run's ``merge_snapshot`` fails with the
+conflict; the user edits the DAG as the error says and triggers it with
+``{"resnapshot_tables": [t]}``; that run replaces the staged snapshot window (before, it handed the
+same window, with the key it was staged with, back to the merge, which failed the same way run
+after run), and Delta equals ``SELECT *``. With one process and with shard groups.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,8 +26,9 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
-from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import KeyConflictError
+from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
@@ -28,6 +36,12 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
+from tests.integration.airflow_env import (
+    CONNECT_MERGE,
+    AirflowEnv,
+    assert_succeeded,
+    make_airflow_env,
+)
 from tests.integration.delta_check import spark_session
 
 pytestmark = pytest.mark.integration
@@ -37,31 +51,36 @@ TABLE = "dupkey_orders"
 CUSTOMER_A, CUSTOMER_B = 1, 4
 
 
-@pytest.fixture
-def hook(vitess: LocalVitess) -> Any:
-    hook = wl.hook_for(vitess, "vitess_dupkey")
+def _create(hook: Any, table: str) -> None:
+    """``table`` sharded by hash(customer_id), its primary key ``order_id`` alone, 20 rows."""
     wl.execute(
         hook,
-        f"DROP TABLE IF EXISTS customer.{TABLE}",
-        f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
+        f"DROP TABLE IF EXISTS customer.{table}",
+        f"CREATE TABLE customer.{table} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
         "note VARCHAR(32), PRIMARY KEY (order_id))",
     )
     try:  # the vschema outlives a dropped table
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
+        wl.execute(hook, f"ALTER VSCHEMA ON customer.{table} ADD VINDEX hash(customer_id) USING hash")
     except sqlalchemy.exc.DBAPIError as exc:
         if "already" not in str(exc):
             raise
     values = ", ".join(
         f"({oid}, {CUSTOMER_A if oid % 2 else CUSTOMER_B}, 'row {oid}')" for oid in range(1, 21)
     )
-    wl.execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
+    wl.execute(hook, f"INSERT INTO customer.{table} (order_id, customer_id, note) VALUES {values}")
+
+
+@pytest.fixture
+def hook(vitess: LocalVitess) -> Any:
+    hook = wl.hook_for(vitess, "vitess_dupkey")
+    _create(hook, TABLE)
     return hook
 
 
-def _insert(hook: Any, order_id: int, customer_id: int) -> None:
+def _insert(hook: Any, order_id: int, customer_id: int, table: str = TABLE) -> None:
     wl.execute(
         hook,
-        f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) "
+        f"INSERT INTO customer.{table} (order_id, customer_id, note) "
         f"VALUES ({order_id}, {customer_id}, 'dup {order_id}/{customer_id}')",
     )
 
@@ -175,3 +194,87 @@ def test_key_with_the_vindex_column_keeps_both_rows(hook: Any, tmp_path: Path) -
     keys = ["order_id", "customer_id"]
     rows = wl.assert_equal_to_source(spark, hook, "customer", TABLE, str(root / TABLE), keys)
     assert rows == 23
+
+
+# -- through Airflow: the DAG factory, dag.test(), the remedy as the error words it -------------
+
+DAG_FILE = """
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+{dag_id} = vitess_sync_dag(
+    "{dag_id}",
+    keyspace="customer",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    key_overrides={overrides!r},
+    capture_parallelism={parallelism},
+    schedule=None,
+    wait_for_changes=False,
+    default_args={{"retries": 0}},
+    merge_kwargs={merge},
+)
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow(vitess: LocalVitess, spark_connect: str, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+    # Merges on Spark Connect: no JVM per merge task.
+    return make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
+
+
+@pytest.fixture(scope="module")
+def dag_hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    yield wl.hook_for(vitess, "vitess_remedy")
+
+
+@pytest.mark.parametrize("parallelism", [1, 2], ids=["one_process", "shard_groups"])
+def test_the_remedy_the_conflict_names_heals_the_sync_through_the_dag(
+    airflow: AirflowEnv, dag_hook: VitessHook, parallelism: int, tmp_path: Path
+) -> None:
+    table = f"remedy_orders_{parallelism}"
+    dag_id = f"remedy_dupkey_{parallelism}"
+    _create(dag_hook, table)
+    _insert(dag_hook, 7, CUSTOMER_B, table)  # order 7 is on CUSTOMER_A's shard already
+    lake = tmp_path / "lake"
+
+    def write(overrides: dict[str, Any]) -> None:
+        airflow.write_dag(
+            dag_id,
+            DAG_FILE.format(
+                dag_id=dag_id,
+                table=table,
+                lake=lake,
+                overrides=overrides,
+                parallelism=parallelism,
+                merge=CONNECT_MERGE,
+            ),
+        )
+
+    write({})
+    first = airflow.run_dag(dag_id)
+    assert_succeeded(first, "snapshot", *(["plan_snapshot"] if parallelism > 1 else []))
+    assert first["tasks"]["merge_snapshot"] == "failed", first["tasks"]
+    log = str(first["log"])
+    assert "KeyConflictError" in log and f"table {table!r}: key (order_id) = (7) is held by shards" in log
+    assert "source_unique_key_columns" in log and "resnapshot_tables" in log
+
+    # What the error says: the vindex column in the key, and a re-snapshot of the table.
+    write({table: {"source_unique_key_columns": ["order_id", "customer_id"]}})
+    second = airflow.run_dag(dag_id, conf={"resnapshot_tables": [table]})
+    assert_succeeded(second, "snapshot", "merge_snapshot", "catch_up", "merge")
+    rows = wl.assert_equal_to_source(
+        spark_session(), dag_hook, "customer", table, str(lake / "delta" / table), ["order_id", "customer_id"]
+    )
+    assert rows == 21
+    # The refused window was replaced, not merged: FAILED, its files gone; the new one committed.
+    store = CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
+    refused = store.window(dag_id, 1)
+    assert refused.state is WindowState.FAILED and "key is now ['order_id', 'customer_id']" in str(
+        refused.error
+    ), refused
+    assert not (lake / "staging" / dag_id / "window=0000000001").exists()
+    committed = store.window(dag_id, 2)
+    assert committed.kind.value == "snapshot" and committed.state is WindowState.COMMITTED
+    assert committed.stats["keys"][table]["source_columns"] == ["order_id", "customer_id"]
+    wl.execute(dag_hook, f"DROP TABLE IF EXISTS customer.{table}")
