@@ -277,11 +277,11 @@ def changed_choice(
     keys: Mapping[str, KeyChoice],
     chosen: Mapping[str, ColumnChoice],
     config: Mapping[str, Any],
-) -> str | None:
+) -> tuple[str, str] | None:
     """How the key or column choice of an unmerged snapshot window's ``tables`` differs from
-    the one given now (``keys``, ``chosen``), or None. A STAGED window's choice is the one in its
-    stats (the one its merge would use); a PLANNED one's is the sync's record (``config``), which
-    a snapshot being read keeps until it is staged."""
+    the one given now (``keys``, ``chosen``): ``("key" or "columns", what)``, or None. A STAGED
+    window's choice is the one in its stats (the one its merge would use); a PLANNED one's is
+    the sync's record (``config``), which a snapshot being read keeps until it is staged."""
     source = window.stats if window.state is WindowState.STAGED else {}
     key_record = dict(source.get(WINDOW_KEYS) or config.get("keys") or {})
     if window.state is WindowState.STAGED:
@@ -294,16 +294,15 @@ def changed_choice(
         if before is not None and now is not None:
             was = KeyChoice.from_dict(before)
             if was.columns() != now.columns():
-                return f"table {table!r}'s key is now {now.describe()}, not {was.describe()}"
+                return "key", f"table {table!r}'s key is now {now.describe()}, not {was.describe()}"
         choice = chosen.get(table)
         given = choice.given if choice is not None else ALL_COLUMNS
         record = dict(column_record.get(table) or ALL_COLUMNS.record())
         if given.record() != {k: record.get(k) for k in ("include", "exclude", "hash")} and not (
             choice is not None and choice.same_effect(record)
         ):
-            return (
-                f"table {table!r}'s column choice is now {given.describe()}, not {_describe_record(record)}"
-            )
+            old = _describe_record(record)
+            return "columns", f"table {table!r}'s column choice is now {given.describe()}, not {old}"
     return None
 
 

@@ -159,7 +159,8 @@ class SnapshotRun(SyncRun):
         tables = self._window_tables(window.seq)
         wanted = () if need is None else need.fresh
         missing = [t for t in wanted if t not in tables]
-        why = changed_choice(window, tables, chosen_keys, self._columns, self._config())
+        changed = changed_choice(window, tables, chosen_keys, self._columns, self._config())
+        why = None if changed is None else changed[1]
         if why is None and missing:
             why = f"table(s) {missing} asked for and not in it"
         if why is None and need is not None and need.asked and window.state is WindowState.STAGED:

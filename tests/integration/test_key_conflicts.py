@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 import sqlalchemy
 
+from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
-from airflow_provider_vitess.exceptions import KeyConflictError
+from airflow_provider_vitess.exceptions import KeyChangedError, KeyConflictError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.job.run import merge
@@ -194,6 +195,43 @@ def test_key_with_the_vindex_column_keeps_both_rows(hook: Any, tmp_path: Path) -
     keys = ["order_id", "customer_id"]
     rows = wl.assert_equal_to_source(spark, hook, "customer", TABLE, str(root / TABLE), keys)
     assert rows == 23
+
+
+def test_a_group_copies_with_its_plans_key_and_a_new_plan_replaces_the_window(
+    hook: Any, tmp_path: Path
+) -> None:
+    """Shard groups: a group task whose key is not the one its window was planned with refuses
+    to copy (its part would be merged by the siblings' key), naming the way out; the next
+    ``plan_snapshot`` with the new key replaces the unmerged window, and every group copies with
+    the new key."""
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    sync_id = f"dupkey-groups-{uuid.uuid4().hex[:8]}"
+    fixed = {TABLE: KeyOverrides(source_unique_key_columns=("order_id", "customer_id"))}
+
+    def copier(overrides: dict[str, KeyOverrides]) -> GroupedSnapshot:
+        spec = SyncSpec(sync_id, "customer", (TABLE,), str(tmp_path / "stage"), key_overrides=overrides)
+        return GroupedSnapshot(hook, store, spec, holder="test-dupkey-groups")
+
+    assert copier({}).plan_snapshot(2) == [0, 1]
+    copier({}).copy_group(0)
+    with pytest.raises(KeyChangedError) as refused:
+        copier(fixed).copy_group(1)
+    message = str(refused.value)
+    assert "snapshot window 1 was planned with another choice than group 1's task has now" in message
+    assert "key is now ['order_id', 'customer_id'], not ['order_id']" in message, message
+    assert "plan_snapshot replaces the unmerged window" in message
+    assert store.window_groups(sync_id, 1)[1].state is WindowState.PLANNED  # nothing copied
+
+    assert copier(fixed).plan_snapshot(2) == [0, 1]
+    replaced = store.window(sync_id, 1)
+    assert replaced.state is WindowState.FAILED and "key is now" in str(replaced.error)
+    assert not (tmp_path / "stage" / sync_id / "window=0000000001").exists()
+    for group in (0, 1):
+        copier(fixed).copy_group(group)
+    parts = store.window_groups(sync_id, 2)
+    assert [p.state for p in parts] == [WindowState.STAGED, WindowState.STAGED]
+    assert {tuple(p.stats["keys"][TABLE]["source_columns"]) for p in parts} == {("order_id", "customer_id")}
+    assert sum(p.stats["rows"] for p in parts) == 20
 
 
 # -- through Airflow: the DAG factory, dag.test(), the remedy as the error words it -------------
