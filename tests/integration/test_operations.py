@@ -28,6 +28,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, Win
 from airflow_provider_vitess.exceptions import (
     KeyChangedError,
     MergeSchemaError,
+    TableListChangedError,
     TargetIntegrityError,
     UnnamedColumnsError,
     VStreamError,
@@ -452,4 +453,35 @@ def test_a_type_the_target_cannot_take_is_refused_and_the_resnapshot_it_names_he
     sync.merge()
     sync.assert_equal()
     execute(hook, f"DROP TABLE IF EXISTS commerce.{table}")
+    store.close()
+
+
+def test_a_table_that_joined_is_refused_by_a_catch_up_and_the_resnapshot_it_names_heals(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    """A table added to a streaming sync, met first by a catch-up (a DAG of one's own without a
+    snapshot task): refused (``TableListChangedError``) naming the trigger conf, in JSON as the
+    trigger form takes it; doing that gives Delta == ``SELECT *`` for both tables."""
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"remedy-joined-{uuid.uuid4().hex[:8]}", "commerce", (B,), str(tmp_path / "stage"))
+    sync = Sync(hook, tmp_path, spec, store, random.Random(spec.sync_id))
+    sync.runner().snapshot()
+    sync.merge()
+    sync.spec = replace(spec, tables=(A, B))  # the DAG's tables now
+    sync.workload()
+    with pytest.raises(TableListChangedError) as refused:
+        sync.runner().catch_up()
+    message = str(refused.value)
+    assert f"table(s) ['{A}'] joined the sync's tables" in message, message
+    assert f'trigger it with {{"resnapshot_tables": ["{A}"]}}' in message, message
+    assert json.loads(message.split("trigger it with ", 1)[1]) == {"resnapshot_tables": [A]}
+    assert store.open_window(spec.sync_id) is None  # nothing was read
+
+    sync.runner().snapshot(tables=json.loads(message.split("trigger it with ", 1)[1])["resnapshot_tables"])
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    sync.workload()
+    sync.runner().catch_up()
+    sync.merge()
+    sync.assert_equal((A, B))
     store.close()
