@@ -34,6 +34,7 @@ from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.staging import read_table
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
@@ -232,6 +233,75 @@ def test_a_group_copies_with_its_plans_key_and_a_new_plan_replaces_the_window(
     assert [p.state for p in parts] == [WindowState.STAGED, WindowState.STAGED]
     assert {tuple(p.stats["keys"][TABLE]["source_columns"]) for p in parts} == {("order_id", "customer_id")}
     assert sum(p.stats["rows"] for p in parts) == 20
+
+
+SIDE = "remedy_side"  # a second table of the sync: it keeps the sync's committed position
+
+
+def test_a_refused_resnapshot_of_a_streaming_sync_is_replaced_and_the_committed_position_stays(
+    hook: Any, tmp_path: Path
+) -> None:
+    """A re-snapshot of one table of a streaming sync whose merge is refused (a duplicate key
+    came in since the first copy): the remedy (the vindex column in the key, ``resnapshot_tables``
+    again, as the snapshot task asks it) replaces the staged re-snapshot; the committed position
+    is the one before (the other table is only there), and the next catch-up brings both tables
+    to ``SELECT *``."""
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS customer.{SIDE}",
+        f"CREATE TABLE customer.{SIDE} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(32))",
+    )
+    try:  # the vschema outlives a dropped table
+        wl.execute(hook, f"ALTER VSCHEMA ON customer.{SIDE} ADD VINDEX hash(id) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+    wl.execute(hook, f"INSERT INTO customer.{SIDE} (id, note) VALUES (1, 'one'), (2, 'two')")
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    store.migrate()
+    sync_id = f"dupkey-streaming-{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "delta"
+    fixed = {TABLE: KeyOverrides(source_unique_key_columns=("order_id", "customer_id"))}
+
+    def runner(overrides: dict[str, KeyOverrides] | None = None) -> CaptureRunner:
+        spec = SyncSpec(
+            sync_id, "customer", (TABLE, SIDE), str(tmp_path / "stage"), key_overrides=overrides or {}
+        )
+        return CaptureRunner(hook, store, spec, holder="test-dupkey-streaming")
+
+    def resnapshot(overrides: dict[str, KeyOverrides] | None = None) -> int:
+        """What the snapshot task does with ``{"resnapshot_tables": [TABLE]}``."""
+        run = runner(overrides)
+        need = run.snapshot_need([TABLE])
+        return run.snapshot(tables=need.tables, need=need).seq
+
+    def merged() -> MergeOutcome:
+        merger = MergeRunner(store, sync_id, str(root), holder="test-dupkey-streaming-merge")
+        return merger.run(lambda plan: merge(spark_session(), plan))
+
+    runner().snapshot()
+    merged()
+    position, seq = store.committed(sync_id)
+    _insert(hook, 7, CUSTOMER_B)  # order 7 is on CUSTOMER_A's shard already
+    wl.execute(hook, f"UPDATE customer.{SIDE} SET note = 'changed' WHERE id = 2")
+    refused_seq = resnapshot()
+    for _ in range(2):  # run after run, until the remedy
+        with pytest.raises(KeyConflictError, match=r"key \(order_id\) = \(7\) is held by shards"):
+            merged()
+    assert store.committed(sync_id) == (position, seq)
+
+    healed_seq = resnapshot(fixed)
+    assert healed_seq == refused_seq + 1
+    assert store.window(sync_id, refused_seq).state is WindowState.FAILED
+    assert merged().seq == healed_seq
+    assert store.committed(sync_id) == (position, healed_seq)  # the position stays: SIDE is there
+    runner(fixed).catch_up()  # SIDE's change; TABLE's changes behind its copy are left out
+    merged()
+    wl.assert_equal_to_source(
+        spark_session(), hook, "customer", TABLE, str(root / TABLE), ["order_id", "customer_id"]
+    )
+    wl.assert_equal_to_source(spark_session(), hook, "customer", SIDE, str(root / SIDE), ["id"])
+    wl.execute(hook, f"DROP TABLE IF EXISTS customer.{SIDE}")
 
 
 # -- through Airflow: the DAG factory, dag.test(), the remedy as the error words it -------------
