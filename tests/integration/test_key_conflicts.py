@@ -385,4 +385,7 @@ def test_the_remedy_the_conflict_names_heals_the_sync_through_the_dag(
     committed = store.window(dag_id, 2)
     assert committed.kind.value == "snapshot" and committed.state is WindowState.COMMITTED
     assert committed.stats["keys"][table]["source_columns"] == ["order_id", "customer_id"]
+    if parallelism > 1:  # the new window was copied by the two groups, each once
+        assert len(store.window_groups(dag_id, 2)) == 2
+        assert second["mapped"]["snapshot"] == {"0": "success", "1": "success"}, second["mapped"]
     wl.execute(dag_hook, f"DROP TABLE IF EXISTS customer.{table}")
