@@ -101,7 +101,8 @@ class SnapshotRun(SyncRun):
 
         Once the sync streams, this is a re-snapshot of those tables: committing it leaves the
         sync's position where the other tables are (see ``CheckpointStore.commit``). A killed
-        snapshot resumes with the tables it was started with, whatever ``tables`` says now.
+        snapshot resumes with the tables it was started with (``tables`` here may be fewer),
+        unless ``need`` asks for one it lacks: then it is replaced (:meth:`_replace_unmerged`).
         """
         spec = self.spec
         chosen = self._chosen(tables)
