@@ -72,6 +72,10 @@ class SnapshotRun(SyncRun):
         # An unfinished snapshot holding these tables (with today's keys and columns) is resumed;
         # one without them is replaced by a window of its tables and these (see snapshot()).
         tables = tuple(dict.fromkeys((*requested, *joined))) or self.spec.tables
+        if committed is None:
+            # A first snapshot copies every table, whatever is asked: its commit starts the
+            # stream past the copy, so a table left out would never be copied.
+            tables = self.spec.tables
         everything = committed is None or not only_if_needed
         fresh = self.spec.tables if everything else tables if (requested or joined) else ()
         return SnapshotNeed(
