@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS
+from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS, WINDOW_KEYS, Window, WindowState
 from airflow_provider_vitess.exceptions import ColumnChoiceError, ColumnsChangedError
 from airflow_provider_vitess.keys import KeyChoice, TableShape, best_key
 
@@ -264,11 +264,46 @@ def reconcile(
                 f"{_describe_record(before)}. A changed choice applies to a whole table or not at "
                 "all (a column newly hashed or excluded would stay in clear in the rows later "
                 "windows do not touch): re-snapshot the table (trigger the DAG with "
-                f'{{"resnapshot_tables": ["{table}"]}}; an unfinished snapshot must finish first), '
+                f'{{"resnapshot_tables": ["{table}"]}}: it replaces an unfinished snapshot), '
                 "or restore the previous choice"
             )
         out[table] = now
     return out
+
+
+def changed_choice(
+    window: Window,
+    tables: Sequence[str],
+    keys: Mapping[str, KeyChoice],
+    chosen: Mapping[str, ColumnChoice],
+    config: Mapping[str, Any],
+) -> tuple[str, str] | None:
+    """How the key or column choice of an unmerged snapshot window's ``tables`` differs from
+    the one given now (``keys``, ``chosen``): ``("key" or "columns", what)``, or None. A STAGED
+    window's choice is the one in its stats (the one its merge would use); a PLANNED one's is
+    the sync's record (``config``), which a snapshot being read keeps until it is staged."""
+    source = window.stats if window.state is WindowState.STAGED else {}
+    key_record = dict(source.get(WINDOW_KEYS) or config.get("keys") or {})
+    if window.state is WindowState.STAGED:
+        # A window of a sync without column control records none: every column.
+        column_record = dict(source.get(WINDOW_COLUMNS) or {})
+    else:
+        column_record = dict(config.get(WINDOW_COLUMNS) or {})
+    for table in tables:
+        before, now = key_record.get(table), keys.get(table)
+        if before is not None and now is not None:
+            was = KeyChoice.from_dict(before)
+            if was.columns() != now.columns():
+                return "key", f"table {table!r}'s key is now {now.describe()}, not {was.describe()}"
+        choice = chosen.get(table)
+        given = choice.given if choice is not None else ALL_COLUMNS
+        record = dict(column_record.get(table) or ALL_COLUMNS.record())
+        if given.record() != {k: record.get(k) for k in ("include", "exclude", "hash")} and not (
+            choice is not None and choice.same_effect(record)
+        ):
+            old = _describe_record(record)
+            return "columns", f"table {table!r}'s column choice is now {given.describe()}, not {old}"
+    return None
 
 
 def _describe_record(record: Mapping[str, Any]) -> str:

@@ -21,12 +21,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_provider_vitess.capture.columns import changed_choice
 from airflow_provider_vitess.capture.group_layout import GroupSplit
 from airflow_provider_vitess.capture.groups import assemble, window_for_group
-from airflow_provider_vitess.capture.outcome import WindowOutcome
+from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.checkpoints import WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
+from airflow_provider_vitess.exceptions import ColumnsChangedError, KeyChangedError
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 
 log = logging.getLogger(__name__)
@@ -35,14 +37,18 @@ log = logging.getLogger(__name__)
 class GroupedSnapshot(SnapshotRun):
     """The plan step and the per-group copy of a snapshot copied by shard groups."""
 
-    def plan_snapshot(self, split: GroupSplit, tables: Sequence[str] | None = None) -> list[int]:
+    def plan_snapshot(
+        self, split: GroupSplit, tables: Sequence[str] | None = None, need: SnapshotNeed | None = None
+    ) -> list[int]:
         """Under the sync's lock: the unfinished snapshot window, or a new one of ``tables``
         (default: all) planned with its group layout; returns its groups (``[0]``: a window
-        copied by one process). A window whose groups are all staged is assembled first."""
+        copied by one process). A window whose groups are all staged is assembled first; an
+        unmerged one that is not what ``need`` asks is replaced (``_replace_unmerged``)."""
         chosen = self._chosen(tables)
         chosen_keys = self._check_source()
         with self._locked():
             assemble(self.store, self.spec.sync_id, self._windows)
+            chosen = self._replace_unmerged(chosen_keys, need) or chosen
             found = self._window_to_read(
                 WindowKind.SNAPSHOT,
                 chosen_keys,
@@ -80,7 +86,18 @@ class GroupedSnapshot(SnapshotRun):
             if part.state is WindowState.STAGED:  # a concurrent try staged it before we took the lock
                 return {"seq": window.seq, "group": group, "status": "already staged"}
             tables = self._window_tables(window.seq)
-            # Keys and columns as the plan recorded them (a change waits for the next snapshot).
+            # Every group copies with the plan's keys and columns: a part staged with another
+            # key or column list than its siblings would be merged as theirs.
+            changed = changed_choice(window, tables, chosen_keys, self._columns, self._config())
+            if changed is not None:
+                kind, why = changed
+                error = KeyChangedError if kind == "key" else ColumnsChangedError
+                raise error(
+                    f"sync {sync_id!r} snapshot window {window.seq} was planned with another choice "
+                    f"than group {group}'s task has now: {why}. Nothing was copied. Run the DAG "
+                    "again (or clear plan_snapshot with its downstream tasks): plan_snapshot "
+                    "replaces the unmerged window with one of today's choice"
+                )
             self._record_sync(chosen_keys, snapshot_of=tables, resuming=True)
             self._check_keyspace(window.start_vgtid, "the snapshot start")
             outcome = self._run_snapshot(

@@ -33,6 +33,12 @@ class SnapshotNeed:
     tables: tuple[str, ...]
     resnapshot: bool  # the sync already streams: a re-snapshot of ``tables``
     committed_seq: int | None
+    # What an unmerged snapshot window must hold to be resumed rather than replaced
+    # (``SnapshotRun._replace_unmerged``): the tables asked for or needed now (``resnapshot_tables``,
+    # tables that joined, every table of a first or forced snapshot), and whether a new copy was
+    # asked for (``resnapshot_tables`` or ``only_if_needed=False``): then a staged one is replaced.
+    fresh: tuple[str, ...] = ()
+    asked: bool = False
 
     def not_needed(self, sync_id: str) -> dict[str, Any]:
         """The snapshot task's XCom value when there is nothing to copy."""

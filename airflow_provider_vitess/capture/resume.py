@@ -107,6 +107,22 @@ class WindowBook:
         # With the STAGED windows after it, which start where it ends.
         self.store.discard_unmerged(self.sync_id, f"staged files lost or corrupt: {problem}", window.seq)
 
+    def replace(self, window: Window, reason: str) -> None:
+        """An unmerged snapshot window that is not what is asked now (``reason``): delete its
+        files and abandon it (FAILED), with any STAGED window after it; the caller plans the one
+        asked for. Nothing committed is lost: the committed position does not move."""
+        log.warning(
+            "sync %r: unmerged %s window %d (%s) is replaced: %s (%s)",
+            self.sync_id,
+            window.kind.value,
+            window.seq,
+            window.state.value,
+            reason,
+            self.holder,
+        )
+        delete_window(self.location, self.sync_id, window.seq, storage_options=self._options)
+        self.store.discard_unmerged(self.sync_id, f"replaced: {reason} ({self.holder})", window.seq)
+
     def adopt_written_manifest(self, seq: int, kind: WindowKind) -> WindowOutcome | None:
         """A run killed between writing the manifest and recording STAGED left a complete window:
         the manifest is written last, so its existence means every part is there. Record it."""

@@ -8,6 +8,7 @@ MERGED window may do that (see :mod:`airflow_provider_vitess.checkpoints`).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -176,7 +177,8 @@ class SyncRun:
                 f"sync {self.spec.sync_id!r}: table(s) {pending} joined the sync's tables (new, or back "
                 "after leaving it) and have no complete Delta table yet; nothing was read. Their "
                 "snapshot comes first: run the DAG's snapshot task (it copies them on its own), or "
-                f'trigger it with {{"resnapshot_tables": {pending}}}'
+                # JSON, as the trigger form takes it (a Python list's quotes are not JSON).
+                f'trigger it with {{"resnapshot_tables": {json.dumps(pending)}}}'
             )
         for table, seq in change.removed.items():
             if table not in dict(config.get(REMOVED_TABLES) or {}):

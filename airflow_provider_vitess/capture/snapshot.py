@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from airflow_provider_vitess.capture import source
+from airflow_provider_vitess.capture.columns import changed_choice
 from airflow_provider_vitess.capture.group_layout import GroupSplit, SplitMismatchError, layout
 from airflow_provider_vitess.capture.groups import (
     delete_group_files,
@@ -26,10 +27,11 @@ from airflow_provider_vitess.capture.groups import (
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome
 from airflow_provider_vitess.capture.progress import ProgressTracker
 from airflow_provider_vitess.capture.run import SyncRun
-from airflow_provider_vitess.checkpoints import Part, Phase, TableProgress, WindowKind
+from airflow_provider_vitess.checkpoints import Part, Phase, TableProgress, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import WindowGroup
 from airflow_provider_vitess.checkpoints.progress import GroupProgress, by_table
 from airflow_provider_vitess.exceptions import CheckpointError, UnknownTableError
+from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.staging import PartInfo, WindowStager
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
@@ -67,30 +69,50 @@ class SnapshotRun(SyncRun):
         # Tables that joined the list since the last run are copied on their own first.
         joined = () if committed is None else self._table_list_change(self._config()).to_snapshot
         needed = committed is None or bool(requested) or bool(joined) or resuming or not only_if_needed
-        # A resumed snapshot keeps its own tables, whatever is asked now (see snapshot()).
+        # An unfinished snapshot holding these tables (with today's keys and columns) is resumed;
+        # one without them is replaced by a window of its tables and these (see snapshot()).
         tables = tuple(dict.fromkeys((*requested, *joined))) or self.spec.tables
-        return SnapshotNeed(needed, tables, resnapshot=committed is not None, committed_seq=seq)
+        if committed is None:
+            # A first snapshot copies every table, whatever is asked: its commit starts the
+            # stream past the copy, so a table left out would never be copied.
+            tables = self.spec.tables
+        everything = committed is None or not only_if_needed
+        fresh = self.spec.tables if everything else tables if (requested or joined) else ()
+        return SnapshotNeed(
+            needed,
+            tables,
+            resnapshot=committed is not None,
+            committed_seq=seq,
+            fresh=tuple(fresh),
+            asked=bool(requested) or not only_if_needed,
+        )
 
     def snapshot(
         self,
         *,
         tables: Sequence[str] | None = None,
+        need: SnapshotNeed | None = None,
         checkpoint_every_rows: int = CHECKPOINT_EVERY_ROWS,
         copy_stall_seconds: float = COPY_STALL_SECONDS,
     ) -> WindowOutcome:
         """Copy ``tables`` (default: all the sync's tables) and stage them as one window.
+
+        An unmerged snapshot window is resumed (or, staged, handed back) only while it is what
+        is asked now: see :meth:`_replace_unmerged` (``need``: what the snapshot task asks).
 
         A copy whose copying shards send no row for ``copy_stall_seconds`` (vtgate's heartbeats
         only) fails with :class:`~..exceptions.CopyStalledError` (``vstream/copy_stall.py``).
 
         Once the sync streams, this is a re-snapshot of those tables: committing it leaves the
         sync's position where the other tables are (see ``CheckpointStore.commit``). A killed
-        snapshot resumes with the tables it was started with, whatever ``tables`` says now.
+        snapshot resumes with the tables it was started with (``tables`` here may be fewer),
+        unless ``need`` asks for one it lacks: then it is replaced (:meth:`_replace_unmerged`).
         """
         spec = self.spec
         chosen = self._chosen(tables)
         chosen_keys = self._check_source()
         with self._locked():
+            chosen = self._replace_unmerged(chosen_keys, need) or chosen
             found = self._window_to_read(
                 WindowKind.SNAPSHOT, chosen_keys, lambda: self._plan_snapshot(chosen), snapshot_of=chosen
             )
@@ -120,6 +142,38 @@ class SnapshotRun(SyncRun):
                 f"{list(self.spec.tables)}"
             )
         return chosen
+
+    def _replace_unmerged(
+        self, chosen_keys: Mapping[str, KeyChoice], need: SnapshotNeed | None
+    ) -> tuple[str, ...] | None:
+        """Under the lock, before the resume-or-plan step: an unmerged (PLANNED or STAGED)
+        snapshot window that is not what is asked now is discarded (FAILED, its files deleted),
+        and the tables the new window must copy are returned: its own and those asked for (None:
+        nothing replaced). Not what is asked: a table's key or column choice now differs from the
+        one it was read with (its merge would use the old key, or its parts hold the old
+        columns); a table asked for is not in it; or a new copy was asked for (``need.asked``)
+        and it is STAGED: a staged snapshot whose merge was refused (a key conflict, a schema the
+        target cannot take) would otherwise come back unchanged, run after run. Nothing
+        committed is lost: the committed position is not moved, and a first snapshot's window
+        held nothing committed."""
+        window = self.store.open_window(self.spec.sync_id)
+        if window is None or window.kind is not WindowKind.SNAPSHOT:
+            return None
+        if window.state not in (WindowState.PLANNED, WindowState.STAGED):
+            return None  # MERGED: its rows are in Delta, only its commit is left
+        tables = self._window_tables(window.seq)
+        wanted = () if need is None else need.fresh
+        missing = [t for t in wanted if t not in tables]
+        changed = changed_choice(window, tables, chosen_keys, self._columns, self._config())
+        why = None if changed is None else changed[1]
+        if why is None and missing:
+            why = f"table(s) {missing} asked for and not in it"
+        if why is None and need is not None and need.asked and window.state is WindowState.STAGED:
+            why = f"a re-snapshot of {list(need.tables)} asked for"
+        if why is None:
+            return None
+        self._windows.replace(window, why)
+        return tuple(t for t in self.spec.tables if t in tables or t in wanted)
 
     def _window_tables(self, seq: int) -> tuple[str, ...]:
         """The tables an unfinished snapshot window was planned with (its progress rows)."""

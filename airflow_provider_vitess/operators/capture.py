@@ -279,6 +279,7 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
         with log_group(f"Vitess {what} of {settings.keyspace} (sync {settings.sync_id})"):
             outcome = runner.snapshot(
                 tables=need.tables,
+                need=need,
                 checkpoint_every_rows=self.checkpoint_every_rows,
                 copy_stall_seconds=self.copy_stall_timeout,
             )

@@ -113,7 +113,7 @@ class VitessSnapshotPlanOperator(VitessSnapshotOperator):
             need = self._needed(runner)
             if not need.needed:
                 return []
-            groups = runner.plan_snapshot(group_split(self.capture_parallelism), need.tables)
+            groups = runner.plan_snapshot(group_split(self.capture_parallelism), need.tables, need)
             self.log.info("sync %r: the snapshot is copied by group(s) %s", self.sync_id, groups)
             return groups
 

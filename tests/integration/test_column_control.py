@@ -303,20 +303,25 @@ def test_a_changed_column_choice_is_refused_until_the_table_is_resnapshotted(fx:
     assert config[WINDOW_COLUMNS][ITEMS]["include"] == ["id", "label", "price"]
 
 
-def test_an_unfinished_snapshot_keeps_the_choice_it_was_read_with(fx: Fixture) -> None:
-    """A snapshot staged (or being read) with one choice is not taken over by another: its
-    files hold the first choice's columns, and recording the second would merge them as such."""
+def test_a_changed_choice_replaces_an_unmerged_snapshot(fx: Fixture) -> None:
+    """A snapshot staged (or being read) with one choice and not merged yet is replaced by one
+    read with the new choice: its files hold the first choice's columns, so it is discarded
+    (FAILED, files deleted) rather than merged or resumed; nothing of it was committed. Before,
+    the run was refused until the old snapshot was merged: a staged snapshot whose merge failed
+    could then never be left without a hand edit."""
     some_items(fx)
     sync_id = f"colctl-unfinished-{fx.token}"
     first = fx.runner("commerce", ITEMS, TableColumns(include=("id", "label")), sync_id).snapshot()
     assert fx.store.window(sync_id, first.seq).state.value == "STAGED"
     wider = fx.runner("commerce", ITEMS, TableColumns(include=("id", "label", "price")), sync_id)
-    with pytest.raises(ColumnsChangedError, match="an unfinished snapshot must finish first"):
-        wider.snapshot()
-    fx.store.mark_merged(sync_id, first.seq)
-    fx.store.commit(sync_id, first.seq)
-    again = wider.snapshot(tables=[ITEMS])  # once it is done, a re-snapshot takes the new choice
+    again = wider.snapshot()
+    assert again.seq == first.seq + 1
     assert again.manifest.tables[ITEMS].schemas[0].names == ("id", "label", "price")
+    replaced = fx.store.window(sync_id, first.seq)
+    assert replaced.state.value == "FAILED" and "column choice is now include_columns" in str(replaced.error)
+    assert not Path(first.manifest.path).exists()
+    config: Mapping[str, Any] = fx.store.sync_config(sync_id)
+    assert config[WINDOW_COLUMNS][ITEMS]["include"] == ["id", "label", "price"]
 
 
 def test_a_column_dropped_at_the_source_before_unread_rows_fails_clearly_and_a_full_resnapshot_heals(

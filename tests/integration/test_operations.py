@@ -27,6 +27,8 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
 from airflow_provider_vitess.exceptions import (
     KeyChangedError,
+    MergeSchemaError,
+    TableListChangedError,
     TargetIntegrityError,
     UnnamedColumnsError,
     VStreamError,
@@ -405,3 +407,81 @@ def test_a_snapshot_never_replaces_a_delta_table_another_writer_made(sync: Sync,
     finally:
         other_store.close()
     sync.assert_equal()
+
+
+def test_a_type_the_target_cannot_take_is_refused_and_the_resnapshot_it_names_heals_the_table(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    """VARCHAR -> INT with every change after the DDL (so the window stages): the merge refuses
+    (``MergeSchemaError``: Delta cannot turn a string column into an int), run after run, with
+    the window STAGED; the re-snapshot it names discards that window and rebuilds the table, and
+    the other table reads its changes of the discarded window again: Delta == ``SELECT *``."""
+    table = "remedy_ops_typed"
+    execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{table}",
+        f"CREATE TABLE commerce.{table} (id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(16))",
+        f"INSERT INTO commerce.{table} VALUES (1, '10'), (2, '20'), (3, '30')",
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"remedy-typed-{uuid.uuid4().hex[:8]}", "commerce", (table, B), str(tmp_path / "stage"))
+    sync = Sync(hook, tmp_path, spec, store, random.Random(spec.sync_id))
+    sync.runner().snapshot()
+    sync.merge()
+    execute(
+        hook,
+        f"ALTER TABLE commerce.{table} MODIFY v INT",
+        f"UPDATE commerce.{table} SET v = v + 1 WHERE id = 2",
+        f"INSERT INTO commerce.{table} VALUES (5, 50)",
+        f"INSERT INTO commerce.{B} (id, note) VALUES ({sync.rng.randrange(1, 2**40)}, 'typed')",
+    )
+    stuck = sync.runner().catch_up()
+    for _ in range(2):  # the same error, run after run: only the remedy moves it
+        with pytest.raises(MergeSchemaError) as refused:
+            sync.merge()
+        message = str(refused.value)
+        assert f"table '{table}' column 'v': the staged type int" in message, message
+        assert "cannot be written to string" in message
+        assert f'{{"resnapshot_tables": ["{table}"]}}' in message
+    assert store.window(spec.sync_id, stuck.seq).state is WindowState.STAGED
+
+    sync.runner().snapshot(tables=[table])  # the remedy the error names
+    assert store.window(spec.sync_id, stuck.seq).state is WindowState.FAILED
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    sync.runner().catch_up()  # B's change of the discarded window, read again
+    sync.merge()
+    sync.assert_equal()
+    execute(hook, f"DROP TABLE IF EXISTS commerce.{table}")
+    store.close()
+
+
+def test_a_table_that_joined_is_refused_by_a_catch_up_and_the_resnapshot_it_names_heals(
+    hook: VitessHook, tmp_path: Path
+) -> None:
+    """A table added to a streaming sync, met first by a catch-up (a DAG of one's own without a
+    snapshot task): refused (``TableListChangedError``) naming the trigger conf, in JSON as the
+    trigger form takes it; doing that gives Delta == ``SELECT *`` for both tables."""
+    store = CheckpointStore(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    spec = SyncSpec(f"remedy-joined-{uuid.uuid4().hex[:8]}", "commerce", (B,), str(tmp_path / "stage"))
+    sync = Sync(hook, tmp_path, spec, store, random.Random(spec.sync_id))
+    sync.runner().snapshot()
+    sync.merge()
+    sync.spec = replace(spec, tables=(A, B))  # the DAG's tables now
+    sync.workload()
+    with pytest.raises(TableListChangedError) as refused:
+        sync.runner().catch_up()
+    message = str(refused.value)
+    assert f"table(s) ['{A}'] joined the sync's tables" in message, message
+    assert f'trigger it with {{"resnapshot_tables": ["{A}"]}}' in message, message
+    assert json.loads(message.split("trigger it with ", 1)[1]) == {"resnapshot_tables": [A]}
+    assert store.open_window(spec.sync_id) is None  # nothing was read
+
+    sync.runner().snapshot(tables=json.loads(message.split("trigger it with ", 1)[1])["resnapshot_tables"])
+    assert sync.merge().kind is WindowKind.SNAPSHOT
+    sync.workload()
+    sync.runner().catch_up()
+    sync.merge()
+    sync.assert_equal((A, B))
+    store.close()
