@@ -103,9 +103,10 @@ def _written_and_deleted(hook: Any, sync: wl.Sync, new_key: int, old_key: int, s
 def _merge_all(sync: wl.Sync, root: Path, mode: TargetMode) -> str:
     shape = TargetShape(mode, metadata=mode is not TargetMode.MIRROR)
     targets = {t: dataclasses.replace(target, shape=shape) for t, target in sync.targets(root).items()}
-    for i, manifest in enumerate(sync.manifests):
-        window = WindowToMerge(manifest.window_seq, manifest.path, (TABLE,) if i == 0 else ())
-        merge(spark_session(), MergePlan(sync.sync_id, (window,), targets))
+    windows = tuple(
+        WindowToMerge(m.window_seq, m.path, (TABLE,) if i == 0 else ()) for i, m in enumerate(sync.manifests)
+    )
+    merge(spark_session(), MergePlan(sync.sync_id, windows, targets))  # a commit per window
     return str(root / TABLE)
 
 
