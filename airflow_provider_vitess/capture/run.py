@@ -189,13 +189,13 @@ class SyncRun:
                     seq,
                 )
         self._keys = reconcile_keys(self.spec.sync_id, recorded, chosen, snapshot_of)
-        before = dict(config.get(columns.WINDOW_COLUMNS) or {})
-        # A re-snapshot after a changed column choice: its merge replaces a history or
-        # soft_delete table (their past holds what the new choice hides; merge/job/resnapshot).
-        copied = () if resuming else snapshot_of
-        self._choice_changed = sorted(
-            t for t in copied if t in recorded and _choice_changed(t, before, self._columns)
-        )
+        # A re-snapshot after a changed column choice: its merge replaces the table in every
+        # mode (the past holds what the new choice hides; merge/job/steps). Planned, the window
+        # records it (_plan_snapshot), so a resumed run, which finds the new choice recorded
+        # already, still marks it (_stage).
+        copied = [t for t in (() if resuming else snapshot_of) if t in recorded]
+        before = self._built_columns(config) if copied else {}
+        self._choice_changed = sorted(t for t in copied if _choice_changed(t, before, self._columns))
         column_record = columns.reconcile(
             self.spec.sync_id,
             dict(config.get(columns.WINDOW_COLUMNS) or {}),
@@ -223,6 +223,23 @@ class SyncRun:
                 "dags": sorted(set(config.get("dags") or ()) | ({self.dag_id} if self.dag_id else set())),
             },
         )
+
+    def _built_columns(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Each table's column choice as its Delta table holds it: that of the sync's last
+        committed window (its stats; a table not listed there had every column), else the sync's
+        record. The record alone is not enough: a re-snapshot records its new choice before it
+        plans its window, so a run killed in between leaves it recorded for a table still built
+        with the old one."""
+        recorded = dict(config.get(columns.WINDOW_COLUMNS) or {})
+        seq = self.store.committed(self.spec.sync_id)[1]
+        if not seq:
+            return recorded
+        try:
+            stats = self.store.window(self.spec.sync_id, seq).stats or {}
+        except CheckpointError:  # pruned: the record is what is left
+            return recorded
+        chosen = dict(stats.get(columns.WINDOW_COLUMNS) or {})
+        return {t: {k: v for k, v in c.items() if k != "select"} for t, c in chosen.items()}
 
     def _table_list_change(self, config: Mapping[str, Any]) -> TableListChange:
         """How the sync's tables changed since its last run (see ``capture/table_list.py``)."""
@@ -381,12 +398,14 @@ class SyncRun:
                 raise columns.unprojectable(self.spec.sync_id, self._columns, exc) from exc
             raise
         stats = self._stats(result)
-        if kind is WindowKind.SNAPSHOT:  # the second a re-snapshot's findings are dated at (merge)
-            planned = self.store.window(self.spec.sync_id, seq).created_at
-            if planned is not None:
-                stats[COPY_STARTED_AT] = int(planned.timestamp())
-            if self._choice_changed:
-                stats[COLUMN_CHOICE_CHANGED] = list(self._choice_changed)
+        if kind is WindowKind.SNAPSHOT:
+            window = self.store.window(self.spec.sync_id, seq)
+            if window.created_at is not None:  # the second a re-snapshot's findings are dated at
+                stats[COPY_STARTED_AT] = int(window.created_at.timestamp())
+            # As planned (a resumed run or a shard group finds the new choice recorded already).
+            changed = {*self._choice_changed, *(window.stats.get(COLUMN_CHOICE_CHANGED) or ())}
+            if changed:
+                stats[COLUMN_CHOICE_CHANGED] = sorted(changed)
         if stop is not None:
             stats["shard_lag_transactions"] = lag = shard_lag(stop, result.end_vgtid, result.retired_shards)
             if any(lag.values()):

@@ -33,6 +33,7 @@ from airflow_provider_vitess.checkpoints.progress import GroupProgress, by_table
 from airflow_provider_vitess.exceptions import CheckpointError, UnknownTableError
 from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.staging import PartInfo, WindowStager
+from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
@@ -194,8 +195,11 @@ class SnapshotRun(SyncRun):
             except SplitMismatchError as exc:
                 log.warning("sync %r: %s; this snapshot is copied by one process", self.spec.sync_id, exc)
         groups = groups if len(groups) >= 2 else []
+        # Recorded with the plan: a run that resumes the window finds the new choice recorded
+        # already and could not tell (capture/run.py _record_sync).
+        marks = {COLUMN_CHOICE_CHANGED: list(self._choice_changed)} if self._choice_changed else None
         seq = self.store.plan_window(
-            self.spec.sync_id, WindowKind.SNAPSHOT, start, None, groups=groups or None
+            self.spec.sync_id, WindowKind.SNAPSHOT, start, None, groups=groups or None, stats=marks
         )
         for table in tables:
             self.store.update_progress(self.spec.sync_id, seq, table, phase=Phase.COPYING)

@@ -195,6 +195,7 @@ class CheckpointStore:
         stop_vgtid: Vgtid | None = None,
         stop_taken_at: datetime | None = None,
         groups: Sequence[Sequence[str]] | None = None,
+        stats: Mapping[str, Any] | None = None,
     ) -> int:
         """Record a new PLANNED window and return its seq (1, 2, ...).
 
@@ -205,10 +206,12 @@ class CheckpointStore:
         window's end): either would leave a gap or an overlap between windows. ``stop_taken_at``:
         when the stop was taken (the window's *as of* time once it reaches it, :mod:`.freshness`).
         ``groups``: the window is read by shard groups at once, each the shards given (recorded
-        with the window, in its transaction: :mod:`.groups`).
+        with the window, in its transaction: :mod:`.groups`). ``stats``: more of the window's
+        stats, known when it is planned (a run that resumes it reads them back; its STAGED mark
+        keeps them).
         """
         kind = WindowKind(kind)
-        planned: dict[str, Any] = {}
+        planned: dict[str, Any] = dict(stats or {})
         if stop_taken_at is not None:
             planned[freshness.STOP_TAKEN_AT] = stop_taken_at.isoformat()
         if groups:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pyspark.sql import types as T
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.merge.job.schema import MergeSchemaError
 from airflow_provider_vitess.merge.job.steps import Action, TableState, plan_steps
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging.manifest import (
+    COLUMN_CHOICE_CHANGED,
     ColumnSchema,
     Manifest,
     PartInfo,
@@ -155,3 +159,28 @@ def test_a_dropped_column_is_dropped_by_the_first_window_without_it_and_a_rerun_
     assert [s.action for s in rerun] == [Action.ALREADY_APPLIED, Action.MERGE, Action.MERGE]
     assert all(s.evolution is not None and s.evolution.empty for s in rerun[1:])
     assert rerun[-1].schema == steps[-1].schema
+
+
+def test_a_changelog_resnapshot_appends_unless_the_column_choice_changed() -> None:
+    """A changelog's re-snapshot appends its copy to the log; one the capture marks as taken for
+    a changed column choice starts the log afresh (a REPLACE or TRUNCATE with ``afresh``), with
+    the copy's schema (a newly hashed INT column: a string)."""
+    shape = TargetShape(TargetMode.CHANGELOG, metadata=True)
+    targets = {t: TableTarget(t, f"/delta/{t}", ("id",), ("id",), shape=shape) for t in ("a", "b")}
+    hashed = col("name", Q.VARCHAR, "char(64)")
+    state = existing(3, ("id", T.IntegerType()), ("name", T.IntegerType()))
+    copy = manifest(7, table("a", (ID, hashed)), table("b", (ID, hashed), rows=False))
+    for marked, afresh in (((), False), (("a", "b"), True)):
+        m = dataclasses.replace(copy, stats={COLUMN_CHOICE_CHANGED: list(marked)})
+        steps = plan_steps(MergePlan("s", (w(7, "a", "b"),), targets), [m], {"a": state, "b": state})
+        assert [(s.table, s.action, s.afresh) for s in steps] == [
+            ("a", Action.REPLACE, afresh),
+            ("b", Action.REPLACE, afresh),
+        ]
+        assert steps[0].schema is not None and steps[0].schema["name"].dataType == T.StringType()
+    empty = dataclasses.replace(manifest(7), stats={COLUMN_CHOICE_CHANGED: ["a"]})
+    steps = plan_steps(MergePlan("s", (w(7, "a"),), targets), [empty], {"a": state, "b": state})
+    assert [(s.table, s.action, s.afresh) for s in steps] == [
+        ("a", Action.TRUNCATE, True),
+        ("b", Action.NO_CHANGES, False),
+    ]

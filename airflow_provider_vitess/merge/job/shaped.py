@@ -68,14 +68,15 @@ class ShapedStep:
 
 def truncate(spark: SparkSession, s: ShapedStep) -> None:
     """A replacing window without rows: an empty table (a changelog keeps its rows: it appends
-    nothing, in a commit that records the window)."""
+    nothing, in a commit that records the window; one started afresh, ``Step.afresh``, is
+    emptied)."""
     assert s.step.schema is not None
     shape, keys = s.target.shape, list(s.target.key_columns)
     if s.step.past is not None:  # history, soft_delete: the past stays, every key ended
         _rewrite(spark, s, None)
         return
     empty = shapes.empty_rows(spark, s.step.schema, shape)
-    if shape.mode is TargetMode.CHANGELOG:
+    if shape.mode is TargetMode.CHANGELOG and not s.step.afresh:
         shapes.append(
             empty, s.target.path, s.app_id, s.step.seq, None if s.exists else shapes.properties(shape), False
         )
@@ -133,7 +134,19 @@ def write(
         if shape.mode is TargetMode.CHANGELOG:
             assert step.schema is not None
             rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot)
-            shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
+            if step.afresh:  # a changed column choice: the copy's rows, in its schema, are the log
+                apply.write_replace(
+                    rows,
+                    path,
+                    keys,
+                    s.app_id,
+                    seq,
+                    files=s.files,
+                    column_mapping=s.column_mapping,
+                    properties=create,
+                )
+            else:
+                shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
             return (), False
         covered = conflicts.covered(s.manifest, staged)
         if step.past is not None:  # a re-snapshot of a history or soft_delete table: the past stays

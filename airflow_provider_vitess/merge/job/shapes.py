@@ -16,7 +16,10 @@ id (app id, window seq), so a rerun after the commit is skipped by Delta, whatev
 
 A snapshot (a replacing window) writes the copy: live rows (``soft_delete``, ``mirror``), current
 versions with an unknown start (``history``), or ``snapshot`` rows appended (``changelog``: the
-log keeps what it had).
+log keeps what it had). A re-snapshot of an existing table keeps a ``history``'s and a
+``soft_delete``'s past (:mod:`.resnapshot`), except one for a changed column choice, which
+replaces the table in every mode, a ``changelog`` too (its ``snapshot`` rows, in the copy's
+schema, start the log afresh): the past holds what the new choice hides.
 """
 
 from __future__ import annotations

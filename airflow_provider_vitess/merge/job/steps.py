@@ -75,6 +75,10 @@ class Step:
     # A REPLACE or TRUNCATE of a table whose mode keeps its past (KEEPS_PAST) and that exists:
     # its data schema before the step; the step rewrites it with the copy (.resnapshot).
     past: T.StructType | None = None
+    # A REPLACE or TRUNCATE of a changelog table that exists, for a changed column choice: the
+    # copy's rows replace the log instead of being appended to it (its rows hold what the new
+    # choice hides: clear values of a newly hashed column, values of a newly excluded one).
+    afresh: bool = False
 
 
 def touched_tables(plan: MergePlan, manifests: Sequence[Manifest]) -> list[str]:
@@ -125,13 +129,14 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
         tm = manifest.tables.get(table)
         replace = table in window.replace_tables
         # A changed column choice: the past holds what the new choice hides (clear values of a
-        # newly hashed or excluded column), so the re-snapshot replaces the table.
+        # newly hashed or excluded column), so the re-snapshot replaces the table, a changelog too.
         rechosen = table in (manifest.stats.get(COLUMN_CHOICE_CHANGED) or ())
         keeps_past = shape.mode in KEEPS_PAST and schema is not None and not rechosen
+        afresh = replace and rechosen and shape.mode is TargetMode.CHANGELOG and schema is not None
         if tm is None or not tm.schemas:
             if replace and schema is not None:
                 past = schema if keeps_past else None
-                out.append(Step(seq, table, Action.TRUNCATE, schema=schema, past=past))
+                out.append(Step(seq, table, Action.TRUNCATE, schema=schema, past=past, afresh=afresh))
             else:
                 out.append(Step(seq, table, Action.NO_CHANGES, schema=schema))
             continue
@@ -154,7 +159,7 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
         if replace or schema is None:
             schema = T.StructType([c.struct_field() for c in wc.columns])
             mapping = mapping or needs_column_mapping(schema.fieldNames())
-            out.append(Step(seq, table, Action.REPLACE, wc, schema=schema))
+            out.append(Step(seq, table, Action.REPLACE, wc, schema=schema, afresh=afresh))
             continue
         evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
         if shape.mode in KEEPS_DROPPED and evolution.drop:
@@ -168,7 +173,8 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
 # Modes whose rows record the past: a column the source dropped stays, NULL in later rows.
 KEEPS_DROPPED = frozenset({TargetMode.HISTORY, TargetMode.CHANGELOG})
 # Modes whose existing table a re-snapshot rewrites with its copy instead of replacing it:
-# closed versions and tombstones stay (.resnapshot). A changelog appends (it keeps its past anyway).
+# closed versions and tombstones stay (.resnapshot). A changelog appends the copy (it keeps its
+# past anyway). A re-snapshot for a changed column choice replaces all three (Step.afresh).
 KEEPS_PAST = frozenset({TargetMode.HISTORY, TargetMode.SOFT_DELETE})
 
 
