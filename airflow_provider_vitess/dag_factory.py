@@ -168,7 +168,8 @@ def vitess_sync_dag(
     the groups, one task instance per group, retried alone (docs/design.md, "Shard groups").
     Snapshots are copied by the same groups: ``plan_snapshot`` (whether one is needed, and its
     layout) and the ``snapshot`` task mapped over the groups, each copying its shards.
-    ``max_events`` and ``max_seconds`` then bound each group's read, and a run reads one window.
+    A run then reads one window, each group to its stop (the parts of a window are one cut):
+    ``max_events`` and ``max_seconds`` bound a window read by one process only.
     """
     try:
         split = group_split(capture_parallelism)

@@ -5,7 +5,7 @@ sorted by key range, into contiguous groups (``capture/group_layout.py``). One s
 sync's lock plans the window as always (start: the committed position; stop: every shard's
 position now, taken once) and records the layout with it (:meth:`GroupedCatchUp.plan`). Each
 group then reads the window's start restricted to its shards up to the stop restricted to its
-shards, under a lock of its own
+shards (always to the stop: the parts of a window are one cut), under a lock of its own
 (``checkpoints.groups.group_lock_id``: groups run at once, each group one writer at a time, fenced
 as the sync's lock is), stages its part into the window's directory (part files named with the
 group, a manifest of its own) and records the part STAGED (:meth:`GroupedCatchUp.read_group`). A
@@ -124,7 +124,15 @@ class GroupedCatchUp(CatchUpRun):
 
     def read_group(self, group: int, bounds: ReadBounds | None = None) -> dict[str, Any]:
         """Stage ``group``'s part of the sync's unfinished grouped window (group 0 of a window
-        read by one process reads it whole, as a catch-up does). Returns what it did."""
+        read by one process reads it as a catch-up does, within ``bounds``). Returns what it did.
+
+        A group's part is read to the window's stop whatever ``bounds`` say: the parts of one
+        window are merged as one cut of every shard, and a part cut short (``max_events``,
+        ``max_seconds``) would leave its shards' changes to later windows while the other groups'
+        shards are read to the stop: the merge, which ranks a key's events window first, would
+        then apply a key moved from a cut group to another out of order (docs/design.md, "Shard
+        groups"). The window is bounded by its stop (taken once, by the plan step); a group's
+        memory by the spill of long transactions, in bytes."""
         sync_id = self.spec.sync_id
         window, groups = window_for_group(self.store, sync_id, WindowKind.CATCHUP, group)
         if not groups:
@@ -134,15 +142,21 @@ class GroupedCatchUp(CatchUpRun):
             return {"seq": outcome.seq, "group": 0, "status": "staged", "rows": outcome.manifest.rows}
         if window.state is not WindowState.PLANNED or groups[group].state is WindowState.STAGED:
             return {"seq": window.seq, "group": group, "status": "already staged"}
+        if bounds is not None and (bounds.max_events is not None or bounds.max_seconds is not None):
+            log.info(
+                "sync %r window %d group %d: read to the window's stop (max_events=%s, max_seconds=%s "
+                "bound a window read by one process; the parts of a grouped window are one cut)",
+                sync_id,
+                window.seq,
+                group,
+                bounds.max_events,
+                bounds.max_seconds,
+            )
         chosen = self._check_source()
         with self._locked(group_lock_id(sync_id, group)):
-            return self._read_group(
-                window, self.store.window_groups(sync_id, window.seq)[group], chosen, bounds
-            )
+            return self._read_group(window, self.store.window_groups(sync_id, window.seq)[group], chosen)
 
-    def _read_group(
-        self, window: Window, part: WindowGroup, chosen: Mapping[str, Any], bounds: ReadBounds | None
-    ) -> dict[str, Any]:
+    def _read_group(self, window: Window, part: WindowGroup, chosen: Mapping[str, Any]) -> dict[str, Any]:
         spec, seq, g = self.spec, window.seq, part.group
         if part.state is WindowState.STAGED:  # a concurrent try staged it before we took the lock
             return {"seq": seq, "group": g, "status": "already staged"}
@@ -153,7 +167,7 @@ class GroupedCatchUp(CatchUpRun):
         # A group's read is short: a rerun reads it again from the window's start, whole.
         delete_group_files(spec.staging_location, spec.sync_id, seq, g, spec.storage_options)
         stager, record = self._group_part(seq, g)
-        reader = self._catch_up_reader(stager, start, stop, bounds)
+        reader = self._catch_up_reader(stager, start, stop, None)  # to the stop: one cut (read_group)
         outcome = self._stage(seq, WindowKind.CATCHUP, False, reader, stager, start, stop, record=record)
         log.info(
             "sync %r window %d group %d (%s) staged %d rows",

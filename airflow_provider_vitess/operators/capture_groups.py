@@ -55,7 +55,8 @@ class VitessCatchUpPlanOperator(_CaptureOperatorBase[GroupedCatchUp]):
 
 class VitessCatchUpGroupOperator(_CaptureOperatorBase[GroupedCatchUp]):
     """Read one shard group's part of the sync's planned catch-up window (``group``: mapped
-    from the plan task's result). ``max_events``/``max_seconds`` bound this group's read."""
+    from the plan task's result), to the window's stop: the parts of a window are one cut, so
+    ``max_events``/``max_seconds`` bound only a window read by one process (group 0 of ``[0]``)."""
 
     job = GroupedCatchUp
 

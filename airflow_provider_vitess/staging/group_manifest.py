@@ -12,10 +12,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from airflow_provider_vitess.exceptions import StagingError
-from airflow_provider_vitess.staging.manifest import Manifest, PartInfo, TableManifest, TableSchema
+from airflow_provider_vitess.staging.manifest import (
+    GROUP_READS,
+    Manifest,
+    PartInfo,
+    TableManifest,
+    TableSchema,
+)
 from airflow_provider_vitess.staging.writer import utc_now
 from airflow_provider_vitess.vgtid import Vgtid
 
@@ -50,7 +57,7 @@ def combine(start: Vgtid, stop: Vgtid | None, parts: Sequence[Manifest]) -> Mani
         end_vgtid=Vgtid(tuple(ends)),
         tables=tables,
         ddls=tuple(d for m in parts for d in m.ddls),
-        stats=_stats([m.stats for m in parts]),
+        stats={**_stats([m.stats for m in parts]), GROUP_READS: _reads(parts)},
         created_at=utc_now().isoformat(),
         location=first.location,
         storage_options=first.storage_options,
@@ -96,4 +103,23 @@ def _stats(each: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     tops = [int(s["source_ts_max"]) for s in each if s.get("source_ts_max")]
     out["source_ts_max"] = max(tops) if tops else None
     out["group_stats"] = [dict(s) for s in each]  # each group's own figures, for the status page
+    return out
+
+
+def _reads(parts: Sequence[Manifest]) -> list[dict[str, Any]]:
+    """Each group's shards, how far its read went in source seconds (``read_to``: its
+    ``source_ts_max``, the newest commit or heartbeat it saw; None when it saw none, as a short
+    copy does) and when its part was staged (``ended_at``, seconds since the epoch: its
+    manifest's ``created_at``, the worker's clock). A snapshot's groups end their copies apart
+    (each when its own shards are copied): the merge's key-conflict check and order take each
+    shard as read to its group's end, not the window's (``merge/job/conflicts.covered``)."""
+    out = []
+    for m in parts:
+        shards = dict.fromkeys(sg.shard for v in (m.start_vgtid, m.end_vgtid) for sg in v.shard_gtids)
+        top = m.stats.get("source_ts_max")
+        try:
+            ended: int | None = int(datetime.fromisoformat(m.created_at).timestamp())
+        except ValueError:
+            ended = None
+        out.append({"shards": list(shards), "read_to": int(top) if top else None, "ended_at": ended})
     return out

@@ -174,6 +174,11 @@ class TableManifest:
         return next(s for s in self.schemas if s.to_json() == part.schema_json)
 
 
+# A window read by shard groups: its stat naming, per group, the shards it read and the source
+# second its read reached (``staging/group_manifest.combine``; ``merge/job/conflicts.covered``).
+GROUP_READS = "group_reads"
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A staged window. ``location``/``storage_options`` say where it was read from or written

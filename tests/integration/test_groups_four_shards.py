@@ -33,18 +33,23 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+from airflow_provider_vitess.capture.groups import GroupedCatchUp, assemble
 from airflow_provider_vitess.capture.runner import SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
 from airflow_provider_vitess.exceptions import SyncLockedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
 from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.plugins import documents
-from airflow_provider_vitess.staging import load_manifest
+from airflow_provider_vitess.staging import Manifest, load_manifest
+from airflow_provider_vitess.vstream.window import ReadBounds
 from tests.conftest import connection_uri_env
 from tests.integration import capture_child
 from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
+from tests.integration.delta_check import assert_delta_equals_source, delta_txns, source_rows, spark_session
 from tests.integration.group_workload import Workload, create_orders, execute
 from tests.integration.topology import FourShardCluster
 
@@ -384,3 +389,161 @@ def test_a_grouped_snapshot_killed_in_one_group_resumes_that_group_alone(
             rows,
             100.0,
         )
+
+
+def _shard_of(hook: VitessHook, cluster: FourShardCluster, table: str) -> dict[int, str]:
+    """Each customer's shard (``table``'s rows asked of each shard through vtgate)."""
+    out: dict[int, str] = {}
+    with hook.connect_sql() as conn:
+        for shard in cluster.shards:
+            conn.execute(sqlalchemy.text(f"USE `{cluster.keyspace}:{shard}`"))
+            for (customer,) in conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {table}")):
+                out[int(customer)] = shard
+        conn.execute(sqlalchemy.text(f"USE `{cluster.keyspace}`"))
+    return out
+
+
+BURST_TABLE = "grp_burst"  # this test's own table
+P = "_vitess_"  # the target modes' metadata prefix
+
+
+def _merge_mode(
+    spark: Any, sync_id: str, manifests: list[Any], root: Path, mode: TargetMode
+) -> tuple[str, list[Any]]:
+    """Every window (the snapshot first) merged into a ``mode`` table, as one merge job (a chain of
+    STAGED windows, as the merge task takes it); its path and rows."""
+    shape = TargetShape(mode, metadata=mode is not TargetMode.MIRROR)
+    keys = manifests[0].tables[BURST_TABLE].key_columns
+    path = str(root / mode.value / BURST_TABLE)
+    targets = {BURST_TABLE: TableTarget(BURST_TABLE, path, keys, keys, shape=shape)}
+    windows = tuple(
+        WindowToMerge(m.window_seq, m.path, (BURST_TABLE,) if i == 0 else ()) for i, m in enumerate(manifests)
+    )
+    merge(spark, MergePlan(sync_id, windows, targets))
+    return path, spark.read.format("delta").load(path).collect()
+
+
+def test_groups_that_agree_a_grouped_snapshot_and_window_in_every_mode(
+    hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
+) -> None:
+    """Issue 38, item 2: the parts of a window read by shard groups are one cut.
+
+    (a) A grouped snapshot whose groups end their copies apart: group 1 copies its shards and is
+    over; a key then moves from one of them to a shard of group 0, which copies after. Each
+    group's part holds the row (no duplicate at the source): the snapshot merges, the later copy
+    (group 0's, though its shard's name sorts first) is the row, and the move's DELETE, in the
+    next window (group 1's shards read from its copy's end), does not delete it. It once failed
+    with KeyConflictError: every shard was taken as read to the window's newest commit, so two
+    copies of a key were a sure duplicate.
+
+    (b) Then group 0 gets a burst of changes, and a key of it is updated, moved to a shard of
+    group 1 and updated there, each group's read bounded by ``max_events=4``: every group reads
+    to the window's stop, so one window holds the burst and both halves of the move. (It once
+    ended group 0's part after 4 events and group 1's at the stop: the key's changes before the
+    move came windows after its change after it, and the mirror deleted the live row.)
+
+    Every window merged in every target mode: mirror == SELECT *, soft_delete's live rows ==
+    SELECT *, history's current versions == SELECT * with no version ending before it starts,
+    the changelog replayed == SELECT *; every window with rows once in each Delta log."""
+    keyspace = four_shard_cluster.keyspace
+    table = f"{keyspace}.{BURST_TABLE}"
+    create_orders(hook, table, CUSTOMERS)
+    shard_of = _shard_of(hook, four_shard_cluster, BURST_TABLE)
+    sync_id = "grp-agree"
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    store.migrate()
+    spec = SyncSpec(sync_id, keyspace, (BURST_TABLE,), str(tmp_path / "stage"))
+
+    def done(seq: int) -> Manifest:
+        book = GroupedCatchUp(hook, store, spec, holder="assemble")._windows
+        assert assemble(store, sync_id, book) == seq
+        manifest = load_manifest(spec.staging_location, sync_id, seq)
+        assert manifest is not None
+        store.mark_merged(sync_id, seq)  # merged below, all at once; the capture needs it committed
+        store.commit(sync_id, seq)
+        return manifest
+
+    def move(key: int, frm: int, to: int, note: str) -> None:
+        execute(
+            hook,
+            f"DELETE FROM {table} WHERE order_id = {key} AND customer_id = {frm}",
+            f"INSERT INTO {table} (order_id, customer_id, note) VALUES ({key}, {to}, '{note}')",
+        )
+
+    first = ("-40", "40-80")  # group 0's shards (capture_parallelism=2 on four shards)
+    busy = [c for c in CUSTOMERS if shard_of[c] in first]
+    other = [c for c in CUSTOMERS if shard_of[c] not in first]
+
+    # (a) The snapshot: group 1 copies, a key moves from it to group 0, group 0 copies.
+    assert GroupedSnapshot(hook, store, spec, holder="plan").plan_snapshot(2) == [0, 1]
+    snapshot = store.open_window(sync_id)
+    assert snapshot is not None
+    assert [g.shards for g in store.window_groups(sync_id, snapshot.seq)] == [first, ("80-c0", "c0-")]
+    assert GroupedSnapshot(hook, store, spec, holder="g1").copy_group(1)["status"] == "staged"
+    # CONTEXT_SECONDS after group 1's copy ended (as a group with more rows makes the ends apart).
+    time.sleep(CONTEXT_SECONDS + 1)
+    copied_key = other[0]
+    move(copied_key, copied_key, busy[-1], "moved while copying")
+    assert GroupedSnapshot(hook, store, spec, holder="g0").copy_group(0)["status"] == "staged"
+    manifests = [done(snapshot.seq)]
+
+    # (b) A burst on group 0, and a key of it moved to group 1.
+    key, to = busy[0], other[1]
+    for n, c in enumerate(busy[1:-1]):  # a transaction each: a window may end after any of them
+        execute(hook, f"UPDATE {table} SET note = 'burst {n}' WHERE order_id = {c} AND customer_id = {c}")
+    execute(
+        hook, f"UPDATE {table} SET note = 'before the move' WHERE order_id = {key} AND customer_id = {key}"
+    )
+    time.sleep(1.1)  # the key's three states in three commit seconds (history: a version each)
+    move(key, key, to, "moved")
+    time.sleep(1.1)
+    execute(hook, f"UPDATE {table} SET note = 'after the move' WHERE order_id = {key} AND customer_id = {to}")
+    bounds = ReadBounds(max_events=4)
+    for _ in range(12):  # until a window reads to its stop in every group
+        assert GroupedCatchUp(hook, store, spec, holder="plan").plan(2) == [0, 1]
+        window = store.open_window(sync_id)
+        assert window is not None
+        for g in (0, 1):
+            GroupedCatchUp(hook, store, spec, holder=f"g{g}").read_group(g, bounds)
+        manifests.append(done(window.seq))
+        if not any(store.window(sync_id, window.seq).stats.get("shard_lag_transactions", {}).values()):
+            break
+
+    want = source_rows(hook, keyspace, BURST_TABLE)
+    assert {(copied_key, busy[-1], "moved while copying"), (key, to, "after the move")} <= want
+    spark = spark_session()
+    root = tmp_path / "delta"
+    mirror, rows = _merge_mode(spark, sync_id, manifests, root, TargetMode.MIRROR)
+    assert {tuple(r) for r in rows} == want
+
+    soft, rows = _merge_mode(spark, sync_id, manifests, root, TargetMode.SOFT_DELETE)
+    assert {(r["order_id"], r["customer_id"], r["note"]) for r in rows if not r[P + "deleted"]} == want
+
+    hist, rows = _merge_mode(spark, sync_id, manifests, root, TargetMode.HISTORY)
+    current = [(r["order_id"], r["customer_id"], r["note"]) for r in rows if r[P + "current"]]
+    assert sorted(current) == sorted(want), sorted(set(current) ^ want)
+    frm, to_ = P + "valid_from", P + "valid_to"
+    # (A snapshot's versions start at NULL: since when the copy does not say.)
+    backwards = [r for r in rows if None not in (r[frm], r[to_]) and r[to_] < r[frm]]
+    assert not backwards, backwards
+
+    log, rows = _merge_mode(spark, sync_id, manifests, root, TargetMode.CHANGELOG)
+    # Replayed in (window, order), as docs/target-modes.md has it: a move is a row on each shard,
+    # so a key is there while some shard's last row of it is not a delete (the latest of them).
+    on_shard: dict[tuple[int, str], tuple[tuple[int, int], tuple[Any, ...] | None]] = {}
+    for r in rows:
+        at, where = (r[P + "window_seq"], r[P + "order"]), (r["order_id"], r[P + "shard"])
+        if where not in on_shard or on_shard[where][0] < at:
+            row = None if r[P + "op"] == "delete" else (r["order_id"], r["customer_id"], r["note"])
+            on_shard[where] = (at, row)
+    state: dict[int, tuple[tuple[int, int], tuple[Any, ...]]] = {}
+    for (key, _), (at, held) in on_shard.items():
+        if held is not None and (key not in state or state[key][0] < at):
+            state[key] = (at, held)
+    assert {row for _, row in state.values()} == want
+
+    seqs = [m.window_seq for m in manifests]
+    for path in (mirror, soft, hist, log):  # each window once in each Delta log
+        versions = [v for app, v, _ in delta_txns(path) if app.endswith(f":{sync_id}:{BURST_TABLE}")]
+        assert sorted(versions) == seqs, (path, versions, seqs)
+    assert len(manifests) == 2  # one window after the snapshot: every group read to its stop

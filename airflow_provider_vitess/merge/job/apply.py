@@ -222,7 +222,9 @@ def last_per_key(
     if context is not None:
         events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
     by_key = Window.partitionBy(*[col(k) for k in keys])
-    events = order.key_order(events, keys, retired)  # the keys the window touches, ranked
+    # The keys the window touches, ranked (a grouped snapshot's copies as of their group's end).
+    ends = conflicts.copy_ends_of(covered)
+    events = order.key_order(events, keys, retired, copies_at=ends)
     by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
     events = partial.carry(events, blobs, by_shard)
     shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)

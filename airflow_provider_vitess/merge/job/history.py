@@ -77,8 +77,10 @@ def _events(
     data: Sequence[str],
     table: str,
     retired: Mapping[str, Sequence[str]],
+    copies_at: Mapping[str, int] | None = None,
 ) -> DataFrame:
-    """The window's events at each key it touches, with the context's of those keys."""
+    """The window's events at each key it touches, with the context's of those keys
+    (``copies_at``: a grouped snapshot's copy ends, :func:`.order.key_order`)."""
     events = apply._key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
     if context is not None:
         events = events.unionByName(apply._key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
@@ -100,7 +102,8 @@ def _events(
         ).where(col("_guard").isNull())
         events = events.drop("_guard", *blobs)
     # The keys the window touches, ranked, with each event's next one (for a move's two halves).
-    return order.key_order(events, keys, retired, following=(_UP, _SHARD, _TS, _WIN), window=True)
+    following = (_UP, _SHARD, _TS, _WIN)
+    return order.key_order(events, keys, retired, following=following, window=True, copies_at=copies_at)
 
 
 def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
@@ -139,7 +142,8 @@ def versions(
     live rows of the source, which would be one current version flipping between them) makes the
     first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
     as for :func:`.apply.last_per_key`)."""
-    e = _heirs(_events(staged, context, keys, data, table, retired or {}), keys, retired or {})
+    ends = conflicts.copy_ends_of(covered)
+    e = _heirs(_events(staged, context, keys, data, table, retired or {}, ends), keys, retired or {})
     key_cols = [col(k) for k in keys]
     nxt = {n: col(order.NEXT + n) for n in (_UP, _SHARD, _TS, _WIN)}
     nxt[_ORD] = F.when(nxt[_UP].isNotNull(), col(_ORD) + 1)  # ranks are 1, 2, ... per key

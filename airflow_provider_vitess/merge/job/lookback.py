@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from airflow_provider_vitess.staging import arrow_types as A
-from airflow_provider_vitess.staging.manifest import Manifest
+from airflow_provider_vitess.staging.manifest import GROUP_READS, Manifest
 from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,24 @@ def commit_ts_range(manifest: Manifest, table: str) -> tuple[int, int] | None:
     return None if low is None or high is None else (low, high)
 
 
+def copy_ends(manifest: Manifest) -> dict[str, int]:
+    """A snapshot copied by shard groups: per shard, when its group's copy ended (its part was
+    staged: the group manifest's ``created_at``, seconds since the epoch, the worker's clock);
+    empty for any other window. Each group's streams ran until its own copy was over, so a row
+    moved out of a group's shard after that has its DELETE in the next window while its copy
+    (commit second 0) is in this one: as look-back context, a copied row counts as committed at
+    its group's end (give or take :data:`CLOCK_SKEW_SECONDS`: the worker's clock)."""
+    if manifest.stop_vgtid is not None:
+        return {}
+    out: dict[str, int] = {}
+    for read in manifest.stats.get(GROUP_READS) or ():
+        ended = read.get("ended_at")
+        for s in read.get("shards") or ():
+            if ended is not None:
+                out[str(s)] = int(ended)
+    return out
+
+
 def context_windows(
     manifest: Manifest,
     table: str,
@@ -136,7 +154,9 @@ def context_windows(
         if table not in earlier.tables or not earlier.tables[table].parts:
             continue
         found = ts_range(earlier, table)
-        if found is None or found[1] >= since:  # unknown range: read it, the filter decides
+        # A grouped snapshot's copies count as of their group's end (copy_ends; its clock).
+        copied = max(copy_ends(earlier).values(), default=-CLOCK_SKEW_SECONDS) + CLOCK_SKEW_SECONDS
+        if found is None or max(found[1], copied) >= since:  # unknown range: read it, the filter decides
             out.append(ContextWindow(earlier, back, since))
         if earlier.stop_vgtid is None:
             # A snapshot copied the table afresh: events before it were never read in full, and

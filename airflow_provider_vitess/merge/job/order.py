@@ -41,6 +41,7 @@ def key_order(
     retired: Mapping[str, Sequence[str]] | None = None,
     following: Sequence[str] = (),
     window: bool = False,
+    copies_at: Mapping[str, int] | None = None,
 ) -> DataFrame:
     """``_ord`` becomes each key's events' rank in the merge's order (1, 2, ...), an order that does
     not depend on which process staged an event (docs/design.md, "Shard groups"):
@@ -67,7 +68,13 @@ def key_order(
     shard's last second of the key (its host's clock may be behind) and, in one second, the old
     shard comes first (``-40`` would sort before ``-80``, which it replaced).
 
-    ``window``: keep each event's window as :data:`WINDOW` (it may also be one of ``following``)."""
+    ``window``: keep each event's window as :data:`WINDOW` (it may also be one of ``following``).
+
+    ``copies_at`` (a snapshot copied by shard groups: per shard, the source second its group's
+    copy ended, :func:`.lookback.copy_ends`): a copied row (commit second 0) is ranked as of its
+    group's end, before the commit second: the groups' copies end apart, and a key held by two
+    groups' shards at once there is a row that moved after the earlier group's end
+    (:mod:`.conflicts`), so the later group's state is the newer."""
     win = F.floor(col(_ORD) / F.lit(2 * SEQ_SHIFT))
     by_key = [col(k) for k in keys]
     # One partitioning and ordering (by key; shard, window, order) for every window function but the
@@ -80,6 +87,15 @@ def key_order(
     )
     whole = along.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     kts, gen = running["ts"], F.lit(1)
+    lead: Column | None = None
+    if copies_at:
+        at = F.lit(0).cast(T.LongType())
+        for s, second in copies_at.items():
+            at = F.when(col(_SHARD) == s, F.lit(second)).otherwise(at)
+        eff = F.when(col(A.COMMIT_TS) == 0, at).otherwise(col(A.COMMIT_TS))
+        lead = F.max(F.struct(col(_SHARD), col(WINDOW), eff.alias("ts"))).over(
+            along.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        )["ts"]
     for old, new in (retired or {}).items():
         # The old shard's last window of the key and its latest second there: a floor for its
         # successors' events of that window (an earlier window comes first anyway).
@@ -89,12 +105,13 @@ def key_order(
         kts = F.greatest(kts, floor)
         gen = F.when(col(_SHARD) == old, F.lit(0)).otherwise(gen)
     ordered = events.withColumn(WINDOW, win).withColumn(ORDER_TS, kts).withColumn("_gen", gen)
+    ordered = ordered.withColumn("_lead", F.lit(0) if lead is None else lead)
     if _CTX in events.columns:  # only the keys the window touches: not those of context events only
         touched = F.max(F.when(col(_CTX), 0).otherwise(1)).over(whole) == 1
         ordered = ordered.withColumn("_touched", touched).where(col("_touched")).drop("_touched")
-    rank_by = (col(WINDOW), col(ORDER_TS), col("_gen"), col(_SHARD), col(_ORD))
+    rank_by = (col(WINDOW), col("_lead"), col(ORDER_TS), col("_gen"), col(_SHARD), col(_ORD))
     ranked = Window.partitionBy(*by_key).orderBy(*rank_by)
     for c in following:
         ordered = ordered.withColumn(NEXT + c, F.lead(col(c)).over(ranked))
-    ranks = ordered.withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType())).drop("_gen")
+    ranks = ordered.withColumn(_ORD, F.row_number().over(ranked).cast(T.LongType())).drop("_gen", "_lead")
     return ranks if window else ranks.drop(WINDOW)

@@ -338,7 +338,13 @@ def _context(
     for earlier in lookback.context_windows(manifest, table, found[0], load):
         tm = earlier.manifest.tables[table]
         rows = apply.read_window(spark, earlier.manifest, tm, window_columns(tm, target))
-        rows = rows.where(apply.col(A.COMMIT_TS) >= earlier.since)
+        counted = apply.col(A.COMMIT_TS) >= earlier.since
+        # A grouped snapshot's copied rows count as of their group's copy end (lookback.copy_ends).
+        ends = lookback.copy_ends(earlier.manifest)
+        late = sorted(s for s, end in ends.items() if end + lookback.CLOCK_SKEW_SECONDS >= earlier.since)
+        if late:
+            counted = counted | ((apply.col(A.COMMIT_TS) == 0) & apply.col(A.SHARD).isin(late))
+        rows = rows.where(counted)
         have = set(rows.columns)
         out = [
             apply.col(A.OP),

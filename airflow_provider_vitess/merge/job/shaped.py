@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from airflow_provider_vitess.merge.job import apply, conflicts, history, resnapshot, shapes
+from airflow_provider_vitess.merge.job import apply, conflicts, history, lookback, resnapshot, shapes
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
@@ -133,7 +133,8 @@ def write(
         create = shapes.properties(shape)
         if shape.mode is TargetMode.CHANGELOG:
             assert step.schema is not None
-            rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot)
+            ends = lookback.copy_ends(s.manifest)  # a grouped snapshot's (order.key_order)
+            rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot, copies_at=ends)
             if step.afresh:  # a changed column choice: the copy's rows, in its schema, are the log
                 apply.write_replace(
                     rows,

@@ -243,12 +243,14 @@ def changelog_rows(
     seq: int,
     snapshot: bool,
     retired: Mapping[str, Sequence[str]] | None = None,
+    copies_at: Mapping[str, int] | None = None,
 ) -> DataFrame:
     """One row per change of the window at each key it touches, in the table's columns
     (``schema``: the data columns; one the window lacks, a dropped column, is NULL), in the
-    merge's per-key order (``retired``: a reshard's, :func:`.order.key_order`)."""
+    merge's per-key order (``retired``: a reshard's, ``copies_at``: a grouped snapshot's copy
+    ends, :func:`.order.key_order`)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = order.key_order(apply._key_events(staged, keys, data), keys, retired)
+    events = order.key_order(apply._key_events(staged, keys, data), keys, retired, copies_at=copies_at)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),
