@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.merge.job.run import merge
@@ -31,27 +30,12 @@ from airflow_provider_vitess.vstream.window import capture_stop_position
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import delta_txns, source_rows, spark_session
+from tests.integration.group_workload import create_orders
 
 pytestmark = pytest.mark.integration
 
 TABLE = "samesec_orders"
 P = "_vitess_"
-
-
-def _setup(hook: Any) -> None:
-    wl.execute(
-        hook,
-        f"DROP TABLE IF EXISTS customer.{TABLE}",
-        f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
-        "note VARCHAR(32), PRIMARY KEY (order_id))",
-    )
-    try:  # the vschema outlives a dropped table
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
-    values = ", ".join(f"({oid}, 1, 'initial {oid}')" for oid in range(1, 11))
-    wl.execute(hook, f"INSERT INTO customer.{TABLE} (order_id, customer_id, note) VALUES {values}")
 
 
 def _in_one_second(*transactions: Callable[[], None]) -> None:
@@ -114,7 +98,7 @@ def test_a_key_deleted_in_the_second_it_was_written_ends_deleted_in_every_mode(
     vitess: LocalVitess, tmp_path: Path
 ) -> None:
     hook = wl.hook_for(vitess, "vitess_same_second")
-    _setup(hook)
+    create_orders(hook, f"customer.{TABLE}", range(1, 11))
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     sync = wl.new_sync(
         hook, store, tmp_path / "stage", f"samesec-{uuid.uuid4().hex[:8]}", "customer", [TABLE]

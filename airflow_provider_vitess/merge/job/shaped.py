@@ -93,6 +93,21 @@ def truncate(spark: SparkSession, s: ShapedStep) -> None:
     )
 
 
+def _replace(s: ShapedStep, rows: DataFrame) -> None:
+    """The step's table replaced by ``rows`` (one commit carrying the window), with the mode's
+    table properties."""
+    apply.write_replace(
+        rows,
+        s.target.path,
+        list(s.target.key_columns),
+        s.app_id,
+        s.step.seq,
+        files=s.files,
+        column_mapping=s.column_mapping,
+        properties=shapes.properties(s.target.shape),
+    )
+
+
 def _rewrite(spark: SparkSession, s: ShapedStep, copy: DataFrame | None) -> None:
     """A re-snapshot of a table whose mode keeps its past (:mod:`.resnapshot`), one commit."""
     step, target = s.step, s.target
@@ -102,16 +117,7 @@ def _rewrite(spark: SparkSession, s: ShapedStep, copy: DataFrame | None) -> None
     rows = resnapshot.rows(
         spark, target.path, copy, keys, step.schema, step.past, target.shape, step.seq, step.table, at
     )
-    apply.write_replace(
-        rows,
-        target.path,
-        keys,
-        s.app_id,
-        step.seq,
-        files=s.files,
-        column_mapping=s.column_mapping,
-        properties=shapes.properties(target.shape),
-    )
+    _replace(s, rows)
 
 
 def write(
@@ -136,16 +142,7 @@ def write(
             ends = lookback.copy_ends(s.manifest)  # a grouped snapshot's (order.key_order)
             rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot, copies_at=ends)
             if step.afresh:  # a changed column choice: the copy's rows, in its schema, are the log
-                apply.write_replace(
-                    rows,
-                    path,
-                    keys,
-                    s.app_id,
-                    seq,
-                    files=s.files,
-                    column_mapping=s.column_mapping,
-                    properties=create,
-                )
+                _replace(s, rows)
             else:
                 shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
             return (), False
@@ -172,16 +169,7 @@ def write(
                 meta=True,
             )
             rows = shapes.replace_rows(final, with_comments, shape, seq)
-        apply.write_replace(
-            rows,
-            path,
-            keys,
-            s.app_id,
-            seq,
-            files=s.files,
-            column_mapping=s.column_mapping,
-            properties=create,
-        )
+        _replace(s, rows)
         return (), False
     assert step.evolution is not None and step.schema is not None
     ev = step.evolution
