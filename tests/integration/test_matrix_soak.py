@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
+from tests.conftest import LocalVitess, connection_uri_env, print_past_capture
 from tests.integration.airflow_env import make_airflow_env
 from tests.integration.matrix_soak import MatrixSoak, Tally, draw
 
@@ -46,13 +46,9 @@ def hook(vitess: LocalVitess, request: pytest.FixtureRequest) -> Iterator[Vitess
         yield hook
         hook.close()
     if TALLY.results:  # past pytest's capture: the lines and the tally are the soak's output
-        capture = request.config.pluginmanager.get_plugin("capturemanager")
-        text = "\n" + "\n".join([r.line() for r in TALLY.results] + [TALLY.line()])
-        if capture is None:
-            print(text, flush=True)
-        else:
-            with capture.global_and_fixture_disabled():
-                print(text, flush=True)
+        print_past_capture(
+            request.config, "\n" + "\n".join([r.line() for r in TALLY.results] + [TALLY.line()])
+        )
 
 
 def _run(
