@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job.connect import remote_sessions
 from airflow_provider_vitess.staging.hashing import hasher
 from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv
 from tests.integration.mode_oracles import (
@@ -206,8 +207,13 @@ class MatrixSoak:
     """Runs one seed's plan; raises ``AssertionError`` naming the seed, configuration, script and
     the step that failed (its result also carries it)."""
 
-    def __init__(self, hook: VitessHook, airflow: AirflowEnv, lake: Path, plan: Plan) -> None:
+    def __init__(
+        self, hook: VitessHook, airflow: AirflowEnv, lake: Path, plan: Plan, spark_connect: str
+    ) -> None:
+        """``spark_connect``: the server the merges run on, which the checks read Delta with too
+        (no Spark of the test's own to start: the fixed seed's share of ``make test``)."""
         self.hook, self.airflow, self.lake, self.plan = hook, airflow, lake, plan
+        self.spark_connect = spark_connect
         self.config = plan.config
         self.sync = f"mx_seed_{self.config.seed}"
         self.result: SeedResult | None = None
@@ -305,20 +311,22 @@ class MatrixSoak:
 
     def check(self, workload: ModesWorkload) -> None:
         gone = {k for k, states in workload.record.states.items() if states[-1] is None}
-        for table, mode in self.config.modes.items():
-            path = self.lake / "delta" / table
-            rows = delta_dicts(path)
-            source = self._as_target(table, source_dicts(self.hook, "customer", table))
-            what = f"{table} ({mode})"
-            if mode == "mirror":
-                assert_mirror(what, rows, source)
-            elif mode == "soft_delete":
-                assert_soft_delete(what, rows, source, gone)
-            elif mode == "history":
-                assert_history(what, rows, source)
-            else:
-                assert_changelog(what, rows, source)
-            assert_each_window_once(what, path)
+        with remote_sessions(self.spark_connect) as new_session:
+            spark = new_session()
+            for table, mode in self.config.modes.items():
+                path = self.lake / "delta" / table
+                rows = delta_dicts(path, spark)
+                source = self._as_target(table, source_dicts(self.hook, "customer", table))
+                what = f"{table} ({mode})"
+                if mode == "mirror":
+                    assert_mirror(what, rows, source)
+                elif mode == "soft_delete":
+                    assert_soft_delete(what, rows, source, gone)
+                elif mode == "history":
+                    assert_history(what, rows, source)
+                else:
+                    assert_changelog(what, rows, source)
+                assert_each_window_once(what, path)
 
     def _as_target(self, table: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         c = self.config

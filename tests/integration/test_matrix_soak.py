@@ -20,9 +20,17 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.staging.hashing import hasher
 from tests.conftest import LocalVitess, connection_uri_env, print_past_capture
 from tests.integration.airflow_env import make_airflow_env
 from tests.integration.matrix_soak import MatrixSoak, Tally, draw
+from tests.integration.mode_oracles import (
+    as_target,
+    assert_changelog,
+    assert_history,
+    assert_mirror,
+    assert_soft_delete,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +64,7 @@ def _run(
 ) -> None:
     plan = draw(seed) if full else draw(seed, steps=FIXED_STEPS, avoid_known_bugs=True, every_event=True)
     airflow = make_airflow_env(tmp_path / "af", vitess, spark_connect=spark_connect)
-    soak = MatrixSoak(hook, airflow, tmp_path / "lake", plan)
+    soak = MatrixSoak(hook, airflow, tmp_path / "lake", plan, spark_connect)
     log = os.environ.get("MATRIX_LOG")
     try:
         result = soak.run()
@@ -109,3 +117,74 @@ def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
         for s in p.steps
     )
     assert json.loads(json.dumps([p.describe() for p in fixed]))
+
+
+def _v(
+    key: int, note: str, start: int | None, end: int | None, *, deleted: bool = False
+) -> dict[str, object]:
+    return {
+        "id": key, "note": note, "_vitess_valid_from": start, "_vitess_valid_to": end,
+        "_vitess_current": end is None, "_vitess_deleted": deleted,
+    }  # fmt: skip
+
+
+def _c(key: int, note: str | None, op: str, seq: int, order: int, shard: str) -> dict[str, object]:
+    return {
+        "id": key,
+        "note": note,
+        "_vitess_op": op,
+        "_vitess_window_seq": seq,
+        "_vitess_order": order,
+        "_vitess_shard": shard,
+    }
+
+
+def test_the_oracles_catch_what_they_are_for() -> None:
+    """The soak's oracles on hand-made rows (no server): each shape passes, and each known way of
+    being wrong fails (else a green soak would say nothing)."""
+    source = [{"id": 1, "note": "b"}]
+    history = [_v(1, "a", None, 10), _v(1, "b", 10, None), _v(2, "x", None, 12, deleted=True)]
+    assert_history("h", history, source)
+    with pytest.raises(AssertionError, match="current versions"):  # a deleted key left current (item 0)
+        assert_history("h", [*history[:2], _v(2, "x", None, None)], source)
+    with pytest.raises(AssertionError, match="overlap"):
+        assert_history("h", [_v(1, "a", None, 11), _v(1, "b", 10, None)], source)
+    with pytest.raises(AssertionError, match="gap"):
+        assert_history("h", [_v(1, "a", None, 9), _v(1, "b", 10, None)], source)
+    # A move, the INSERT half first, then a delete of another key: replayed, the source.
+    log = [
+        _c(1, "a", "snapshot", 1, 0, "-80"),
+        _c(2, "x", "snapshot", 1, 1, "80-"),
+        _c(1, "b", "insert", 2, 0, "80-"),
+        _c(1, None, "delete", 2, 1, "-80"),
+        _c(2, None, "delete", 2, 2, "80-"),
+    ]
+    assert_changelog("c", log, source)
+    with pytest.raises(AssertionError, match="only in the source"):  # the move's INSERT half lost
+        assert_changelog("c", [r for r in log if r["_vitess_op"] != "insert"], source)
+    soft = [
+        {
+            "id": 1,
+            "note": "b",
+            "_vitess_deleted": False,
+            "_vitess_deleted_at": None,
+            "_vitess_op": "update",
+            "_vitess_window_seq": 2,
+        },
+        {
+            "id": 2,
+            "note": "x",
+            "_vitess_deleted": True,
+            "_vitess_deleted_at": 5,
+            "_vitess_op": "delete",
+            "_vitess_window_seq": 2,
+        },
+    ]
+    assert_soft_delete("s", soft, source, gone={2})
+    with pytest.raises(AssertionError, match="deleted, not flagged"):  # a tombstone erased (item 5)
+        assert_soft_delete("s", soft[:1], source, gone={2})
+    hashed = as_target([{"id": 1, "note": "b", "extra": None}], hashed={"note": hasher("s")})
+    assert hashed == [{"id": 1, "note": hasher("s")(b"b"), "extra": None}]
+    assert_mirror("m", [{"id": 1, "note": hasher("s")(b"b")}], hashed)  # a column added, NULL: no loss
+    with pytest.raises(AssertionError, match="hold values"):
+        assert_mirror("m", [{"id": 1}], hashed)
