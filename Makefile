@@ -13,7 +13,7 @@ PYSPARK_VERSION ?= 4.2.0
 DELTA_VERSION ?= 4.4.0
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)-$(PYSPARK_VERSION)-$(DELTA_VERSION)
 
-.PHONY: demo test lint unit integration soak vitess vitess-stop protos clean bench-peers test-compat
+.PHONY: demo test lint unit integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat
 
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
@@ -62,6 +62,14 @@ bench-peers: $(STAMP) protos vitess
 SEEDS ?= 50
 soak: $(STAMP) protos vitess
 	SOAK_FULL=1 SOAK_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_soak.py
+
+# The matrix soak (bench/README.md): per seed a drawn configuration (target modes, shard groups,
+# column choice, max_events, sensor) and script (moves, same-second deletes, key changes, long
+# transactions, ADD COLUMN, a re-snapshot) through the DAG factory, each mode's oracle after every
+# run; `make test` runs its fixed seed. A line per seed and the tally at the end; MATRIX_FIRST=n
+# starts at seed n, MATRIX_LOG=file keeps each seed's result.
+soak-matrix: $(STAMP) protos vitess
+	MATRIX_FULL=1 MATRIX_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_matrix_soak.py
 
 # Not part of `test`: every Airflow minor and every Spark/Delta pair of
 # airflow_provider_vitess/versions.py, each from the repo's wheel in a venv of its own (kept in

@@ -241,6 +241,17 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
 
 
+def print_past_capture(config: pytest.Config, text: str) -> None:
+    """Prints ``text`` to the terminal past pytest's output capture (a soak's tally is its
+    output, also in ``-q`` runs)."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is None:  # run with -p no:capture
+        print(text, flush=True)
+    else:
+        with capture.global_and_fixture_disabled():
+            print(text, flush=True)
+
+
 def connection_uri_env(conn_id: str, cluster: LocalVitess, **extra: object) -> tuple[str, str]:
     """(env var name, value) defining an Airflow connection to the local vtgate."""
     value = {

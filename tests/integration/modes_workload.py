@@ -6,17 +6,21 @@ hash vindex column, note, qty), so a key lives on the shard of its ``vid`` and a
 shards is a DELETE and an INSERT with another ``vid`` in one transaction (vtgate refuses to
 update a vindex column).
 
-Each *round* touches a key at most once, except a delete and re-insert of one key in two
-transactions of the same second; rounds are a second and more apart, so two transactions of a
-key are never in one commit second otherwise (history keeps one version per key per commit
-second: docs/target-modes.md).
+A *step* runs named changes (:data:`EVENTS`: inserts, updates, deletes, moves with either half
+first, key changes, a delete and re-insert of one key in two transactions of one second, a key
+written and then deleted by two transactions of one second, a large and a long transaction);
+a *round* is the step of test_target_modes. A step touches a key at most once, except in those
+same-second events; steps are a second and more apart, so two transactions of a key are never
+in one commit second otherwise (history keeps one version per key per commit second:
+docs/target-modes.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,71 +141,168 @@ class ModesWorkload:
     def round(self, big: bool = False) -> None:
         """One round (module docstring): inserts, updates, deletes, a move between shards, a key
         change, a delete and re-insert in one second, and with ``big`` one large transaction."""
-        rec, rng = self.record, self.rng
-        live = sorted(rec.live())
-        rng.shuffle(live)
+        self.step(
+            ["insert"] * 3
+            + ["update"] * 4
+            + ["delete"] * 2
+            + ["move"] * 2
+            + ["key_change", "delete_reinsert"]
+            + (["big"] if big else [])
+        )
+
+    def step(self, events: Sequence[str]) -> None:
+        """``events`` (names of :data:`EVENTS`) in order, each key touched by one of them at
+        most (the same-second events touch theirs twice on purpose); then a second passes, so
+        the next step's transactions of a key are in a later second."""
+        live = sorted(self.record.live())
+        self.rng.shuffle(live)
         pick = iter(live)
-        for _ in range(3):  # inserts, each its own transaction
-            key, state = self.next_id, self._state(self._vid())
-            self.next_id += 1
-            self._tx(lambda c, k=key, s=state: self._insert(c, k, s))
-            rec.commit(key, state, "insert")
-        for _ in range(4):  # updates (the row stays on its shard)
-            key = next(pick)
-            old = rec.now(key)
-            assert old is not None
-            state = (old[0], rng.choice(["u", "v", "w"]) + str(rng.randint(0, 99)), rng.randint(-1000, 1000))
-            self._tx(
-                lambda c, k=key, s=state: self._run(
-                    c, "UPDATE {t} SET note = :n, qty = :q WHERE id = :i", {"i": k, "n": s[1], "q": s[2]}
-                )
-            )
-            rec.commit(key, state, "update")
-        for _ in range(2):  # deletes
-            key = next(pick)
-            self._tx(lambda c, k=key: self._delete(c, k))
-            rec.commit(key, None, "delete")
-        for _ in range(2):  # moves to the other shard: DELETE + INSERT in one transaction
-            key = next(pick)
-            old = rec.now(key)
-            assert old is not None
-            state = (self._vid(other_than=self.shard_of[old[0]]), old[1], old[2] + 1)
+        for event in events:
+            getattr(self, "_ev_" + event)(pick)
+        time.sleep(1.2)
 
-            def move(c: sqlalchemy.Connection, k: int = key, s: tuple[int, str, int] = state) -> None:
-                self._delete(c, k)
-                self._insert(c, k, s)
-
-            self._tx(move)
-            rec.commit(key, state, "move")
-        # A key change: the row's id changes (same shard): the old key deleted, the new inserted.
+    def _picked(self, pick: Iterator[int]) -> tuple[int, tuple[int, str, int]]:
         key = next(pick)
-        old = rec.now(key)
+        old = self.record.now(key)
+        assert old is not None
+        return key, old
+
+    def _ev_insert(self, pick: Iterator[int]) -> None:  # its own transaction
+        key, state = self.next_id, self._state(self._vid())
+        self.next_id += 1
+        self._tx(lambda c: self._insert(c, key, state))
+        self.record.commit(key, state, "insert")
+
+    def _ev_update(self, pick: Iterator[int]) -> None:  # the row stays on its shard
+        key, old = self._picked(pick)
+        state = (
+            old[0],
+            self.rng.choice(["u", "v", "w"]) + str(self.rng.randint(0, 99)),
+            self.rng.randint(-1000, 1000),
+        )
+        self._tx(lambda c: self._set(c, key, state))
+        self.record.commit(key, state, "update")
+
+    def _set(self, conn: sqlalchemy.Connection, key: int, s: tuple[int, str, int]) -> None:
+        self._run(conn, "UPDATE {t} SET note = :n, qty = :q WHERE id = :i", {"i": key, "n": s[1], "q": s[2]})
+
+    def _ev_delete(self, pick: Iterator[int]) -> None:
+        key, _ = self._picked(pick)
+        self._tx(lambda c: self._delete(c, key))
+        self.record.commit(key, None, "delete")
+
+    def _moved(self, pick: Iterator[int], insert_first: bool) -> None:
+        """A move to another shard: DELETE + INSERT with another ``vid`` in one transaction; with
+        ``insert_first`` the INSERT first (the DELETE then names the old ``vid``, so it routes to
+        the old shard only)."""
+        key, old = self._picked(pick)
+        state = (self._vid(other_than=self.shard_of[old[0]]), old[1], old[2] + 1)
+
+        def move(c: sqlalchemy.Connection) -> None:
+            if insert_first:
+                self._insert(c, key, state)
+                self._run(c, "DELETE FROM {t} WHERE id = :i AND vid = :v", {"i": key, "v": old[0]})
+            else:
+                self._delete(c, key)
+                self._insert(c, key, state)
+
+        self._tx(move)
+        self.record.commit(key, state, "move")
+
+    def _ev_move(self, pick: Iterator[int]) -> None:
+        self._moved(pick, insert_first=False)
+
+    def _ev_move_insert_first(self, pick: Iterator[int]) -> None:
+        self._moved(pick, insert_first=True)
+
+    def _ev_key_change(self, pick: Iterator[int]) -> None:
+        """The row's id changes (same shard): the old key deleted, the new inserted."""
+        key, old = self._picked(pick)
         new_key = self.next_id
         self.next_id += 1
-        self._tx(
-            lambda c, k=key, n=new_key: self._run(c, "UPDATE {t} SET id = :n WHERE id = :i", {"i": k, "n": n})
-        )
-        rec.commit(key, None, "delete")
-        rec.commit(new_key, old, "insert")
-        # Deleted and inserted again, in two transactions of one second.
-        key = next(pick)
-        old = rec.now(key)
-        assert old is not None
+        self._tx(lambda c: self._run(c, "UPDATE {t} SET id = :n WHERE id = :i", {"i": key, "n": new_key}))
+        self.record.commit(key, None, "delete")
+        self.record.commit(new_key, old, "insert")
+
+    def _ev_delete_reinsert(self, pick: Iterator[int]) -> None:
+        """Deleted and inserted again, in two transactions of one second."""
+        key, old = self._picked(pick)
         state = (old[0], "again", old[2])
-        self._tx(lambda c, k=key: self._delete(c, k))
-        self._tx(lambda c, k=key, s=state: self._insert(c, k, s))
-        rec.commit(key, None, "delete")
-        rec.commit(key, state, "insert")
-        if big:  # one transaction updating many keys
-            keys = [k for k in pick][:60]
+        self._tx(lambda c: self._delete(c, key))
+        self._tx(lambda c: self._insert(c, key, state))
+        self.record.commit(key, None, "delete")
+        self.record.commit(key, state, "insert")
 
-            def many(c: sqlalchemy.Connection) -> None:
-                for k in keys:
-                    self._run(c, "UPDATE {t} SET qty = qty + 1000 WHERE id = :i", {"i": k})
+    def _ev_write_then_delete(self, pick: Iterator[int]) -> None:
+        """A new key inserted, and a live key updated, each then deleted by another transaction
+        of the same second (issue 38 item 0's shape)."""
+        new_key, state = self.next_id, self._state(self._vid())
+        self.next_id += 1
+        key, old = self._picked(pick)
+        changed = (old[0], "doomed", old[2])
 
-            self._tx(many)
+        def first(c: sqlalchemy.Connection) -> None:
+            self._insert(c, new_key, state)
+            self._set(c, key, changed)
+
+        def then(c: sqlalchemy.Connection) -> None:
+            self._delete(c, new_key)
+            self._delete(c, key)
+
+        self._tx(first)
+        self._tx(then)
+        for k, s in ((new_key, state), (key, changed)):
+            self.record.commit(k, s, "insert" if k == new_key else "update")
+            self.record.commit(k, None, "delete")
+
+    def _ev_big(self, pick: Iterator[int]) -> None:
+        """One transaction updating many keys (60 at most)."""
+        keys = list(itertools.islice(pick, 60))
+
+        def many(c: sqlalchemy.Connection) -> None:
             for k in keys:
-                old = rec.now(k)
-                assert old is not None
-                rec.commit(k, (old[0], old[1], old[2] + 1000), "update")
-        time.sleep(1.2)  # the next round's transactions of a key are in a later second
+                self._run(c, "UPDATE {t} SET qty = qty + 1000 WHERE id = :i", {"i": k})
+
+        self._tx(many)
+        for k in keys:
+            old = self.record.now(k)
+            assert old is not None
+            self.record.commit(k, (old[0], old[1], old[2] + 1000), "update")
+
+    def _ev_long_transaction(self, pick: Iterator[int]) -> None:
+        """A transaction open for two seconds while other transactions commit changes of other
+        keys: its changes come after theirs in the binlog (commit order), with an older start."""
+        keys = list(itertools.islice(pick, 5))
+        others = list(itertools.islice(pick, 3))
+        with self.hook.connect_sql() as conn, conn.begin():
+            for k in keys:
+                self._run(conn, "UPDATE {t} SET note = 'long' WHERE id = :i", {"i": k})
+            for k in others:
+                self._ev_update(iter([k]))
+            time.sleep(2)
+        for k in keys:
+            old = self.record.now(k)
+            assert old is not None
+            self.record.commit(k, (old[0], "long", old[2]), "update")
+
+    def add_column(self, name: str) -> None:
+        """``ALTER TABLE ... ADD COLUMN name VARCHAR(16)`` (NULL in every row) on each table."""
+        with self.hook.connect_sql() as conn:
+            for t in self.tables:
+                conn.execute(sqlalchemy.text(f"ALTER TABLE customer.{q(t)} ADD COLUMN {q(name)} VARCHAR(16)"))
+                conn.commit()
+
+
+# The events of ``ModesWorkload.step``.
+EVENTS = (
+    "insert",
+    "update",
+    "delete",
+    "move",
+    "move_insert_first",
+    "key_change",
+    "delete_reinsert",
+    "write_then_delete",
+    "big",
+    "long_transaction",
+)

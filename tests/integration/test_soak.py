@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LocalVitess
+from tests.conftest import LocalVitess, print_past_capture
 from tests.integration.faultproxy import FaultProxy
 from tests.integration.soak import PHASES, SeedPlan, Soak, Tally
 
@@ -38,12 +38,7 @@ def proxy(vitess: LocalVitess, request: pytest.FixtureRequest) -> Iterator[Fault
     yield p
     p.stop()
     if TALLY.results:  # past pytest's capture: the tally is the soak's output
-        capture = request.config.pluginmanager.get_plugin("capturemanager")
-        if capture is None:  # run with -p no:capture
-            print("\n" + TALLY.line(), flush=True)
-        else:
-            with capture.global_and_fixture_disabled():
-                print("\n" + TALLY.line(), flush=True)
+        print_past_capture(request.config, "\n" + TALLY.line())
 
 
 def test_the_small_seeds_cover_every_phase() -> None:

@@ -42,7 +42,16 @@ from tests.integration.airflow_env import (
     make_airflow_env,
 )
 from tests.integration.delta_check import delta_txns, source_rows, spark_session
-from tests.integration.modes_workload import ModesWorkload, Record, State, create_tables
+from tests.integration.mode_oracles import (
+    P,
+    assert_changelog_changes,
+    assert_history_states,
+    assert_mirror,
+    assert_soft_delete,
+    delta_dicts,
+    source_dicts,
+)
+from tests.integration.modes_workload import ModesWorkload, Record, create_tables
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +59,6 @@ MIRROR, SOFT, HIST, LOG, CDF = "modes_mirror", "modes_soft", "modes_hist", "mode
 META = "modes_meta"  # a mirror with metadata columns
 TABLES = (MIRROR, SOFT, HIST, LOG, CDF, META)
 SYNC = "modes_small"
-P = "_vitess_"
 
 DAGS = """
 import os
@@ -174,125 +182,22 @@ def workload(hook: VitessHook) -> ModesWorkload:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    df = spark_session().read.format("delta").load(str(path))
-    return [r.asDict() for r in df.collect()]
+    return delta_dicts(path)
 
 
-def _state(row: dict[str, Any]) -> State:
-    return (int(row["vid"]), row["note"], int(row["qty"]))
-
-
-def _assert_mirror(hook: VitessHook, lake: Path, table: str) -> None:
-    rows = _rows(lake / "delta" / table)
-    assert all(not c.startswith(P) for c in rows[0]), "a plain mirror has no metadata columns"
-    got = {(r["id"], r["vid"], r["note"], r["qty"]) for r in rows}
-    assert got == source_rows(hook, "customer", table)
+def _source(hook: VitessHook, table: str) -> list[dict[str, Any]]:
+    return source_dicts(hook, "customer", table)
 
 
 def _assert_mirror_with_metadata(hook: VitessHook, lake: Path, record: Record) -> None:
     rows = _rows(lake / "delta" / META)
     assert list(rows[0])[-4:] == [P + "op", P + "commit_ts", P + "window_seq", P + "synced_at"]
-    assert {(r["id"], r["vid"], r["note"], r["qty"]) for r in rows} == source_rows(hook, "customer", META)
+    assert_mirror(META, rows, _source(hook, META))
     changed = {k for k, cs in record.changes.items() if cs}
     for r in rows:
         assert r[P + "op"] in ("insert", "update") and r[P + "window_seq"] >= 1 and r[P + "synced_at"], r
         # A row the workload changed after the snapshot carries its source commit time.
         assert (r[P + "commit_ts"] is not None) == (r["id"] in changed), r
-
-
-def _assert_soft_delete(hook: VitessHook, lake: Path, record: Record) -> None:
-    rows = _rows(lake / "delta" / SOFT)
-    live = {(r["id"], r["vid"], r["note"], r["qty"]) for r in rows if not r[P + "deleted"]}
-    assert live == source_rows(hook, "customer", SOFT)
-    flagged = {r["id"] for r in rows if r[P + "deleted"]}
-    gone = {k for k, states in record.states.items() if states[-1] is None}
-    assert flagged == gone, (sorted(flagged - gone)[:5], sorted(gone - flagged)[:5])
-    for r in rows:
-        assert (r[P + "deleted_at"] is not None) == r[P + "deleted"], r
-        assert r[P + "op"] in ("insert", "update", "delete") and r[P + "window_seq"] >= 1, r
-
-
-def _expected_versions(states: list[State]) -> list[tuple[State, bool]]:
-    """Each recorded state that is a row, with whether a delete ended it."""
-    out: list[tuple[State, bool]] = []
-    for i, s in enumerate(states):
-        if s is not None:
-            out.append((s, i + 1 < len(states) and states[i + 1] is None))
-    return out
-
-
-def _assert_history(lake: Path, record: Record) -> None:
-    rows = _rows(lake / "delta" / HIST)
-    by_key: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_key.setdefault(r["id"], []).append(r)
-    expected_keys = {k for k, s in record.states.items() if any(x is not None for x in s)}
-    assert set(by_key) == expected_keys
-    wrong = []
-    for key, versions in by_key.items():
-        versions.sort(
-            key=lambda r: (
-                r[P + "valid_from"] is not None,
-                r[P + "valid_from"] or 0,
-                r[P + "valid_to"] is None,
-            )
-        )
-        got = [(_state(v), v[P + "deleted"]) for v in versions]
-        want = _expected_versions(record.states[key])
-        # The last version of a deleted key is ended by the delete; a live key's is current.
-        if got != want:
-            wrong.append((key, got, want))
-            continue
-        for a, b in itertools.pairwise(versions):
-            assert a[P + "valid_to"] is not None and not a[P + "current"], (key, versions)
-            if a[P + "deleted"]:
-                assert a[P + "valid_to"] <= b[P + "valid_from"], (key, versions)  # a gap: deleted
-            else:
-                assert a[P + "valid_to"] == b[P + "valid_from"], (key, versions)  # contiguous
-        last = versions[-1]
-        live = record.states[key][-1] is not None
-        assert last[P + "current"] == live and (last[P + "valid_to"] is None) == live, (key, versions)
-        assert sum(v[P + "current"] for v in versions) == (1 if live else 0)
-    assert not wrong, f"{len(wrong)} keys' versions differ, e.g. {wrong[:3]}"
-
-
-def _canonical(changes: list[tuple[str, State, str | None]]) -> list[tuple[str, State]]:
-    """Changelog rows of a key as the workload's changes: a delete and an insert on two shards
-    next to each other (either order) are one move."""
-    out: list[tuple[str, State]] = []
-    i = 0
-    while i < len(changes):
-        op, after, shard = changes[i]
-        if i + 1 < len(changes):
-            op2, after2, shard2 = changes[i + 1]
-            if {op, op2} == {"delete", "insert"} and shard != shard2:
-                out.append(("move", after if op == "insert" else after2))
-                i += 2
-                continue
-        out.append((op, after))
-        i += 1
-    return out
-
-
-def _assert_changelog(lake: Path, record: Record) -> None:
-    rows = _rows(lake / "delta" / LOG)
-    by_key: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        if r[P + "op"] != "snapshot":
-            by_key.setdefault(r["id"], []).append(r)
-    snapshot = Counter(r["id"] for r in rows if r[P + "op"] == "snapshot")
-    assert all(n == 1 for n in snapshot.values()) and set(snapshot) == {
-        k for k, s in record.states.items() if s[0] is not None
-    }
-    got = {}
-    for key, changes in by_key.items():
-        changes.sort(key=lambda r: (r[P + "window_seq"], r[P + "order"]))
-        got[key] = _canonical(
-            [(r[P + "op"], None if r[P + "op"] == "delete" else _state(r), r[P + "shard"]) for r in changes]
-        )
-    want = {k: [(c.op, c.after) for c in cs] for k, cs in record.changes.items()}
-    wrong = [(k, got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
-    assert not wrong, f"{len(wrong)} keys' changes differ, e.g. {wrong[:3]}"
 
 
 def _moves_split_by_a_window(lake: Path) -> int:
@@ -341,11 +246,14 @@ def _assert_change_data_feed(hook: VitessHook, lake: Path) -> None:
 
 
 def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
-    _assert_mirror(hook, lake, MIRROR)
+    mirror = _rows(lake / "delta" / MIRROR)
+    assert all(not c.startswith(P) for c in mirror[0]), "a plain mirror has no metadata columns"
+    assert_mirror(MIRROR, mirror, _source(hook, MIRROR))
     _assert_mirror_with_metadata(hook, lake, record)
-    _assert_soft_delete(hook, lake, record)
-    _assert_history(lake, record)
-    _assert_changelog(lake, record)
+    gone = {k for k, states in record.states.items() if states[-1] is None}
+    assert_soft_delete(SOFT, _rows(lake / "delta" / SOFT), _source(hook, SOFT), gone)
+    assert_history_states(HIST, _rows(lake / "delta" / HIST), record)
+    assert_changelog_changes(LOG, _rows(lake / "delta" / LOG), record)
     _assert_change_data_feed(hook, lake)
 
 
