@@ -53,7 +53,6 @@ DAG_FILE = """
 import os
 from datetime import timedelta
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -63,7 +62,6 @@ dag = vitess_sync_dag(
     target_location="{lake}/delta",
     {schedule}
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """

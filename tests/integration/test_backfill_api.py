@@ -100,7 +100,6 @@ FRESH_TABLE = "fresh_sched_orders"
 FRESH_DAG_FILE = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -112,7 +111,6 @@ dag = vitess_sync_dag(
     sensor_timeout=300,
     freshness_sla=0.01,
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """

@@ -42,7 +42,6 @@ FRESHNESS_SLA = 0.01  # seconds: every catch-up window is older than that when i
 SYNC_DAG = """
 import os
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -54,7 +53,6 @@ dag = vitess_sync_dag(
     sensor_timeout=5,
     freshness_sla={sla},
     default_args={{"retries": 0}},
-    spark_conf={{**LOCAL_CONF, "spark.jars.ivy": os.environ["VITESS_SPARK_IVY"]}},
     merge_kwargs={merge_kwargs},
 )
 """
