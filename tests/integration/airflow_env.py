@@ -113,6 +113,38 @@ CONNECT_UNLESS_SUBMIT = (
 )
 
 
+# A factory DAG of one table with a freshness objective, and a DAG scheduled on that table's
+# Asset (its consumer): the freshness tests' pair (test_freshness_objective, test_backfill_api).
+FRESHNESS_DAG = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+dag = vitess_sync_dag(
+    "{dag_id}",
+    keyspace="commerce",
+    tables=["{table}"],
+    staging_location="{lake}/staging",
+    target_location="{lake}/delta",
+    schedule=None,
+    sensor_timeout={sensor_timeout},
+    freshness_sla={sla},
+    default_args={{"retries": 0}},
+    merge_kwargs={merge_kwargs},
+)
+"""
+ASSET_CONSUMER_DAG = """
+from airflow.sdk import DAG, Asset, task
+
+with DAG("on_{table}", schedule=[Asset("file://{lake}/delta/{table}")]) as dag:
+
+    @task
+    def read():
+        return "read"
+
+    read()
+"""
+
+
 def make_airflow_env(
     root: Path, cluster: LocalVitess, *, spark_master: str = "local[2]", spark_connect: str | None = None
 ) -> AirflowEnv:

@@ -30,7 +30,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
+from tests.integration.airflow_env import ASSET_CONSUMER_DAG, CONNECT_MERGE, FRESHNESS_DAG, make_airflow_env
 from tests.integration.airflow_services import AirflowServices, airflow_services
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
@@ -97,34 +97,6 @@ dag = vitess_sync_dag(
 # consumer, and the DAG's deadline (the factory's, from freshness_sla) does not stop the scheduler.
 FRESH_DAG_ID = FRESH_SYNC = "fresh_sched_sync"
 FRESH_TABLE = "fresh_sched_orders"
-FRESH_DAG_FILE = """
-import os
-from airflow_provider_vitess.dag_factory import vitess_sync_dag
-
-dag = vitess_sync_dag(
-    "{dag_id}",
-    keyspace="commerce",
-    tables=["{table}"],
-    staging_location="{lake}/staging",
-    target_location="{lake}/delta",
-    schedule=None,
-    sensor_timeout=300,
-    freshness_sla=0.01,
-    default_args={{"retries": 0}},
-    merge_kwargs={merge_kwargs},
-)
-"""
-FRESH_CONSUMER_FILE = """
-from airflow.sdk import DAG, Asset, task
-
-with DAG("on_{table}", schedule=[Asset("file://{lake}/delta/{table}")]) as dag:
-
-    @task
-    def read():
-        return "read"
-
-    read()
-"""
 
 
 def _iso(value: datetime) -> str:
@@ -169,11 +141,16 @@ def services(
             dag_id=GROUPED_DAG_ID, table=GROUPED_TABLE, lake=lake / "grouped", merge_kwargs=CONNECT_MERGE
         ),
     )
-    fresh = FRESH_DAG_FILE.format(
-        dag_id=FRESH_DAG_ID, table=FRESH_TABLE, lake=lake / "fresh", merge_kwargs=CONNECT_MERGE
+    fresh = FRESHNESS_DAG.format(
+        dag_id=FRESH_DAG_ID,
+        table=FRESH_TABLE,
+        lake=lake / "fresh",
+        sensor_timeout=300,
+        sla=0.01,
+        merge_kwargs=CONNECT_MERGE,
     )
     env.write_dag(FRESH_DAG_ID, fresh)
-    env.write_dag(f"on_{FRESH_TABLE}", FRESH_CONSUMER_FILE.format(table=FRESH_TABLE, lake=lake / "fresh"))
+    env.write_dag(f"on_{FRESH_TABLE}", ASSET_CONSUMER_DAG.format(table=FRESH_TABLE, lake=lake / "fresh"))
     # Two mapped group tasks of a window run at once only if the executor and the DAG allow it.
     with airflow_services(env, extra_env={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4"}) as running:
         yield running, lake

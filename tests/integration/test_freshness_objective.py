@@ -30,7 +30,13 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.plugins import documents
 from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
+from tests.integration.airflow_env import (
+    ASSET_CONSUMER_DAG,
+    CONNECT_MERGE,
+    FRESHNESS_DAG,
+    AirflowEnv,
+    make_airflow_env,
+)
 from tests.integration.merge_workload import execute
 
 pytestmark = pytest.mark.integration
@@ -38,36 +44,6 @@ pytestmark = pytest.mark.integration
 DAG_ID = SYNC = "fresh_breach_sync"
 TABLE = "fresh_orders"
 FRESHNESS_SLA = 0.01  # seconds: every catch-up window is older than that when its merge ends
-
-SYNC_DAG = """
-import os
-from airflow_provider_vitess.dag_factory import vitess_sync_dag
-
-dag = vitess_sync_dag(
-    "{dag_id}",
-    keyspace="commerce",
-    tables=["{table}"],
-    staging_location="{lake}/staging",
-    target_location="{lake}/delta",
-    schedule=None,
-    sensor_timeout=5,
-    freshness_sla={sla},
-    default_args={{"retries": 0}},
-    merge_kwargs={merge_kwargs},
-)
-"""
-
-CONSUMER_DAG = """
-from airflow.sdk import DAG, Asset, task
-
-with DAG("on_{table}", schedule=[Asset("file://{lake}/delta/{table}")]) as dag:
-
-    @task
-    def read():
-        return "read"
-
-    read()
-"""
 
 
 @pytest.fixture
@@ -127,7 +103,14 @@ def test_a_breached_merge_succeeds_with_its_asset_event_and_a_quiet_source_stays
     airflow.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"  # consumers get queued
     airflow.write_dag(
         DAG_ID,
-        SYNC_DAG.format(dag_id=DAG_ID, table=TABLE, lake=lake, sla=FRESHNESS_SLA, merge_kwargs=CONNECT_MERGE),
+        FRESHNESS_DAG.format(
+            dag_id=DAG_ID,
+            table=TABLE,
+            lake=lake,
+            sensor_timeout=5,
+            sla=FRESHNESS_SLA,
+            merge_kwargs=CONNECT_MERGE,
+        ),
     )
     uri = f"file://{lake}/delta/{TABLE}"
 
@@ -158,7 +141,7 @@ def test_a_breached_merge_succeeds_with_its_asset_event_and_a_quiet_source_stays
     store.close()
 
     # The consumer appears now: the queue below is what run 2's breached merge alone caused.
-    airflow.write_dag("consumer", CONSUMER_DAG.format(lake=lake, table=TABLE))
+    airflow.write_dag("consumer", ASSET_CONSUMER_DAG.format(lake=lake, table=TABLE))
     airflow.airflow("dags", "reserialize")
     assert _queued(airflow) == set()
 
