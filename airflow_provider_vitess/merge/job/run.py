@@ -338,12 +338,21 @@ def _context(
     for earlier in lookback.context_windows(manifest, table, found[0], load):
         tm = earlier.manifest.tables[table]
         rows = apply.read_window(spark, earlier.manifest, tm, window_columns(tm, target))
-        counted = apply.col(A.COMMIT_TS) >= earlier.since
+        ts = apply.col(A.COMMIT_TS)
+        counted = ts >= earlier.since
         # A grouped snapshot's copied rows count as of their group's copy end (lookback.copy_ends).
         ends = lookback.copy_ends(earlier.manifest)
         late = sorted(s for s, end in ends.items() if end + lookback.CLOCK_SKEW_SECONDS >= earlier.since)
         if late:
-            counted = counted | ((apply.col(A.COMMIT_TS) == 0) & apply.col(A.SHARD).isin(late))
+            counted = counted | ((ts == 0) & apply.col(A.SHARD).isin(late))
+        if earlier.reach is lookback.Reach.WHOLE:
+            counted = counted | (ts > 0)
+        elif earlier.reach is lookback.Reach.SHARD_NEWEST:
+            # Each shard's events within seconds of its own newest one here: one clock per
+            # comparison (lookback's docstring). The per-shard newest is a few rows: broadcast.
+            newest = rows.where(ts > 0).groupBy(apply.col(A.SHARD)).agg(F.max(ts).alias("_newest"))
+            rows = rows.join(F.broadcast(newest), on=A.SHARD, how="left")
+            counted = counted | ((ts > 0) & (ts >= apply.col("_newest") - F.lit(lookback.CONTEXT_SECONDS)))
         rows = rows.where(counted)
         have = set(rows.columns)
         out = [
@@ -358,10 +367,11 @@ def _context(
             out.append(value.cast(dtype).alias(name))
         frames.append(rows.select(*out))
         log.info(
-            "window %d table %s: events of window %d since commit second %d count too",
+            "window %d table %s: events of window %d count too (%s; since commit second %d)",
             step.seq,
             table,
             earlier.manifest.window_seq,
+            earlier.reach.value,
             earlier.since,
         )
     return reduce(DataFrame.unionByName, frames) if frames else None
