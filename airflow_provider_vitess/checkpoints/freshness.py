@@ -41,16 +41,20 @@ from airflow_provider_vitess.checkpoints.models import CheckpointRow
 from airflow_provider_vitess.checkpoints.states import WindowKind
 from airflow_provider_vitess.vgtid import Vgtid
 
-STOP_TAKEN_AT = "stop_taken_at"  # window stats: when the stop position was taken (ISO 8601, UTC)
+STOP_TAKEN_AT = "stop_taken_at"  # window stats: the source time of the stop position (ISO 8601, UTC)
+STOP_LAG_UNKNOWN = "stop_lag_unknown"  # window stats: why a replica's lag, so that time, is not known
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
 
 
 def window_as_of(kind: WindowKind, stats: Mapping[str, Any], created_at: datetime) -> datetime | None:
     """The *as of* time of a window's end position (see the module), or None when the window
     does not move it (a catch-up window that ended before its stop)."""
-    if kind is WindowKind.SNAPSHOT:
-        return created_at
     taken = stats.get(STOP_TAKEN_AT)
+    if kind is WindowKind.SNAPSHOT:
+        # A copy from a replica: its source time, if known (STOP_LAG_UNKNOWN: not claimed).
+        if taken:
+            return datetime.fromisoformat(str(taken))
+        return None if stats.get(STOP_LAG_UNKNOWN) else created_at
     lag = stats.get("shard_lag_transactions") or {}
     if not taken or (stats.get("stopped_early") and any(lag.values())):
         return None
