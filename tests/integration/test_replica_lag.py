@@ -35,7 +35,8 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
-from airflow_provider_vitess.vstream.source_clock import STOP_LAG_SECONDS, STOP_TABLET_TYPE
+from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.source_clock import STOP_LAG_SECONDS, STOP_TABLET_TYPE, SourceClock
 from tests.conftest import connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_rows, spark_session
 from tests.integration.merge_workload import execute
@@ -188,4 +189,13 @@ def test_as_of_from_a_lagging_replica_is_the_source_time_of_its_stop(
     assert caught_up.as_of is not None and caught_up.as_of > max(late.values())
     window = store.window(spec.sync_id, store.committed(spec.sync_id)[1])
     assert datetime.datetime.fromisoformat(window.stats[STOP_TAKEN_AT]) == caught_up.as_of
+
+    # Replication stopped: vtgate reports the replica's lag as NULL, and no time is claimed.
+    cluster.tablet_sql("STOP SLAVE")
+    try:
+        clock = SourceClock.read(replica, "commerce", "REPLICA")
+        unknown = clock.lag_of(store.committed(spec.sync_id)[0] or Vgtid(()))
+    finally:
+        cluster.tablet_sql("START SLAVE")
+    assert isinstance(unknown, str) and "reports lag 'NULL'" in unknown, unknown
     store.close()
