@@ -9,6 +9,11 @@
 #   dev/vitess_topology.sh env       print the ports as shell assignments (for `eval`)
 #   dev/vitess_topology.sh tablet KEYSPACE SHARD UID
 #                                    start one more MariaDB + vttablet and make it its shard's primary
+#   dev/vitess_topology.sh replica KEYSPACE SHARD UID
+#                                    start one more MariaDB + vttablet of type replica, replicating
+#                                    from the shard's primary (a test delays it: MASTER_DELAY)
+#   dev/vitess_topology.sh mysql UID ARGS...
+#                                    the mysql client on tablet UID's MariaDB (not through vtgate)
 #   dev/vitess_topology.sh tablet-down UID
 #                                    stop one tablet and its MariaDB (a torn-down old shard)
 #   dev/vitess_topology.sh vtctldclient ARGS...
@@ -24,7 +29,8 @@
 #             100..400, started side by side), empty, its vschema dev/vitess/topology/
 #             vschema_sharded.json (a `hash` vindex, no tables: tests add theirs by DDL through
 #             vtgate). Its own ports and state dir (below), so it runs beside a commerce cluster.
-# Tablets are primaries only (durability policy `none`): MoveTables and Reshard need no replicas.
+# Tablets are primaries (durability policy `none`: MoveTables and Reshard need no replicas), but
+# those `replica` adds (tests/integration/topology.py, replica_cluster_running).
 #
 # Environment knobs:
 #   VITESS_TOPO_LAYOUT     commerce (default) or shards4, as above; give the same one to every
@@ -432,6 +438,6 @@ case "${1:-}" in
         start_tablet "$@" replica ;;
     mysql) shift; [ $# -ge 1 ] || { echo "usage: $0 mysql UID ARGS..." >&2; exit 2; }; mysql_of "$@" ;;
     vtctldclient) shift; vtctldclient "$@" ;;
-    *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|tablet-down UID|vtctldclient ARGS..." >&2
+    *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|replica KEYSPACE SHARD UID|mysql UID ARGS...|tablet-down UID|vtctldclient ARGS..." >&2
        exit 2 ;;
 esac
