@@ -10,7 +10,8 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
 * a catch-up while a snapshot window is unmerged, and a re-snapshot while a catch-up window is
   merged but not committed ("finish it before a ...");
 * a table whose target mode changed (``TargetModeChangedError``): a new target location and a
-  re-snapshot.
+  re-snapshot;
+* a widened column on a Delta without type widening (``DeltaFeatureError``): a re-snapshot.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ import sqlalchemy
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
-from airflow_provider_vitess.exceptions import CheckpointError, TargetModeChangedError
+from airflow_provider_vitess.exceptions import CheckpointError, DeltaFeatureError, TargetModeChangedError
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.merge.job import connect
+from airflow_provider_vitess.merge.job import connect, delta_features
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
+from tests.integration.mode_oracles import assert_history, delta_dicts, source_dicts
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +73,7 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE):
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN):
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -226,3 +228,47 @@ def test_a_target_mode_change_heals_with_a_new_target_location_and_a_resnapshot(
     sync.merge(asked)
     assert sync.assert_exact(MODE, moved) == 41  # 40, one deleted, two inserted
     assert sync.assert_exact(SIDE) == 10
+
+
+WIDEN = "rem2_widen"
+
+
+def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
+    hook: VitessHook, sync_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DeltaFeatureError`` on a Delta without type widening (Delta 3, Spark 3.5; the session's
+    Delta line is read as 3 here, the server runs Delta 4): the remedy it names, a re-snapshot of
+    the table, rewrites it with the new type without widening a column in place, and the sync
+    streams on. In ``history``, whose re-snapshot keeps the past (cast to the new type): the
+    mode where the rewrite could have needed the widening the error is about."""
+    _create(hook, WIDEN, rows=6)
+    wl.execute(hook, f"ALTER TABLE customer.{WIDEN} ADD COLUMN qty INT")
+    sync = sync_of(WIDEN)
+    targets = {WIDEN: {"mode": "history"}}
+    sync.snapshot_task()
+    sync.merge(targets)
+    wl.execute(
+        hook,
+        f"UPDATE customer.{WIDEN} SET qty = 1 WHERE id = 1",
+        f"ALTER TABLE customer.{WIDEN} MODIFY qty BIGINT",
+        f"UPDATE customer.{WIDEN} SET qty = 5000000000 WHERE id = 2",
+    )
+    sync.runner().catch_up()
+    monkeypatch.setattr(delta_features, "delta_major", lambda _spark: 3)
+    widening = r"qty int -> bigint.*needs Delta Lake type widening"
+    with pytest.raises(DeltaFeatureError, match=widening) as refused:
+        sync.merge(targets)
+    assert "re-snapshot the table" in str(refused.value)
+
+    sync.snapshot_task((WIDEN,))  # what it says: a run with resnapshot_tables
+    sync.merge(targets)
+    _change(hook, WIDEN, "after the remedy")
+    sync.runner().catch_up()
+    sync.merge(targets)
+    with connect.remote_sessions(sync.spark_connect) as new_session:
+        spark = new_session()
+        schema = spark.read.format("delta").load(str(sync.delta / WIDEN)).schema
+        assert schema["qty"].dataType.simpleString() == "bigint", schema
+        rows = delta_dicts(sync.delta / WIDEN, spark)
+    assert_history(WIDEN, rows, source_dicts(hook, "customer", WIDEN))
+    assert any(not r["_vitess_current"] for r in rows), "the past was kept"
