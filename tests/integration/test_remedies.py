@@ -258,7 +258,9 @@ def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
     widening = r"qty int -> bigint.*needs Delta Lake type widening"
     with pytest.raises(DeltaFeatureError, match=widening) as refused:
         sync.merge(targets)
-    assert "re-snapshot the table" in str(refused.value)
+    assert f're-snapshot the table (trigger the DAG with {{"resnapshot_tables": ["{WIDEN}"]}})' in str(
+        refused.value
+    )
 
     sync.snapshot_task((WIDEN,))  # what it says: a run with resnapshot_tables
     sync.merge(targets)
