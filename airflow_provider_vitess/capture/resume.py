@@ -59,10 +59,14 @@ class WindowBook:
                 message,
             )
             return None
+        # The factory's task names. A STAGED window is finished by its merge, not by its capture
+        # task: a rerun of that task hands the same window back, and this run is refused again.
+        snapshot = window.kind is WindowKind.SNAPSHOT
+        merge_task = f"its merge task ({'merge_snapshot' if snapshot else 'merge'}) commits it"
         remedy = (
-            "its merge task commits it (clear that task if it failed)"
-            if window.state is WindowState.MERGED
-            else f"its {'snapshot' if window.kind is WindowKind.SNAPSHOT else 'catch_up'} task resumes it"
+            f"its {'snapshot' if snapshot else 'catch_up'} task resumes it, then {merge_task}"
+            if window.state is WindowState.PLANNED
+            else f"{merge_task} (clear that task if it failed)"
         )
         raise CheckpointError(
             f"sync {self.sync_id!r} has an unfinished {window.kind.value} window {window.seq} "

@@ -175,8 +175,10 @@ def stream_error(
             f"VStream for {what}: the position names shard {gone[2]}/{gone[1]}, which "
             f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
             "resharded and its old shards deleted before the sync read past the reshard, so the "
-            "changes since the position are gone. Remedy: snapshot the sync again (a new "
-            "snapshot replaces the target); in future, let a catch-up window run after "
+            "changes since the position are gone. Remedy: snapshot the sync again: trigger its "
+            'DAG with {"resnapshot_tables": [...]} naming every table of the sync (a copy of '
+            "every table is a new start, the stream resumes past it); in future, let a catch-up "
+            "window run after "
             "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
             f"vtgate said: gRPC status {name}: {details}"
         )

@@ -58,6 +58,7 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
+from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.staging import Manifest, read_table, verify
 from airflow_provider_vitess.triggers import VitessChangesTrigger
@@ -499,8 +500,26 @@ def test_a_reshard_while_the_sync_was_not_running(topology: Topology, hook: Vite
     offline.merge_to_delta(hook, STATE["root"] / "delta-offline")
 
 
-def test_old_shards_gone_is_a_clear_error(topology: Topology, hook: VitessHook) -> None:
+def test_old_shards_gone_is_a_clear_error_and_its_remedy_heals(topology: Topology, hook: VitessHook) -> None:
+    """The remedy the error names: a run with ``resnapshot_tables`` naming every table; then the
+    sync streams on from the new shards, and its Delta tables are ``SELECT *``."""
     gone: Sync = STATE["gone"]
     topology.reshard_complete_and_delete_old_shard()
-    with pytest.raises(ShardsGoneError, match=r"shard customer/0.*snapshot the sync again"):
+    with pytest.raises(ShardsGoneError, match=r"shard customer/0.*snapshot the sync again") as refused:
         gone.runner.catch_up()
+    assert '{"resnapshot_tables": [...]} naming every table of the sync' in str(refused.value)
+    need = gone.runner.snapshot_need(TABLES)  # the snapshot task of that run
+    gone.runner.snapshot(tables=need.tables, need=need)
+    merger = MergeRunner(gone.store, gone.id, str(STATE["root"] / "delta-gone"), holder="test-gone-merge")
+    merger.run(lambda plan: merge(spark_session(), plan))
+    wl.execute(
+        hook,
+        "UPDATE customer.corder SET price = price + 1 WHERE order_id <= 20",
+        "INSERT INTO customer.customer (customer_id, email) VALUES (100001, 'after@x')",
+    )
+    manifest = gone.runner.catch_up().manifest
+    assert {sg.shard for sg in manifest.end_vgtid.shard_gtids} == {"-80", "80-"}
+    merger.run(lambda plan: merge(spark_session(), plan))
+    for table in TABLES:
+        path = str(STATE["root"] / "delta-gone" / table)
+        wl.assert_equal_to_source(spark_session(), hook, "customer", table, path, KEYS_NAMES[table])

@@ -31,10 +31,12 @@ from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.exceptions import BinlogSettingsError, PartialRowImageError
 from airflow_provider_vitess.merge.job.run import merge
+from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.staging import Manifest, read_table
 from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import spark_session
+from tests.integration.mode_oracles import assert_history, delta_dicts, source_dicts
 
 pytestmark = pytest.mark.integration
 
@@ -228,16 +230,64 @@ def test_noblob_updates_change_only_the_columns_they_carry(noblob: Noblob, tmp_p
     assert rows == ROWS + 1
 
 
-def test_images_the_merge_cannot_complete_are_refused(noblob: Noblob, tmp_path: Path) -> None:
+PLAIN = "rem2_plain"  # a table without BLOB/TEXT columns, in the sync beside TABLE
+
+
+def _plain_table(hook: Any) -> None:
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS customer.{PLAIN}",
+        f"CREATE TABLE customer.{PLAIN} (id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, v INT)",
+    )
+    try:
+        wl.execute(hook, f"ALTER VSCHEMA ON customer.{PLAIN} ADD VINDEX hash(cid) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+    wl.execute(hook, f"INSERT INTO customer.{PLAIN} (id, cid, v) VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)")
+
+
+class Merged:
+    """A sync whose windows the merge runner merges, as its merge tasks do (local Spark)."""
+
+    def __init__(self, sync: wl.Sync, root: Path, targets: dict[str, Any] | None = None) -> None:
+        self.sync, self.root, self.targets = sync, root, targets
+
+    def merge(self) -> int | None:
+        runner = MergeRunner(
+            self.sync.store, self.sync.sync_id, str(self.root), self.targets, holder="test-noblob-merge"
+        )
+        return runner.run(lambda plan: merge(spark_session(), plan)).seq
+
+    def resnapshot(self, *tables: str) -> int:
+        """What the snapshot task does with ``{"resnapshot_tables": [...]}``."""
+        need = self.sync.runner.snapshot_need(tables)
+        return self.sync.runner.snapshot(tables=need.tables, need=need).seq
+
+    def exact(self, hook: Any) -> None:
+        for table in self.sync.tables:
+            path = str(self.root / table)
+            wl.assert_equal_to_source(spark_session(), hook, "customer", table, path, ["id"])
+
+
+def test_images_the_merge_cannot_complete_are_refused_and_the_remedies_heal(
+    noblob: Noblob, tmp_path: Path
+) -> None:
+    """Each refusal, then its remedy as the error words it, to Delta == ``SELECT *``: the
+    setting back on every tablet, the connections reconnected, a re-snapshot of the table (the
+    other table of the sync keeps its position and loses nothing)."""
     hook = wl.hook_for(noblob.vitess, "vitess_noblob")
     _table(hook, 20)
-    sync, _ = _sync(hook, tmp_path)
-    sync.capture(snapshot=True)
+    _plain_table(hook)
+    sync, _ = _sync(hook, tmp_path, (TABLE, PLAIN))
+    merged = Merged(sync, tmp_path / "delta")
+    sync.runner.snapshot()
+    merged.merge()
     try:
         # The setting of the server: refused before the sync reads.
         noblob.set_row_image("MINIMAL")
         with pytest.raises(BinlogSettingsError) as refused:
-            sync.capture()
+            sync.runner.catch_up()
         text = str(refused.value)
         assert "customer/-80 (primary): binlog_row_image=MINIMAL" in text, text
         assert "customer/80- (primary): binlog_row_image=MINIMAL" in text, text
@@ -246,18 +296,80 @@ def test_images_the_merge_cannot_complete_are_refused(noblob: Noblob, tmp_path: 
         # A connection that still logs MINIMAL after the server went back to NOBLOB: its image
         # is refused when read, never staged.
         wl.execute(hook, f"UPDATE customer.{TABLE} SET n = 9 WHERE id = 3")
-        noblob.set_row_image("NOBLOB")
+        noblob.set_row_image("NOBLOB")  # the remedy's setting; the connections reconnected
+        wl.execute(hook, f"UPDATE customer.{PLAIN} SET v = 10 WHERE id = 1")
         with pytest.raises(PartialRowImageError, match="binlog_row_image=MINIMAL") as unreadable:
-            sync.capture()
-        assert f"table {TABLE!r}" in str(unreadable.value)
+            sync.runner.catch_up()
+        text = str(unreadable.value)
+        assert f"table {TABLE!r}" in text and "re-snapshot the table (resnapshot_tables)" in text, text
+    finally:
+        noblob.set_row_image("NOBLOB")
+    merged.resnapshot(TABLE)  # the rest of the remedy
+    merged.merge()
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET n = 10 WHERE id = 4")  # NOBLOB: a partial image
+    sync.runner.catch_up()  # reads PLAIN's change again; TABLE's MINIMAL one is behind its copy
+    merged.merge()
+    merged.exact(hook)
+
+    # A key change whose image leaves columns out: their values are the old key's row's.
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET id = 1000 WHERE id = 4")
+    with pytest.raises(PartialRowImageError, match="changes the key") as unreadable:
+        sync.runner.catch_up()
+    assert "SET GLOBAL binlog_row_image = 'FULL'" in str(unreadable.value)
+    try:
+        noblob.set_row_image("FULL")
+        merged.resnapshot(TABLE)
+        merged.merge()
+        wl.execute(hook, f"UPDATE customer.{TABLE} SET id = 1001 WHERE id = 5")  # FULL: a whole image
+        sync.runner.catch_up()
+        merged.merge()
+        merged.exact(hook)
     finally:
         noblob.set_row_image("NOBLOB")
 
-    # A key change whose image leaves columns out: their values are the old key's row's.
+
+def test_the_merges_refusals_of_partial_images_heal_as_the_errors_say(noblob: Noblob, tmp_path: Path) -> None:
+    """The merge's refusals of a NOBLOB image it cannot complete, each followed by its remedy to
+    ``SELECT *``: a mirror whose row was deleted by someone else (no row to keep the value
+    from), and a ``history`` table (a version needs every value)."""
+    hook = wl.hook_for(noblob.vitess, "vitess_noblob")
     _table(hook, 20)
-    (tmp_path / "second").mkdir()
-    sync, _ = _sync(hook, tmp_path / "second")
-    sync.capture(snapshot=True)
-    wl.execute(hook, f"UPDATE customer.{TABLE} SET id = 1000 WHERE id = 4")
-    with pytest.raises(PartialRowImageError, match="changes the key"):
-        sync.capture()
+    sync, _ = _sync(hook, tmp_path)
+    mirror = Merged(sync, tmp_path / "delta")
+    sync.runner.snapshot()
+    mirror.merge()
+    spark_session().sql(f"DELETE FROM delta.`{tmp_path / 'delta' / TABLE}` WHERE id = 6")  # not the sync's
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET n = 1 WHERE id = 6")  # leaves note, body, doc out
+    sync.runner.catch_up()
+    with pytest.raises(Exception, match="the Delta table has no row to keep its value from") as refused:
+        mirror.merge()
+    assert "Remedy: re-snapshot the table (resnapshot_tables)" in str(refused.value)
+    mirror.resnapshot(TABLE)
+    mirror.merge()
+    mirror.exact(hook)
+
+    (tmp_path / "hist").mkdir()
+    sync, _ = _sync(hook, tmp_path / "hist")
+    root = tmp_path / "hist" / "delta"
+    history = Merged(sync, root, {TABLE: {"mode": "history"}})
+    sync.runner.snapshot()
+    history.merge()
+    wl.execute(hook, f"UPDATE customer.{TABLE} SET n = 2 WHERE id = 7")
+    sync.runner.catch_up()
+    with pytest.raises(Exception, match="a history version needs every value") as refused:
+        history.merge()
+    text = str(refused.value)
+    assert "set binlog_row_image=FULL" in text, text
+    assert "then re-snapshot the table (resnapshot_tables)" in text, text
+    try:
+        noblob.set_row_image("FULL")  # the connections reconnected
+        with pytest.raises(Exception, match="a history version needs every value"):
+            history.merge()  # the setting alone: the staged window keeps its partial images
+        history.resnapshot(TABLE)
+        history.merge()
+        wl.execute(hook, f"UPDATE customer.{TABLE} SET n = 3 WHERE id = 8")
+        sync.runner.catch_up()
+        history.merge()
+    finally:
+        noblob.set_row_image("NOBLOB")
+    assert_history(TABLE, delta_dicts(root / TABLE, spark_session()), source_dicts(hook, "customer", TABLE))

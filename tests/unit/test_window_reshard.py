@@ -212,6 +212,7 @@ def test_a_position_naming_deleted_shards_is_a_clear_error() -> None:
     ) as err:
         reader.run()
     assert "snapshot the sync again" in str(err.value)
+    assert '{"resnapshot_tables": [...]} naming every table of the sync' in str(err.value)
 
 
 def test_the_request_builder_adds_journals_to_the_callers_flags() -> None:

@@ -37,6 +37,6 @@ def require_type_widening(
         f"needs Delta Lake type widening (Delta {TYPE_WIDENING_DELTA_MAJOR}.0 or later, on Spark 4), "
         f"and this cluster runs Spark {spark.version} with Delta {delta_major(spark)}.x. The table "
         "is unchanged and the window is not merged. Remedy: run the merge on Spark 4 with Delta 4 "
-        "(the Spark connection's extra spark_version), or re-snapshot the table (the DAG's "
-        "resnapshot param), which writes it with the new type"
+        "(the Spark connection's extra spark_version), or re-snapshot the table (trigger the DAG "
+        f'with {{"resnapshot_tables": ["{table}"]}}), which writes it with the new type'
     )

@@ -94,8 +94,12 @@ def _events(
                 F.raise_error(
                     F.lit(
                         f"table {table!r}: a row image leaves out BLOB/TEXT columns "
-                        "(binlog_row_image=NOBLOB), and a history version needs every value; "
-                        "set binlog_row_image=FULL on the source, or use another target mode"
+                        "(binlog_row_image=NOBLOB), and a history version needs every value. "
+                        "Remedy: set binlog_row_image=FULL on the MySQL of every tablet the sync "
+                        "streams from (let the connections that write reconnect), then re-snapshot "
+                        "the table (resnapshot_tables): the staged window and the binlog keep the "
+                        "partial images; or give the table another target mode at a new target "
+                        "location and re-snapshot it"
                     )
                 ),
             ),
