@@ -65,6 +65,18 @@ def execute(hook: VitessHook, *statements: str) -> None:
             conn.commit()
 
 
+def create_sharded_table(hook: VitessHook, table: str, columns: str, vindex_column: str) -> None:
+    """``customer.<table>`` dropped and created with ``columns`` (the DDL between the parentheses
+    and after them), sharded by ``hash(vindex_column)``. The vschema outlives a dropped table: a
+    rerun finds the vindex there already."""
+    execute(hook, f"DROP TABLE IF EXISTS customer.{table}", f"CREATE TABLE customer.{table} {columns}")
+    try:
+        execute(hook, f"ALTER VSCHEMA ON customer.{table} ADD VINDEX hash({vindex_column}) USING hash")
+    except sqlalchemy.exc.DBAPIError as exc:
+        if "already" not in str(exc):
+            raise
+
+
 def create_tables(hook: VitessHook) -> None:
     type_cols = ",\n".join(f"{q(n)} {t}" for n, t in TYPE_COLUMNS.items())
     execute(

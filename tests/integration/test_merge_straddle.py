@@ -38,17 +38,12 @@ CUSTOMER_A, CUSTOMER_B = 1, 4
 
 
 def _setup(hook: Any) -> None:
-    wl.execute(
+    wl.create_sharded_table(
         hook,
-        f"DROP TABLE IF EXISTS customer.{TABLE}",
-        f"CREATE TABLE customer.{TABLE} (order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
-        "note VARCHAR(32), PRIMARY KEY (order_id))",
+        TABLE,
+        "(order_id BIGINT NOT NULL, customer_id BIGINT NOT NULL, note VARCHAR(32), PRIMARY KEY (order_id))",
+        "customer_id",
     )
-    try:  # the vschema outlives a dropped table
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
     values = ", ".join(
         f"({oid}, {CUSTOMER_A if oid <= 10 else CUSTOMER_B}, 'initial {oid}')" for oid in range(1, 21)
     )

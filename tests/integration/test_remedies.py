@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -45,16 +44,7 @@ GROUPED, STAGED, MODE, SIDE = "rem2_grouped", "rem2_staged", "rem2_mode", "rem2_
 
 def _create(hook: VitessHook, table: str, rows: int = 40) -> None:
     """``table`` sharded by hash(id) (rows on both shards), ``rows`` rows."""
-    wl.execute(
-        hook,
-        f"DROP TABLE IF EXISTS customer.{table}",
-        f"CREATE TABLE customer.{table} (id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(32))",
-    )
-    try:  # the vschema outlives a dropped table
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{table} ADD VINDEX hash(id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
+    wl.create_sharded_table(hook, table, "(id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(32))", "id")
     values = ", ".join(f"({i}, 'row {i}')" for i in range(1, rows + 1))
     wl.execute(hook, f"INSERT INTO customer.{table} (id, note) VALUES {values}")
 

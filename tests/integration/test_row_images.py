@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess.capture.row_images import row_image_settings
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -105,17 +104,13 @@ def noblob() -> Iterator[Noblob]:
 
 
 def _table(hook: Any, rows: int) -> None:
-    wl.execute(
+    wl.create_sharded_table(
         hook,
-        f"DROP TABLE IF EXISTS customer.{TABLE}",
-        f"CREATE TABLE customer.{TABLE} (id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, n INT, "
-        "note TEXT, body BLOB, doc JSON) DEFAULT CHARSET=utf8mb4",
+        TABLE,
+        "(id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, n INT, note TEXT, body BLOB, doc JSON) "
+        "DEFAULT CHARSET=utf8mb4",
+        "cid",
     )
-    try:  # the vschema outlives a dropped table
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(cid) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
     for start in range(1, rows + 1, BATCH):
         _insert(hook, range(start, min(start + BATCH, rows + 1)))
 
@@ -131,16 +126,9 @@ def _insert(hook: Any, ids: range | list[int], tag: str = "") -> None:
 
 def _fill_tables(hook: Any) -> None:
     for name, rows in ((FILL, FILL_ROWS), (TAIL, 10)):
-        wl.execute(
-            hook,
-            f"DROP TABLE IF EXISTS customer.{name}",
-            f"CREATE TABLE customer.{name} (id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, v INT)",
+        wl.create_sharded_table(
+            hook, name, "(id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, v INT)", "cid"
         )
-        try:
-            wl.execute(hook, f"ALTER VSCHEMA ON customer.{name} ADD VINDEX hash(cid) USING hash")
-        except sqlalchemy.exc.DBAPIError as exc:
-            if "already" not in str(exc):
-                raise
         for start in range(1, rows + 1, 20_000):
             values = ", ".join(
                 f"({i}, {i % 7 + 1}, {i})" for i in range(start, min(start + 20_000, rows + 1))
@@ -234,16 +222,9 @@ PLAIN = "rem2_plain"  # a table without BLOB/TEXT columns, in the sync beside TA
 
 
 def _plain_table(hook: Any) -> None:
-    wl.execute(
-        hook,
-        f"DROP TABLE IF EXISTS customer.{PLAIN}",
-        f"CREATE TABLE customer.{PLAIN} (id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, v INT)",
+    wl.create_sharded_table(
+        hook, PLAIN, "(id BIGINT NOT NULL PRIMARY KEY, cid BIGINT NOT NULL, v INT)", "cid"
     )
-    try:
-        wl.execute(hook, f"ALTER VSCHEMA ON customer.{PLAIN} ADD VINDEX hash(cid) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
     wl.execute(hook, f"INSERT INTO customer.{PLAIN} (id, cid, v) VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)")
 
 
