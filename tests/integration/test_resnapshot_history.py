@@ -1,4 +1,5 @@
-"""A re-snapshot never erases a ``history`` or ``soft_delete`` table's past (issue 38 item 5).
+"""A re-snapshot never erases a ``history``, ``soft_delete`` or ``changelog`` table's past (issue 38
+item 5).
 
 On the real vtgate, merged through the job into real Delta tables: a table's keys are updated
 and deleted over two catch-ups, then a column's type changes at the source (INT -> VARCHAR);
@@ -7,7 +8,10 @@ re-snapshot is merged, then one more catch-up. Afterwards, in ``history``: every
 before the re-snapshot is still there with its values (``qty`` as text now), exactly one current
 version per live key and it equals ``SELECT *``, the keys deleted are ended, a key the copy shows
 unchanged keeps its version, and the versions of a key never overlap; in ``soft_delete``: the live
-rows equal ``SELECT *`` and every key deleted is a tombstone (earlier tombstones as they were).
+rows equal ``SELECT *`` and every key deleted is a tombstone (earlier tombstones as they were); in
+``changelog``: every row logged before is still there (``qty`` as text), the copy's rows are
+appended, and the log replayed is ``SELECT *`` (its re-snapshot's append failed on the log's INT
+column, run after run).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +34,13 @@ from airflow_provider_vitess.staging import Manifest
 from tests.conftest import LocalVitess
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import spark_session
+from tests.integration.mode_oracles import replay_changelog
 
 pytestmark = pytest.mark.integration
 
 TABLE = "resnap_items"
 P = "_vitess_"
-MODES = (TargetMode.HISTORY, TargetMode.SOFT_DELETE)
+MODES = (TargetMode.HISTORY, TargetMode.SOFT_DELETE, TargetMode.CHANGELOG)
 
 
 def _targets(sync: wl.Sync, root: Path) -> dict[TargetMode, dict[str, TableTarget]]:
@@ -108,6 +114,8 @@ def test_a_resnapshot_after_a_type_change_keeps_the_past(vitess: LocalVitess, tm
     ]
     tombstones_before = {r["id"]: r for r in before[TargetMode.SOFT_DELETE] if r[P + "deleted"]}
     assert sorted(tombstones_before) == [3, 4]
+    log_before = before[TargetMode.CHANGELOG]
+    assert len(log_before) == 7 + 3 + 2  # the snapshot's rows, then one per change
 
     # The type change, read by a catch-up whose merge is refused with the remedy: a re-snapshot.
     wl.execute(
@@ -131,6 +139,7 @@ def test_a_resnapshot_after_a_type_change_keeps_the_past(vitess: LocalVitess, tm
     assert sorted(source) == [1, 2, 6, 7, 8]
     _check_history(_rows(spark, targets[TargetMode.HISTORY][TABLE].path), closed_before, source)
     _check_soft_delete(_rows(spark, targets[TargetMode.SOFT_DELETE][TABLE].path), tombstones_before, source)
+    _check_changelog(_rows(spark, targets[TargetMode.CHANGELOG][TABLE].path), log_before, source)
 
 
 def _check_history(rows: list[dict[str, Any]], closed_before: list[dict[str, Any]], source: dict) -> None:
@@ -188,3 +197,19 @@ def _check_soft_delete(
         "n5",
     )
     assert len(rows) == len({r["id"] for r in rows}) == 8
+
+
+def _check_changelog(rows: list[dict[str, Any]], log_before: list[dict[str, Any]], source: dict) -> None:
+    """The log before the re-snapshot stays, every row of it (``qty`` as text now); the copy's
+    rows and the change after it are appended; replayed, the log is ``SELECT *``."""
+
+    def plain(r: dict[str, Any]) -> tuple[Any, ...]:
+        qty = None if r["qty"] is None else str(r["qty"])
+        return (r["id"], qty, r["note"], r[P + "op"], r[P + "window_seq"], r[P + "order"])
+
+    kept = Counter(plain(r) for r in rows)
+    missing = [plain(r) for r in log_before if kept[plain(r)] < 1]
+    assert not missing, f"log rows written before the re-snapshot are gone: {missing}"
+    assert len(rows) == len(log_before) + len(source) + 1  # the copy's rows, then the one update
+    replayed = {r["id"]: (r["id"], r["qty"], r["note"]) for r in replay_changelog(TABLE, rows)}
+    assert replayed == source

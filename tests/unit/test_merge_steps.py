@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from pyspark.sql import types as T
@@ -184,3 +185,34 @@ def test_a_changelog_resnapshot_appends_unless_the_column_choice_changed() -> No
         ("a", Action.TRUNCATE, True),
         ("b", Action.NO_CHANGES, False),
     ]
+
+
+def test_a_changelog_resnapshot_casts_the_log_to_a_changed_type_and_adds_a_new_column() -> None:
+    """A copy whose column changed type (INT -> VARCHAR) rewrites the log (``past``: its schema
+    before, cast by .resnapshot): an append alone fails on the log's type, run after run. A copy
+    with a new column adds it first (an append takes the log's columns as they are); the log's
+    dropped column stays. A copy like the log appends with nothing to change."""
+    shape = TargetShape(TargetMode.CHANGELOG, metadata=True)
+    targets = {"a": TableTarget("a", "/delta/a", ("id",), ("id",), shape=shape)}
+    gone = ("gone", T.StringType())
+    state = {"a": existing(3, ("id", T.IntegerType()), ("name", T.StringType()), gone)}
+
+    def step(*cols: ColumnSchema) -> Any:
+        (only,) = plan_steps(MergePlan("s", (w(7, "a"),), targets), [manifest(7, table("a", cols))], state)
+        assert only.action is Action.REPLACE and not only.afresh
+        return only
+
+    retyped = step(ID, NAME_INT)
+    assert retyped.past == state["a"].schema and retyped.evolution is None
+    assert [(f.name, f.dataType) for f in retyped.schema.fields] == [
+        ("id", T.IntegerType()),
+        ("name", T.IntegerType()),
+        gone,
+    ]
+    added = step(ID, NAME, EXTRA)
+    assert added.past is None and added.evolution is not None
+    assert added.evolution.changes == ["add column extra date"]
+    assert sorted(added.schema.fieldNames()) == ["extra", "gone", "id", "name"]
+    same = step(ID, NAME)
+    assert same.past is None and same.evolution is not None and same.evolution.empty
+    assert same.schema == state["a"].schema

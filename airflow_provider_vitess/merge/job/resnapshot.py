@@ -1,4 +1,4 @@
-"""A re-snapshot of a ``history`` or ``soft_delete`` table that exists: the past stays.
+"""A re-snapshot of a ``history``, ``soft_delete`` or ``changelog`` table that exists: the past stays.
 
 A snapshot's copy says what the table holds at the copy, not what happened since the sync's last
 merged change: a change in between is seen only as a difference. So the table is rewritten,
@@ -17,6 +17,11 @@ The copy's second (:func:`copy_second`) is the snapshot window's plan time: ever
 merged before committed before it, every change read after the copy after it. A key's new
 version, close or delete is never dated before the latest time its rows hold (a worker clock
 behind the source's), so a key's versions never overlap.
+
+* ``changelog``: the copy's rows are appended to the log (``op`` snapshot). Only when a column's
+  type changed (the copy's type is not the log's) is the log rewritten, in the same commit: its
+  earlier rows as they were, their values cast to the new type as below (:func:`log_rows`), then
+  the copy's rows; an append alone would fail on the log's old type, run after run.
 
 Columns: those of the copy, in its order (:func:`.steps.kept_schema`), then in ``history`` those
 the source dropped. A column whose type the table cannot hold any longer (a type change that is
@@ -109,6 +114,17 @@ def rows(
     if shape.mode is TargetMode.HISTORY:
         return _history(old, s, on, keys, compared, schema, shape, seq, at)
     return _soft_delete(old, s, on, schema, shape, seq, at)
+
+
+def log_rows(
+    spark: SparkSession, path: str, schema: T.StructType, past: T.StructType, shape: TargetShape, table: str
+) -> DataFrame:
+    """A changelog's rows as they are, in ``schema``'s columns (cast from ``past``'s types,
+    losslessly or failing: :func:`_past_value`), with its metadata columns."""
+    old = spark.read.format("delta").load(path)
+    have = set(old.columns)
+    meta = [shape.name(r) for r in shape.roles()]
+    return old.select(*[_past_value(f, past, have, table) for f in schema.fields], *map(col, meta))
 
 
 def _past_value(f: T.StructField, past: T.StructType, have: set[str], table: str) -> Column:

@@ -143,9 +143,14 @@ def write(
             rows = shapes.changelog_rows(staged, keys, step.schema, shape, seq, snapshot, copies_at=ends)
             if step.afresh:  # a changed column choice: the copy's rows, in its schema, are the log
                 _replace(s, rows)
+            elif step.past is not None:  # a changed type: the log's past cast to it (.resnapshot)
+                past = resnapshot.log_rows(spark, path, step.schema, step.past, shape, table)
+                _replace(s, past.unionByName(rows))
             else:
+                if step.evolution is not None and not step.evolution.empty:  # the copy's new columns
+                    apply.evolve_table(spark, path, step.evolution)
                 shapes.append(rows, path, s.app_id, seq, None if s.exists else create, s.column_mapping)
-            return (), False
+            return tuple(step.evolution.changes) if step.evolution is not None else (), False
         covered = conflicts.covered(s.manifest, staged)
         if step.past is not None:  # a re-snapshot of a history or soft_delete table: the past stays
             final = apply.last_per_key(

@@ -72,8 +72,9 @@ class Step:
     columns: WindowColumns | None = None
     evolution: Evolution | None = None
     schema: T.StructType | None = None  # the Delta schema once the step is done
-    # A REPLACE or TRUNCATE of a table whose mode keeps its past (KEEPS_PAST) and that exists:
-    # its data schema before the step; the step rewrites it with the copy (.resnapshot).
+    # A REPLACE or TRUNCATE of a table whose mode keeps its past (KEEPS_PAST) and that exists,
+    # or a REPLACE of a changelog whose copy changed a column's type: its data schema before the
+    # step; the step rewrites it with the copy (.resnapshot).
     past: T.StructType | None = None
     # A REPLACE or TRUNCATE of a changelog table that exists, for a changed column choice: the
     # copy's rows replace the log instead of being appended to it (its rows hold what the new
@@ -156,6 +157,22 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
             mapping = mapping or needs_column_mapping(schema.fieldNames())
             out.append(Step(seq, table, Action.REPLACE, wc, schema=schema, past=past))
             continue
+        if replace and shape.mode is TargetMode.CHANGELOG and schema is not None and not rechosen:
+            kept = kept_schema(schema, wc, shape.mode)
+            if retyped(schema, kept):  # the log's past cast to the copy's types (.resnapshot)
+                past, schema = schema, kept
+                mapping = mapping or needs_column_mapping(schema.fieldNames())
+                out.append(Step(seq, table, Action.REPLACE, wc, schema=schema, past=past))
+                continue
+            # Appended: the copy's new columns are added to the log first (an append takes the
+            # log's columns as they are); a column the copy lacks stays, NULL in its rows.
+            evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
+            if evolution.drop:
+                evolution = keep_dropped(evolution, schema, mapping)
+            schema = evolution.result
+            mapping = mapping or evolution.column_mapping
+            out.append(Step(seq, table, Action.REPLACE, wc, evolution, schema))
+            continue
         if replace or schema is None:
             schema = T.StructType([c.struct_field() for c in wc.columns])
             mapping = mapping or needs_column_mapping(schema.fieldNames())
@@ -182,7 +199,8 @@ def kept_schema(current: T.StructType, copy: WindowColumns, mode: TargetMode) ->
     """The data schema of a table a re-snapshot rewrites: the copy's columns, each with the
     table's type when that type holds the copy's (a column widened earlier stays wide), else the
     copy's (the past's values are cast to it, losslessly or not at all: .resnapshot); then, in
-    ``history``, the table's columns the copy lacks (dropped at the source: the past keeps them)."""
+    ``history`` and ``changelog``, the table's columns the copy lacks (dropped at the source: the
+    past keeps them)."""
     have = {f.name: f for f in current.fields}
     fields = []
     for c in copy.columns:
@@ -195,6 +213,12 @@ def kept_schema(current: T.StructType, copy: WindowColumns, mode: TargetMode) ->
         names = {c.name for c in copy.columns}
         fields += [f for f in current.fields if f.name not in names]
     return T.StructType(fields)
+
+
+def retyped(current: T.StructType, kept: T.StructType) -> bool:
+    """Whether a column of ``current`` has another type in ``kept`` (:func:`kept_schema`)."""
+    types = {f.name: f.dataType for f in kept.fields}
+    return any(f.name in types and types[f.name] != f.dataType for f in current.fields)
 
 
 def data_schema(schema: T.StructType, shape: TargetShape) -> T.StructType:
