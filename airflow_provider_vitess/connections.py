@@ -1,14 +1,20 @@
 """Settings read from the Airflow connections other than ``vitess``: the checkpoint store's
-SQLAlchemy URL and the object store's S3 settings. Credentials stay in the connections: they are
+SQLAlchemy URL and the object store's S3 settings (and the check that they hold wherever the
+executor runs a task: :func:`refuse_single_host`). Credentials stay in the connections: they are
 read at run time, never put in an operator field or a log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.object_storage import S3Settings
+from airflow_provider_vitess.single_host import refuse_single_host_settings
+from airflow_provider_vitess.utils.task import airflow_conf, executor_of
 
 
 def store_url(checkpoint_conn_id: str | None) -> str:
@@ -19,6 +25,21 @@ def store_url(checkpoint_conn_id: str | None) -> str:
     from airflow.sdk.bases.hook import BaseHook
 
     return url_from_connection(BaseHook.get_connection(checkpoint_conn_id))
+
+
+def refuse_single_host(
+    context: Mapping[str, Any], checkpoint_conn_id: str | None, locations: Sequence[tuple[str, str]] = ()
+) -> None:
+    """A task's first step: its store and ``locations`` (``(setting, location)`` pairs) must
+    hold wherever its executor may run it (:mod:`airflow_provider_vitess.single_host`)."""
+    ti = context.get("ti") or context.get("task_instance")
+    refuse_single_host_settings(
+        task=str(getattr(ti, "task_id", "?")),
+        executor=executor_of(context),
+        store_url=store_url(checkpoint_conn_id),
+        locations=locations,
+        shared_filesystem=airflow_conf().getboolean("vitess", "shared_filesystem", fallback=False),
+    )
 
 
 def s3_settings(aws_conn_id: str | None) -> S3Settings | None:

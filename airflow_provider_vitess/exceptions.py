@@ -227,6 +227,13 @@ class KeyConflictError(VitessProviderError):
     vindex column, then a re-snapshot)."""
 
 
+class SingleHostSettingsError(VitessProviderError):
+    """A task runs under an executor that may run a sync's tasks on several hosts (Celery,
+    Kubernetes, ...) with a setting that holds on one host only: the default SQLite checkpoint
+    store, or a staging or target location on the worker's disk. The message names each setting
+    and its remedy (a shared store and object storage); nothing was read or written."""
+
+
 # Errors no retry can fix: the task fails at once with the message (and its remedy).
 PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     InvalidVgtidError,
@@ -251,6 +258,7 @@ PERMANENT_ERRORS: tuple[type[VitessProviderError], ...] = (
     BinlogSettingsError,
     FreshnessBreachError,
     SparkSubmitSetupError,
+    SingleHostSettingsError,
 )
 
 

@@ -75,6 +75,19 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "/var/tmp/vitess-spill",
                         "default": "",
                     },
+                    "shared_filesystem": {
+                        "description": "Under an executor that may run tasks on several hosts (Celery, "
+                        "Kubernetes, Edge), a sync's staging and target locations must be object-store "
+                        "URLs, and its checkpoint store a database server: a task refuses a local path or "
+                        "the SQLite default (SingleHostSettingsError). True declares that every worker "
+                        "mounts one shared filesystem at the local paths the DAGs use, so they are allowed "
+                        "(a SQLite store is refused even then: its locking does not hold on network "
+                        "filesystems).",
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                 },
             }
         },

@@ -22,7 +22,7 @@ from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
-from airflow_provider_vitess.connections import hash_salt, open_store, s3_settings
+from airflow_provider_vitess.connections import hash_salt, open_store, refuse_single_host, s3_settings
 from airflow_provider_vitess.exceptions import ColumnChoiceError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
@@ -136,6 +136,7 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
             self._running.cancel()
 
     def _runner(self, context: Any, **spec: Any) -> Run:
+        refuse_single_host(context, self.checkpoint_conn_id, [("staging_location", self.staging_location)])
         # Credentials join the options here, at run time: never in a (rendered) operator field.
         s3 = s3_settings(self.aws_conn_id)
         options = {**(s3.storage_options() if s3 else {}), **dict(self.storage_options or {})}

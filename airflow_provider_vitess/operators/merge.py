@@ -28,7 +28,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_vitess.checkpoints.freshness import seconds_behind, window_breached
-from airflow_provider_vitess.connections import open_store, s3_settings
+from airflow_provider_vitess.connections import open_store, refuse_single_host, s3_settings
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
@@ -248,6 +248,11 @@ class VitessMergeOperator(SparkSubmitOperator):
     # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
         self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
+        paths = [("target_location", self.target_location)]
+        for table, target in (self.targets or {}).items():
+            if isinstance(target, Mapping) and target.get("path"):
+                paths.append((f"targets[{table!r}]['path']", str(target["path"])))
+        refuse_single_host(context, self.checkpoint_conn_id, paths)
         s3 = s3_settings(self.aws_conn_id)
         runner = MergeRunner(
             open_store(self.checkpoint_conn_id),

@@ -22,7 +22,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_vitess.checkpoints.freshness import record_quiet
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
-from airflow_provider_vitess.connections import store_url
+from airflow_provider_vitess.connections import refuse_single_host, store_url
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
@@ -226,6 +226,8 @@ class VitessChangesSensor(BaseSensorOperator):
 
     def execute(self, context: Context) -> Any:
         with task_failures(self.log):
+            if self.sync_id is not None:  # a sync's store: one every host the task may run on sees
+                refuse_single_host(context, self.checkpoint_conn_id)
             committed = self.committed_vgtid()
             verdict = start_verdict(committed, self.keyspace)
         if verdict is not None:

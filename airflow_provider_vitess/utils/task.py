@@ -36,6 +36,18 @@ def log_group(title: str) -> Iterator[None]:
         print("::endgroup::", flush=True)
 
 
+def executor_of(context: Mapping[str, Any]) -> str:
+    """The executor running the task: the task's own (its ``executor`` argument), else the first
+    of ``[core] executor`` (Airflow's default executor)."""
+    ti = context.get("ti") or context.get("task_instance")
+    task = getattr(ti, "task", None) or context.get("task")
+    own = getattr(task, "executor", None)
+    if isinstance(own, str) and own:
+        return own
+    configured = airflow_conf().get("core", "executor", fallback="") or "LocalExecutor"
+    return str(configured).split(",")[0]
+
+
 def airflow_conf() -> Any:
     """Airflow's configuration as the task side reads it."""
     from airflow_provider_vitess.utils.airflow_compat import airflow_conf as compat_conf

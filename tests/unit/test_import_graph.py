@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "delta_txns": 0,
     "object_storage": 0,
     "versions": 0,
+    "single_host": 0,
     "utils": 0,
 }
 
