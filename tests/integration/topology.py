@@ -218,3 +218,73 @@ def four_shard_cluster_running() -> Iterator[FourShardCluster]:
                     alone = False
                 if alone and not os.environ.get("VITESS_TOPO_KEEP"):
                     subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, check=False)
+
+
+# ----- a primary and a replica ---------------------------------------------------------------
+
+REPLICA_UID = 200  # commerce/0's replica; its primary is tablet 100
+
+
+@dataclass(frozen=True)
+class ReplicaCluster:
+    """Keyspace ``commerce`` (one shard) of the commerce layout with a second tablet, of type
+    replica, whose MariaDB replicates from the primary's (``dev/vitess_topology.sh replica``):
+    its replication can be delayed (``delay``) as a lagging replica's would be."""
+
+    vitess: LocalVitess
+    env: dict[str, str]
+    start_seconds: float
+
+    def tablet_sql(self, sql: str, uid: int = REPLICA_UID, names: bool = False) -> str:
+        """``sql`` on tablet ``uid``'s MariaDB itself (not through vtgate), its output (batch;
+        ``names``: with the column names)."""
+        flags = ["-B"] if names else ["-N", "-B"]
+        proc = subprocess.run(
+            [str(SCRIPT), "mysql", str(uid), *flags, "-e", sql], env=self.env, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"tablet {uid}: {sql!r} failed:\n{proc.stderr[-2000:]}")
+        return proc.stdout.strip()
+
+    def delay(self, seconds: int) -> None:
+        """The replica applies each transaction ``seconds`` after its primary committed it."""
+        self.tablet_sql(f"STOP SLAVE; CHANGE MASTER TO MASTER_DELAY = {seconds}; START SLAVE")
+        status = self.tablet_sql("SHOW SLAVE STATUS\\G", names=True)
+        assert f"SQL_Delay: {seconds}\n" in status + "\n" and "Slave_SQL_Running: Yes" in status, status
+
+
+def _replica_env() -> dict[str, str]:
+    tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    return {
+        **os.environ,
+        "VITESS_TOPO_LAYOUT": "commerce",
+        # Ports and state of its own: the reshard tests' cluster (17000) and the four-shard one
+        # (17200) run beside it.
+        "VITESS_TOPO_BASE_PORT": os.environ.get("VITESS_TOPO_REPLICA_BASE_PORT", "17600"),
+        "VITESS_TOPO_STATE_DIR": os.environ.get(
+            "VITESS_TOPO_REPLICA_STATE_DIR", f"{tmp}/airflow-provider-vitess-topology-replica"
+        ),
+    }
+
+
+@contextlib.contextmanager
+def replica_cluster_running() -> Iterator[ReplicaCluster]:
+    """The primary-and-replica cluster for one test module: started (or reused when one runs
+    with the same settings), its replica added, and stopped at the end (``VITESS_TOPO_KEEP``
+    keeps it, to look at)."""
+    env = _replica_env()
+    started = time.monotonic()
+    with machine_lock("replica-cluster"):
+        out = ""
+        for args in (["start"], ["replica", "commerce", "0", str(REPLICA_UID)]):
+            proc = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise AssertionError(f"vitess_topology.sh {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+            out = out or proc.stdout
+        cluster = ReplicaCluster(cluster_from_env(out), env, round(time.monotonic() - started, 1))
+        print(f"\nprimary-and-replica cluster: start {cluster.start_seconds}s")
+        try:
+            yield cluster
+        finally:
+            if not os.environ.get("VITESS_TOPO_KEEP"):
+                subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, check=False)
