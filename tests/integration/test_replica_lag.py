@@ -128,7 +128,8 @@ def test_as_of_from_a_lagging_replica_is_the_source_time_of_its_stop(
 
     capture.snapshot()
     snapshot = merged()
-    assert snapshot.as_of is not None, "a replica caught up: its copy's time is known"
+    copied = store.window(spec.sync_id, snapshot.committed_seq).stats
+    assert snapshot.as_of is not None, f"a replica caught up: its copy's time is known ({copied})"
     assert_delta_equals_source(primary, "commerce", [TABLE], delta)
 
     # The replica falls behind: two rows committed on the primary, not applied for DELAY s.
@@ -142,7 +143,9 @@ def test_as_of_from_a_lagging_replica_is_the_source_time_of_its_stop(
         f"the catch-up ran after the replica applied the rows (Delta holds {sorted(in_delta)}): "
         f"the test needs a run shorter than DELAY={DELAY}s"
     )
-    assert behind.as_of is not None, "the replica's lag was read: its time is known"
+    assert behind.as_of is not None, (
+        f"the replica's lag was read: its time is known ({store.window(spec.sync_id, catch_up.seq).stats})"
+    )
     # Every transaction before as of is in Delta: rows 4 and 5 are not, so as of is not past them.
     assert behind.as_of <= min(late.values()), (
         f"as of {behind.as_of.isoformat()} claims rows committed at "
