@@ -95,8 +95,11 @@ class SourceClock:
             except ValueError:
                 lag = -1.0
             if lag < 0:
+                # -1: vtgate could not ask the tablet (none of that type serves in its health
+                # check yet, or SHOW SLAVE STATUS failed); NULL: mysqld knows no lag.
+                why = " (vtgate could not ask it)" if raw == "-1" else ""
                 unreadable[shard] = (
-                    f"tablet {row['Alias']} reports lag {raw!r} (replication {row['ReplicationHealth']})"
+                    f"tablet {row['Alias']} reports lag {raw!r}{why} (replication {row['ReplicationHealth']})"
                 )
             else:
                 lags.setdefault(shard, []).append(lag)
@@ -109,7 +112,11 @@ class SourceClock:
             return self.failure
         shards = sorted({sg.shard for sg in stop.shard_gtids})
         bad = [f"{s}: {self.unreadable[s]}" for s in shards if s in self.unreadable]
-        bad += [f"{s}: no {self.tablet_type} tablet in vtgate's list" for s in shards if s not in self.lags]
+        bad += [
+            f"{s}: no {self.tablet_type} tablet in vtgate's list"
+            for s in shards
+            if s not in self.lags and s not in self.unreadable
+        ]
         if bad:
             return "; ".join(dict.fromkeys(bad))
         return max(max(self.lags[s]) for s in shards)

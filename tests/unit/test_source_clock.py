@@ -32,6 +32,10 @@ def test_a_lag_not_known_for_a_shard_claims_no_time_and_says_why() -> None:
     )
     at, stats = stopped.time_of(STOP, "test")
     assert at is None and "80-: tablet zone1-300 reports lag 'NULL'" in stats[STOP_LAG_UNKNOWN]
+    # A shard whose only tablet cannot be asked: that tablet is named, and only it (it is in
+    # vtgate's list).
+    unasked = SourceClock("REPLICA", ASKED, {"-80": [1.0]}, {"80-": "tablet zone1-300 reports lag '-1'"})
+    assert unasked.lag_of(STOP) == "80-: tablet zone1-300 reports lag '-1'"
     missing = SourceClock("REPLICA", ASKED, {"-80": [1.0]})
     at, stats = missing.time_of(STOP, "test")
     assert at is None and stats[STOP_LAG_UNKNOWN] == "80-: no REPLICA tablet in vtgate's list"
