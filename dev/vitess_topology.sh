@@ -9,6 +9,11 @@
 #   dev/vitess_topology.sh env       print the ports as shell assignments (for `eval`)
 #   dev/vitess_topology.sh tablet KEYSPACE SHARD UID
 #                                    start one more MariaDB + vttablet and make it its shard's primary
+#   dev/vitess_topology.sh replica KEYSPACE SHARD UID
+#                                    start one more MariaDB + vttablet of type replica, replicating
+#                                    from the shard's primary (a test delays it: MASTER_DELAY)
+#   dev/vitess_topology.sh mysql UID ARGS...
+#                                    the mysql client on tablet UID's MariaDB (not through vtgate)
 #   dev/vitess_topology.sh tablet-down UID
 #                                    stop one tablet and its MariaDB (a torn-down old shard)
 #   dev/vitess_topology.sh vtctldclient ARGS...
@@ -24,7 +29,8 @@
 #             100..400, started side by side), empty, its vschema dev/vitess/topology/
 #             vschema_sharded.json (a `hash` vindex, no tables: tests add theirs by DDL through
 #             vtgate). Its own ports and state dir (below), so it runs beside a commerce cluster.
-# Tablets are primaries only (durability policy `none`): MoveTables and Reshard need no replicas.
+# Tablets are primaries (durability policy `none`: MoveTables and Reshard need no replicas), but
+# those `replica` adds (tests/integration/topology.py, replica_cluster_running).
 #
 # Environment knobs:
 #   VITESS_TOPO_LAYOUT     commerce (default) or shards4, as above; give the same one to every
@@ -198,10 +204,11 @@ start_vtctld() {
     wait_port vtctld "$vtctld_grpc_port"
 }
 
-# tablet KEYSPACE SHARD UID: one mysqlctl-managed MariaDB and its vttablet, made primary of SHARD.
-# Idempotent: a tablet already running is left alone.
+# tablet KEYSPACE SHARD UID [primary|replica]: one mysqlctl-managed MariaDB and its vttablet, made
+# primary of SHARD, or (replica) a tablet of type replica whose MariaDB replicates from the shard's
+# primary (see start_replication). Idempotent: a tablet already running is left alone.
 start_tablet() {
-    local keyspace="$1" shard="$2" uid="$3" n alias name
+    local keyspace="$1" shard="$2" uid="$3" role="${4:-primary}" n alias name
     n=$((uid / 100 - 1))
     [ "$n" -ge 0 ] && [ "$n" -lt 30 ] || { log "tablet uid must be 100..3000 in steps of 100"; exit 2; }
     local web=$((base + 100 + n)) grpc=$((base + 130 + n)) mysql=$((base + 160 + n))
@@ -219,6 +226,21 @@ start_tablet() {
         || { log "mysqlctl init of tablet $uid failed:"; tail -n 30 "$state_dir/logs/mysqlctl-$uid.log" >&2; exit 1; }
     local extra=()
     mapfile -t extra < <(tablet_flags)
+    if [ "$role" = replica ]; then
+        # A replica's replication is ours to set up (start_replication): an unmanaged tablet
+        # (v0.23's only way to --disable-active-reparents) leaves it alone. It reaches its MariaDB
+        # by socket and needs an app password, set here on this server only (not logged). SLAVE
+        # MONITOR: vtgate's SHOW VITESS_REPLICATION_STATUS asks the replica's mysqld for its lag
+        # as the app user, and MariaDB (10.5+) answers SHOW SLAVE STATUS only with it.
+        local socket
+        printf -v socket '%s/vt_%010d/mysql.sock' "$state_dir" "$uid"
+        mysql_of "$uid" -e "SET sql_log_bin = 0; ALTER USER 'vt_app'@'localhost' IDENTIFIED BY 'replica';
+            GRANT SLAVE MONITOR ON *.* TO 'vt_app'@'localhost'"
+        extra+=(--unmanaged --db-socket "$socket" --db-app-user vt_app --db-app-password replica)
+        # A replica's schema engine learns DDL from its own binlog (a primary's reloads after the
+        # DDL it runs): else a VStream of a table created since finds "table ... not present".
+        extra+=(--watch-replication-stream)
+    fi
     spawn "$name" "$bin/vttablet" "${topo_flags[@]}" --log_dir "$state_dir/logs" \
         --tablet-path "$alias" --tablet-hostname 127.0.0.1 --bind-address 127.0.0.1 \
         --init-keyspace "$keyspace" --init-shard "$shard" --init-tablet-type replica \
@@ -228,6 +250,10 @@ start_tablet() {
         --db-charset utf8mb4 --queryserver-config-pool-size 4 --queryserver-config-stream-pool-size 4 \
         --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore "${extra[@]}"
     wait_port "$name" "$grpc"
+    if [ "$role" = replica ]; then
+        start_replication "$uid" "$keyspace/$shard"
+        return
+    fi
     # A shard's first primary: PlannedReparentShard elects it (durability `none`: no replicas needed).
     local deadline=$((SECONDS + 60))
     until vtctldclient PlannedReparentShard --new-primary "$alias" "$keyspace/$shard" \
@@ -239,6 +265,47 @@ start_tablet() {
         fi
         sleep 1
     done
+}
+
+# start_replication UID KEYSPACE/SHARD: tablet UID's MariaDB replicates from the shard's primary,
+# from the start of the primary's binary log (it holds the shard's whole history: the init SQL is
+# not logged), by GTID. Set up here, not by vttablet: Vitess v0.23's own replica start fails on
+# MariaDB ("invalid MySQL 5.6 SID": it parses the primary's server_uuid, which MariaDB has not), so
+# the replica's vttablet runs unmanaged, which also keeps its replication manager from touching
+# what a test sets (e.g. MASTER_DELAY).
+start_replication() {
+    local uid="$1" what="$2" primary
+    primary="$(vtctldclient GetShard "$what" | tr -d ' \n' | grep -oE '"primary_alias":\{"cell":"[^"]*","uid":[0-9]+' \
+        | grep -oE '[0-9]+$')" || { log "shard $what has no primary for tablet $uid to replicate from"; exit 1; }
+    mysql_of "$uid" -e "SET GLOBAL gtid_slave_pos = ''; CHANGE MASTER TO MASTER_HOST = '127.0.0.1',
+        MASTER_PORT = $((base + 160 + primary / 100 - 1)), MASTER_USER = 'vt_repl', MASTER_USE_GTID = slave_pos,
+        MASTER_CONNECT_RETRY = 1; START SLAVE"
+    wait_replicating "$uid" "$what"
+}
+
+# Waits until tablet UID's MariaDB replicates with both threads running (vttablet sets it up at
+# its start; a replica whose replication broke is named with the error its MariaDB gives).
+wait_replicating() {
+    local uid="$1" what="$2" deadline=$((SECONDS + 60)) status=""
+    while [ $SECONDS -lt $deadline ]; do
+        status="$(mysql_of "$uid" -e 'SHOW SLAVE STATUS\G' 2>&1 || true)"
+        if grep -q 'Slave_IO_Running: Yes' <<<"$status" && grep -q 'Slave_SQL_Running: Yes' <<<"$status"; then
+            return
+        fi
+        sleep 1
+    done
+    log "tablet $uid does not replicate from the primary of $what:"
+    printf '%s\n' "$status" >&2
+    tail -n 20 "$state_dir/logs/vttablet-$uid.log" >&2
+    exit 1
+}
+
+# mysql_of UID ARGS...: the mysql client on tablet UID's MariaDB (its socket, as vt_dba).
+mysql_of() {
+    local uid="$1" dir
+    shift
+    printf -v dir '%s/vt_%010d' "$state_dir" "$uid"
+    run mysql --no-defaults -S "$dir/mysql.sock" -u vt_dba "$@"
 }
 
 stop_tablet() {
@@ -367,7 +434,10 @@ case "${1:-}" in
     env) print_ports ;;
     tablet-down) shift; [ $# = 1 ] || { echo "usage: $0 tablet-down UID" >&2; exit 2; }; stop_tablet "$1" ;;
     tablet) shift; [ $# = 3 ] || { echo "usage: $0 tablet KEYSPACE SHARD UID" >&2; exit 2; }; start_tablet "$@" ;;
+    replica) shift; [ $# = 3 ] || { echo "usage: $0 replica KEYSPACE SHARD UID" >&2; exit 2; }
+        start_tablet "$@" replica ;;
+    mysql) shift; [ $# -ge 1 ] || { echo "usage: $0 mysql UID ARGS..." >&2; exit 2; }; mysql_of "$@" ;;
     vtctldclient) shift; vtctldclient "$@" ;;
-    *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|tablet-down UID|vtctldclient ARGS..." >&2
+    *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|replica KEYSPACE SHARD UID|mysql UID ARGS...|tablet-down UID|vtctldclient ARGS..." >&2
        exit 2 ;;
 esac

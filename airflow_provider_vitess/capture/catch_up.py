@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_provider_vitess.capture.outcome import WindowOutcome
 from airflow_provider_vitess.capture.run import SyncRun
@@ -25,6 +26,7 @@ from airflow_provider_vitess.checkpoints.freshness import STOP_TAKEN_AT
 from airflow_provider_vitess.exceptions import CheckpointError
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.source_clock import stop_and_time
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
 
 log = logging.getLogger(__name__)
@@ -165,14 +167,29 @@ class CatchUpRun(SyncRun):
         if start is None:
             raise CheckpointError(f"sync {self.spec.sync_id!r} has no committed position: snapshot it first")
         self._check_keyspace(start, "the committed position")
+        stats: dict[str, Any] = {}
         if stop is None:
-            taken_at: datetime.datetime | None = datetime.datetime.now(datetime.timezone.utc)
-            stop = self._stop_position()
+            stop, taken_at, stats = self._take_stop()
         else:  # a backlog's next window: the stop (and its time) of the window before
             before = self.store.open_windows(self.spec.sync_id)
             taken = before[-1].stats.get(STOP_TAKEN_AT) if before else None
             taken_at = datetime.datetime.fromisoformat(taken) if taken else None
-        return self.store.plan_window(self.spec.sync_id, WindowKind.CATCHUP, start, stop, taken_at)
+        return self.store.plan_window(
+            self.spec.sync_id, WindowKind.CATCHUP, start, stop, taken_at, stats=stats
+        )
+
+    def _take_stop(self) -> tuple[Vgtid, datetime.datetime | None, dict[str, Any]]:
+        """The keyspace's position now (a new window's stop), the source's time it stands for
+        (its *as of* once a window reaches it; None: not known, the sync keeps its time) and
+        what to record about that time in the window's stats: a replica's position is as old
+        as its lag (``vstream/source_clock.py``)."""
+        return stop_and_time(
+            self.hook,
+            self.spec.keyspace,
+            self._target.tablet_type,
+            self._stop_position,
+            f"sync {self.spec.sync_id!r}: the stop position",
+        )
 
     def recheck_staged(self) -> list[int]:
         """Under the lock: every STAGED window before the latest one (a chain no merge took yet;

@@ -21,7 +21,6 @@ See docs/design.md, "Shard groups".
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -104,8 +103,7 @@ class GroupedCatchUp(CatchUpRun):
         if start is None:
             raise CheckpointError(f"sync {self.spec.sync_id!r} has no committed position: snapshot it first")
         self._check_keyspace(start, "the committed position")
-        taken_at = datetime.datetime.now(datetime.timezone.utc)
-        stop = self._stop_position()
+        stop, taken_at, stats = self._take_stop()
         shards = [sg.shard for sg in start.shard_gtids]
         try:
             groups = layout(shards, split)
@@ -119,7 +117,7 @@ class GroupedCatchUp(CatchUpRun):
             # it, journals and all (the single-process path).
             groups = []
         return self.store.plan_window(
-            self.spec.sync_id, WindowKind.CATCHUP, start, stop, taken_at, groups=groups or None
+            self.spec.sync_id, WindowKind.CATCHUP, start, stop, taken_at, groups=groups or None, stats=stats
         )
 
     def read_group(self, group: int, bounds: ReadBounds | None = None) -> dict[str, Any]:

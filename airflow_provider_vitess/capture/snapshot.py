@@ -37,6 +37,7 @@ from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
+from airflow_provider_vitess.vstream.source_clock import stop_and_time
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,15 @@ class SnapshotRun(SyncRun):
         resume copies: a kill before this copies every table). With ``split``, the shards are
         laid out in groups as a catch-up's are (``capture/group_layout.py``): each group copies
         its own (fewer than two groups: one process copies them all)."""
-        stop = self._stop_position()
+        # A copy from a replica holds what it had applied (``vstream/source_clock.py``): its time
+        # is the source's then, not the plan's (a primary's: the plan's, ``created_at``).
+        stop, copied_as_of, lag = stop_and_time(
+            self.hook,
+            self.spec.keyspace,
+            self._target.tablet_type,
+            self._stop_position,
+            f"sync {self.spec.sync_id!r}: the snapshot",
+        )
         start = Vgtid(tuple(ShardGtid(sg.keyspace, sg.shard, "") for sg in stop.shard_gtids))
         groups: list[list[str]] = []
         if split is not None:
@@ -197,9 +206,15 @@ class SnapshotRun(SyncRun):
         groups = groups if len(groups) >= 2 else []
         # Recorded with the plan: a run that resumes the window finds the new choice recorded
         # already and could not tell (capture/run.py _record_sync).
-        marks = {COLUMN_CHOICE_CHANGED: list(self._choice_changed)} if self._choice_changed else None
+        marks = {COLUMN_CHOICE_CHANGED: list(self._choice_changed)} if self._choice_changed else {}
         seq = self.store.plan_window(
-            self.spec.sync_id, WindowKind.SNAPSHOT, start, None, groups=groups or None, stats=marks
+            self.spec.sync_id,
+            WindowKind.SNAPSHOT,
+            start,
+            None,
+            copied_as_of if lag else None,
+            groups=groups or None,
+            stats={**marks, **lag},
         )
         for table in tables:
             self.store.update_progress(self.spec.sync_id, seq, table, phase=Phase.COPYING)

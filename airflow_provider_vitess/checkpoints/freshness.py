@@ -6,20 +6,26 @@ A window reads every table of the sync to one end position, so one time serves a
 * a catch-up window that reached its stop: the moment the stop position was taken (the worker's
   clock just before it asked vtgate for the keyspace's current position; ``STOP_TAKEN_AT`` in
   the window's stats). A quiet table is as fresh as a busy one: the stop is taken every run.
-  The later windows of one backlog share the first one's stop, and its time.
+  The later windows of one backlog share the first one's stop, and its time. A stop read from
+  REPLICA or RDONLY tablets is as old as their replication lag: its time is lowered by the lag
+  (``vstream/source_clock.py``), and none is recorded when the lag is not known
+  (``STOP_LAG_UNKNOWN``): the window then keeps the sync's time, never the worker's clock.
 * a catch-up window cut short (``max_events``, ``max_seconds``, shards behind its stop): the
   time the sync had before it. Never later than the truth, at worst older, until a window of the
   chain reaches the stop.
-* a snapshot: the moment it was planned (its copy holds everything committed before).
+* a snapshot: the moment it was planned (its copy holds everything committed before); copied
+  from REPLICA or RDONLY tablets, the source's time then (``STOP_TAKEN_AT``, lowered as above),
+  or none when the lag is not known.
 * a quiet source, between commits: the changes sensor that streamed the sync's tables from the
   committed position up to the keyspace's position and found no change proves that every
   transaction before that position, so before the moment it was taken, is in the targets; it
   moves *as of* there (:func:`record_quiet`), with no window. Without it a quiet source's runs
   skip their catch-up and merge, and *as of* would stand still until the next commit.
 
-Times are the worker's (UTC). "Seconds behind" is then the worker's now minus *as of*: both ends
-on one clock, so a skew between the source's clock and the worker's neither makes it negative
-nor adds to it; only the worker clock's own error counts (one NTP-synced host: milliseconds).
+Times are the worker's (UTC); a replica's lag, measured on the tablets, is a duration.
+"Seconds behind" is then the worker's now minus *as of*: both ends on one clock, so a skew
+between the source's clock and the worker's neither makes it negative nor adds to it; only the
+worker clock's own error counts (one NTP-synced host: milliseconds).
 
 A freshness objective (``freshness_sla``, seconds, given to the merge task) is breached when the
 data is older than that: kept with the committed position, so the status page can say so while
@@ -41,16 +47,20 @@ from airflow_provider_vitess.checkpoints.models import CheckpointRow
 from airflow_provider_vitess.checkpoints.states import WindowKind
 from airflow_provider_vitess.vgtid import Vgtid
 
-STOP_TAKEN_AT = "stop_taken_at"  # window stats: when the stop position was taken (ISO 8601, UTC)
+STOP_TAKEN_AT = "stop_taken_at"  # window stats: the source time of the stop position (ISO 8601, UTC)
+STOP_LAG_UNKNOWN = "stop_lag_unknown"  # window stats: why a replica's lag, so that time, is not known
 _CHECKPOINT = cast(Table, CheckpointRow.__table__)
 
 
 def window_as_of(kind: WindowKind, stats: Mapping[str, Any], created_at: datetime) -> datetime | None:
     """The *as of* time of a window's end position (see the module), or None when the window
     does not move it (a catch-up window that ended before its stop)."""
-    if kind is WindowKind.SNAPSHOT:
-        return created_at
     taken = stats.get(STOP_TAKEN_AT)
+    if kind is WindowKind.SNAPSHOT:
+        # A copy from a replica: its source time, if known (STOP_LAG_UNKNOWN: not claimed).
+        if taken:
+            return datetime.fromisoformat(str(taken))
+        return None if stats.get(STOP_LAG_UNKNOWN) else created_at
     lag = stats.get("shard_lag_transactions") or {}
     if not taken or (stats.get("stopped_early") and any(lag.values())):
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
@@ -48,6 +48,7 @@ from airflow_provider_vitess.vstream.changes import (
 from airflow_provider_vitess.vstream.moves import refuse_moved
 from airflow_provider_vitess.vstream.position import capture_stop_position
 from airflow_provider_vitess.vstream.request import StreamTarget
+from airflow_provider_vitess.vstream.source_clock import stop_and_time
 
 
 def default_deferrable() -> bool:
@@ -143,7 +144,7 @@ class VitessChangesSensor(BaseSensorOperator):
         # Poke mode: the position of the first poke (what "no change" must have read up to) and
         # how far the pokes read.
         self._watch_stop: Vgtid | None = None
-        self._watch_stop_at: datetime | None = None  # when it was taken
+        self._watch_stop_at: datetime | None = None  # the source time it stands for
         self._read_to: Vgtid | None = None
         # Tables under column control: their key columns only are streamed (read with the
         # committed position from the sync's config; capture/columns.watched_columns).
@@ -295,10 +296,20 @@ class VitessChangesSensor(BaseSensorOperator):
     def read_once(self, hook: VitessHook, committed: Vgtid) -> Change | None:
         """One bounded read: the first change between ``committed`` and now, or None."""
         target = StreamTarget.of(hook.config)
-        taken_at = datetime.now(timezone.utc)  # before asking: never late
-        stop = capture_stop_position(
-            hook.open_vstream_raw, self.keyspace, target=target, timeout=self.poke_read_seconds
-        )
+
+        def take() -> Vgtid:
+            return capture_stop_position(
+                hook.open_vstream_raw, self.keyspace, target=target, timeout=self.poke_read_seconds
+            )
+
+        if self._watch_stop is None:
+            # The position a "no change" reads up to, and the source time it stands for (a
+            # replica's is as old as its lag; None: not known, no freshness is claimed).
+            stop, taken_at, _ = stop_and_time(
+                hook, self.keyspace, target.tablet_type, take, f"the changes sensor of sync {self.sync_id!r}"
+            )
+        else:
+            stop, taken_at = take(), self._watch_stop_at
         lag = lag_verdict(committed, stop, self.lag_threshold)
         if lag is not None:
             return lag

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -55,6 +55,7 @@ from airflow_provider_vitess.vstream.changes import (
 from airflow_provider_vitess.vstream.position import current_position
 from airflow_provider_vitess.vstream.request import StreamTarget
 from airflow_provider_vitess.vstream.retry import Reconnects, RetryPolicy
+from airflow_provider_vitess.vstream.source_clock import SourceClock
 
 
 class VitessChangesTrigger(BaseTrigger):
@@ -113,7 +114,7 @@ class VitessChangesTrigger(BaseTrigger):
         self._failing: str | None = None
         # What the wait must read up to before "no change" is an answer, and how far it read.
         self._watch_stop: Vgtid | None = None
-        self._watch_stop_at: datetime | None = None  # when it was taken
+        self._watch_stop_at: datetime | None = None  # the source time it stands for
         self._read: tuple[ChangeDetector, Vgtid] | None = None  # the detector and its start
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -213,9 +214,14 @@ class VitessChangesTrigger(BaseTrigger):
                     if self._watch_stop is None:
                         # "No change" needs a read up to here (see the module docstring); its
                         # errors are the stream's (reconnects, the credentials hint).
-                        taken_at = datetime.now(timezone.utc)  # before asking: never late
+                        # The lag first: a replica's position is as old as it (its SQL in a
+                        # thread; none for a primary). Not known: no freshness is claimed.
+                        kind = target.tablet_type
+                        clock = await asyncio.to_thread(_source_clock, hook, self.keyspace, kind)
                         self._watch_stop = await current_position(client, self.keyspace, target)
-                        self._watch_stop_at = taken_at
+                        self._watch_stop_at, _ = clock.time_of(
+                            self._watch_stop, f"the changes trigger of {self._describe()}"
+                        )
                     async for response in call:
                         change = detector.scan(decoder.decode(ev) for ev in response.events)
                         if change is not None:
@@ -264,3 +270,12 @@ class VitessChangesTrigger(BaseTrigger):
             "over the threshold" if change is not None else f"within {self.lag_threshold} transactions",
         )
         return change
+
+
+def _source_clock(hook: VitessHook, keyspace: str, tablet_type: str) -> SourceClock:
+    """The tablets' lag (``vstream/source_clock.py``), and the hook's SQL engine closed after it:
+    the trigger asks nothing more over SQL (its stream has an asyncio channel of its own)."""
+    try:
+        return SourceClock.read(hook, keyspace, tablet_type)
+    finally:
+        hook.close()

@@ -9,6 +9,7 @@ recorded in ``Topology.timings``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import subprocess
@@ -17,6 +18,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pymysql
+import pymysql.cursors
 
 from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
 
@@ -218,3 +222,123 @@ def four_shard_cluster_running() -> Iterator[FourShardCluster]:
                     alone = False
                 if alone and not os.environ.get("VITESS_TOPO_KEEP"):
                     subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, check=False)
+
+
+# ----- a primary and a replica ---------------------------------------------------------------
+
+REPLICA_UID = 200  # commerce/0's replica; its primary is tablet 100
+
+
+@dataclass(frozen=True)
+class ReplicaCluster:
+    """Keyspace ``commerce`` (one shard) of the commerce layout with a second tablet, of type
+    replica, whose MariaDB replicates from the primary's (``dev/vitess_topology.sh replica``):
+    its replication can be delayed (``delay``) as a lagging replica's would be."""
+
+    vitess: LocalVitess
+    env: dict[str, str]
+    start_seconds: float
+
+    def tablet_sql(self, sql: str, uid: int = REPLICA_UID, names: bool = False) -> str:
+        """``sql`` on tablet ``uid``'s MariaDB itself (not through vtgate), its output (batch;
+        ``names``: with the column names)."""
+        flags = ["-B"] if names else ["-N", "-B"]
+        proc = subprocess.run(
+            [str(SCRIPT), "mysql", str(uid), *flags, "-e", sql], env=self.env, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"tablet {uid}: {sql!r} failed:\n{proc.stderr[-2000:]}")
+        return proc.stdout.strip()
+
+    def delay(self, seconds: int) -> None:
+        """The replica applies each transaction ``seconds`` after its primary committed it.
+        Returns once vtgate reports the replica's lag again (``wait_lag_known``): START SLAVE
+        returns while the replica's IO thread still connects ("Connecting", "Preparing"), and
+        until it reads, MariaDB's Seconds_Behind_Master is NULL."""
+        self.tablet_sql(f"STOP SLAVE; CHANGE MASTER TO MASTER_DELAY = {seconds}; START SLAVE")
+        status = self.tablet_sql("SHOW SLAVE STATUS\\G", names=True)
+        assert f"SQL_Delay: {seconds}\n" in status + "\n" and "Slave_SQL_Running: Yes" in status, status
+        self.wait_lag_known()
+
+    def replication_status(self) -> list[dict[str, str]]:
+        """vtgate's ``SHOW VITESS_REPLICATION_STATUS``: the rows of the replica's shard."""
+        conn = pymysql.connect(
+            host=self.vitess.host,
+            port=self.vitess.mysql_port,
+            user=self.vitess.user,
+            password=self.vitess.password,
+            autocommit=True,
+            connect_timeout=10,
+            cursorclass=pymysql.cursors.DictCursor,
+        )
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW VITESS_REPLICATION_STATUS LIKE 'commerce/0'")
+                return [{k: str(v) for k, v in row.items()} for row in cur.fetchall()]
+        finally:
+            conn.close()
+
+    def wait_lag_known(self, within: float = 120) -> None:
+        """Until vtgate reports a known replication lag (a number >= 0) for the replica: what
+        the sync's lag read needs (``vstream/source_clock.py``). A wait for the cluster to be
+        ready, not a check. vtgate answers ``-1`` while its health check has no serving
+        replica to ask (the tablet's first health report is still to come: the replica's
+        vttablet starts before its MariaDB has the keyspace's database, retries each second,
+        and a busy machine stretches that), ``NULL`` while the replica's IO thread connects."""
+        deadline = time.monotonic() + within
+        seen: list[dict[str, str]] = []
+        while True:
+            seen = [r for r in self.replication_status() if r["TabletType"] == "REPLICA"]
+            if seen and all(r["ReplicationLag"].isdigit() for r in seen):
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        logs = self.env["VITESS_TOPO_STATE_DIR"] + "/logs"
+        raise AssertionError(
+            f"vtgate reports no known replication lag for the replica of commerce/0 after {within:g}s "
+            f"(SHOW VITESS_REPLICATION_STATUS: {seen or 'no REPLICA tablet'}): '-1' means vtgate's health "
+            f"check has no serving replica to ask, 'NULL' that the replica's replication is not "
+            f"running. Look at {logs}/vttablet.INFO (tablet {REPLICA_UID}) and vtgate.INFO"
+        )
+
+
+def _replica_env() -> dict[str, str]:
+    tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    return {
+        **os.environ,
+        "VITESS_TOPO_LAYOUT": "commerce",
+        # Ports and state of its own: the reshard tests' cluster (17000) and the four-shard one
+        # (17200) run beside it.
+        "VITESS_TOPO_BASE_PORT": os.environ.get("VITESS_TOPO_REPLICA_BASE_PORT", "17600"),
+        "VITESS_TOPO_STATE_DIR": os.environ.get(
+            "VITESS_TOPO_REPLICA_STATE_DIR", f"{tmp}/airflow-provider-vitess-topology-replica"
+        ),
+    }
+
+
+@contextlib.contextmanager
+def replica_cluster_running() -> Iterator[ReplicaCluster]:
+    """The primary-and-replica cluster for one test module: started (or reused when one runs
+    with the same settings), its replica added, and stopped at the end (``VITESS_TOPO_KEEP``
+    keeps it, to look at)."""
+    env = _replica_env()
+    started = time.monotonic()
+    with machine_lock("replica-cluster"):
+        out = ""
+        for args in (["start"], ["replica", "commerce", "0", str(REPLICA_UID)]):
+            proc = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise AssertionError(f"vitess_topology.sh {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+            out = out or proc.stdout
+        # The script returns once the replica's MariaDB replicates; vtgate may not serve from its
+        # tablet yet (its first health report), and a lag read then knows no lag.
+        cluster = ReplicaCluster(cluster_from_env(out), env, 0)
+        cluster.wait_lag_known()
+        cluster = dataclasses.replace(cluster, start_seconds=round(time.monotonic() - started, 1))
+        print(f"\nprimary-and-replica cluster: start {cluster.start_seconds}s")
+        try:
+            yield cluster
+        finally:
+            if not os.environ.get("VITESS_TOPO_KEEP"):
+                subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, check=False)

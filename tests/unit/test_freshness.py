@@ -11,6 +11,7 @@ from sqlalchemy import Table, insert
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, history
 from airflow_provider_vitess.checkpoints.freshness import (
+    STOP_LAG_UNKNOWN,
     STOP_TAKEN_AT,
     breached,
     record_quiet,
@@ -46,6 +47,13 @@ def test_a_snapshot_is_as_of_its_plan_and_seconds_behind_is_never_negative() -> 
     assert seconds_behind(PLANNED, PLANNED + timedelta(seconds=2.5)) == 2.5
     assert seconds_behind(PLANNED, PLANNED - timedelta(seconds=1)) == 0.0
     assert seconds_behind(None, PLANNED) is None
+
+
+def test_a_snapshot_copied_from_a_replica_is_as_of_its_source_time_or_claims_none() -> None:
+    replica = {STOP_TAKEN_AT: TAKEN.isoformat(), "stop_tablet_type": "REPLICA", "stop_lag_seconds": 0.0}
+    assert window_as_of(WindowKind.SNAPSHOT, replica, PLANNED) == TAKEN
+    unknown = {STOP_LAG_UNKNOWN: "0: tablet zone1-200 reports lag 'NULL'", "stop_tablet_type": "REPLICA"}
+    assert window_as_of(WindowKind.SNAPSHOT, unknown, PLANNED) is None
 
 
 def test_an_objective_is_breached_only_when_the_data_is_older() -> None:
