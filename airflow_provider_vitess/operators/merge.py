@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.checkpoints.freshness import seconds_behind, window_breached
 from airflow_provider_vitess.connections import open_store, refuse_single_host, s3_settings
@@ -36,7 +36,12 @@ from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
 from airflow_provider_vitess.merge.plan import MergePlanError
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
-from airflow_provider_vitess.operators.merge_backends import SparkConnectMerge, SparkSubmitMerge
+from airflow_provider_vitess.operators.merge_backends import (
+    SUBMIT_ARGS,
+    TEMPLATED_SUBMIT_ARGS,
+    SparkConnectMerge,
+    SparkSubmitMerge,
+)
 from airflow_provider_vitess.plugins.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import task_failures
 from airflow_provider_vitess.utils.task import emit_metrics, holder
@@ -53,20 +58,6 @@ def _default_spark_binary() -> str | None:
         return None
     beside = Path(sys.executable).parent / "spark-submit"
     return str(beside) if beside.exists() else None
-
-
-# SparkSubmitOperator's arguments of a spark-submit (everything but ``conf``, given apart, and the
-# task's own): a merge on Spark Connect has no spark-submit, so given with it they are refused.
-SUBMIT_ARGS = frozenset(
-    {
-        "conn_id", "files", "py_files", "archives", "driver_class_path", "jars", "java_class",
-        "exclude_packages", "repositories", "total_executor_cores", "executor_cores",
-        "executor_memory", "driver_memory", "keytab", "principal", "proxy_user", "name",
-        "num_executors", "status_poll_interval", "application_args", "verbose", "properties_file",
-        "yarn_queue", "deploy_mode", "use_krb5ccache", "post_submit_commands",
-        "track_driver_via_k8s_api", "yarn_track_via_rm_api", "yarn_rm_auth",
-    }
-)  # fmt: skip
 
 
 def _connect_conf(conn_id: str | None, conf: Mapping[str, Any], submit_args: Sequence[str]) -> dict[str, str]:
@@ -87,7 +78,7 @@ def _connect_conf(conn_id: str | None, conf: Mapping[str, Any], submit_args: Seq
     return applied
 
 
-class VitessMergeOperator(SparkSubmitOperator):
+class VitessMergeOperator(BaseOperator):
     """Merge the sync's staged window into Delta tables and commit the checkpoint.
 
     :param sync_id: the sync whose window to merge (as given to the capture operators).
@@ -131,14 +122,17 @@ class VitessMergeOperator(SparkSubmitOperator):
         spark-submit puts that environment on its command line, leave it unset and give the
         cluster its own S3 credentials.
 
-    Other arguments are ``SparkSubmitOperator``'s. The Delta package (with Hadoop's S3A for S3
+    Other arguments are spark-submit's, as ``SparkSubmitOperator`` takes them (``conn_id``,
+    ``executor_memory``, ``jars``, ...): they go to the Spark provider's ``SparkSubmitHook``,
+    those it templates templated here too. The Delta package (with Hadoop's S3A for S3
     locations) and session settings are added to ``packages``/``conf`` unless given. Returns
     (XCom) the merge summary (with ``as_of``, ``seconds_behind`` and ``breached``); the committed
     VGTID is also pushed under the key ``committed_vgtid``.
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields,
+        "application",
+        *TEMPLATED_SUBMIT_ARGS,
         "sync_id",
         "target_location",
         "targets",
@@ -195,16 +189,19 @@ class VitessMergeOperator(SparkSubmitOperator):
         )
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         binary = spark_binary or _default_spark_binary()
-        super().__init__(
-            application=application or default_application(),
-            packages=packages or DELTA_PACKAGE,
-            conf={**BASE_CONF, **(conf or {})},
-            spark_binary=binary,
-            # The driver runs this Python (the provider is installed in it), unless told otherwise.
-            env_vars={**python, **(env_vars or {})},
-            name=kwargs.pop("name", f"vitess-merge-{sync_id}"),
-            **kwargs,
-        )
+        submit = {k: kwargs.pop(k) for k in list(kwargs) if k in SUBMIT_ARGS}
+        super().__init__(**kwargs)
+        self.application = application or default_application()
+        # SparkSubmitHook's arguments: the templated ones as attributes Airflow renders.
+        self.conf: dict[str, Any] = {**BASE_CONF, **(conf or {})}
+        self.packages: str | None = packages or DELTA_PACKAGE
+        # The driver runs this Python (the provider is installed in it), unless told otherwise.
+        self.env_vars: dict[str, Any] = {**python, **(env_vars or {})}
+        self.name: str = submit.pop("name", f"vitess-merge-{sync_id}")
+        for arg in TEMPLATED_SUBMIT_ARGS:
+            if arg not in ("conf", "packages", "env_vars", "name"):
+                setattr(self, arg, submit.pop(arg, None))
+        self.submit_args: dict[str, Any] = {**submit, "spark_binary": binary}
         self.sync_id = sync_id
         self.target_location = target_location
         self.targets = targets
@@ -222,9 +219,7 @@ class VitessMergeOperator(SparkSubmitOperator):
         self.spark_connect_conn_id = spark_connect_conn_id
         self.packages_given = packages is not None
         self.jars_cache_dir = Path(jars_cache_dir) if jars_cache_dir else default_cache_dir()
-        # SparkSubmitOperator keeps these two private; the spark-submit backend needs them.
-        self.spark_conn_id: str = kwargs.get("conn_id", "spark_default")
-        self.repositories: str | None = kwargs.get("repositories")
+        self.spark_conn_id: str = submit.get("conn_id", "spark_default")
         self.submit_binary = binary or "spark-submit"  # None: the provider's, from PATH
         self._merge_backend: SparkSubmitMerge | SparkConnectMerge | None = None
 
@@ -235,18 +230,21 @@ class VitessMergeOperator(SparkSubmitOperator):
                 self.spark_connect_conn_id, self.sync_id, self.aws_conn_id, self.log, conf=self.connect_conf
             )
         return SparkSubmitMerge(
-            self,
+            self.application,
+            self.submit_arguments(),
             sync_id=self.sync_id,
-            spark_conn_id=self.spark_conn_id,
-            repositories=self.repositories,
+            log=self.log,
             packages_given=self.packages_given,
             aws_conn_id=self.aws_conn_id,
             jars_cache_dir=self.jars_cache_dir,
-            binary=self.submit_binary,
         )
 
-    # Returns the merge summary (the XCom value), where SparkSubmitOperator returns nothing.
-    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
+    def submit_arguments(self) -> dict[str, Any]:
+        """``SparkSubmitHook``'s arguments as given (and rendered) for this task."""
+        return {**self.submit_args, **{arg: getattr(self, arg) for arg in TEMPLATED_SUBMIT_ARGS}}
+
+    # Returns the merge summary (the XCom value).
+    def execute(self, context: Any) -> dict[str, Any]:
         self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
         paths = [("target_location", self.target_location)]
         for table, target in (self.targets or {}).items():

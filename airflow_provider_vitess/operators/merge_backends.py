@@ -3,10 +3,10 @@
 One interface (:class:`MergeBackend`: run a plan, stop it when the task is killed), chosen once
 per task run, as the Airflow Spark provider's hooks each carry their own ``on_kill``:
 
-- :class:`SparkSubmitMerge` submits ``merge/job/main.py`` through ``SparkSubmitOperator``'s
-  public ``execute``, on the operator's copy for execution holding this submit's arguments (the
-  operator itself is never changed, so credentials never reach a rendered field); its
-  ``on_kill`` is the provider's (the spark-submit process, a YARN application, a driver);
+- :class:`SparkSubmitMerge` submits ``merge/job/main.py`` with the Spark provider's
+  ``SparkSubmitHook``, built per submit from the operator's (rendered) spark-submit arguments plus
+  this submit's own (the operator is never changed, so credentials never reach a rendered
+  field); its ``on_kill`` is the hook's (the spark-submit process, a YARN application, a driver);
 - :class:`SparkConnectMerge` runs the merge in the task's process against the connection's
   server; its ``on_kill`` interrupts the server's operations for the merge's sessions and
   releases them, so the merge stops before any further commit and the task ends with an error
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 from airflow_provider_vitess.connections import s3_settings
 from airflow_provider_vitess.exceptions import (
@@ -44,6 +44,22 @@ from airflow_provider_vitess.utils.task import log_group
 if TYPE_CHECKING:
     from airflow_provider_vitess.merge.job.connect import RemoteSessions
     from airflow_provider_vitess.merge.plan import MergePlan
+
+# SparkSubmitHook's arguments (all but the application), as the merge operator takes them: those
+# Airflow renders as templates, then the others.
+TEMPLATED_SUBMIT_ARGS = (
+    "conf", "files", "py_files", "jars", "driver_class_path", "packages", "exclude_packages",
+    "keytab", "principal", "proxy_user", "name", "application_args", "env_vars", "properties_file",
+)  # fmt: skip
+SUBMIT_ARGS = frozenset(
+    {
+        *TEMPLATED_SUBMIT_ARGS, "conn_id", "archives", "java_class", "repositories",
+        "total_executor_cores", "executor_cores", "executor_memory", "driver_memory",
+        "num_executors", "status_poll_interval", "verbose", "spark_binary", "yarn_queue",
+        "deploy_mode", "use_krb5ccache", "post_submit_commands", "track_driver_via_k8s_api",
+        "yarn_track_via_rm_api", "yarn_rm_auth",
+    }
+)  # fmt: skip
 
 REPORT_ARG = "--report-file"
 PLAN_ARG = "--plan-file"
@@ -80,49 +96,48 @@ def _cluster_spark(conn_id: str) -> dict[str, str | None]:
 
 
 class SparkSubmitMerge:
-    """spark-submit of the job with ``operator``'s ``SparkSubmitOperator`` arguments, plus what
-    ``SparkSubmitOperator`` keeps private (its connection id and repositories), given apart."""
+    """spark-submit of ``application`` (the job) with ``SparkSubmitHook``: ``arguments`` are the
+    operator's (rendered) hook arguments, each submit adds its plan, report, packages and the
+    object store's keys to a copy of them."""
 
     def __init__(
         self,
-        operator: SparkSubmitOperator,
+        application: str,
+        arguments: Mapping[str, Any],
         *,
         sync_id: str,
-        spark_conn_id: str,
-        repositories: str | None = None,
+        log: logging.Logger | Any,
         packages_given: bool = False,
         aws_conn_id: str | None = None,
         jars_cache_dir: Path,
-        binary: str = "spark-submit",
     ) -> None:
-        self.operator = operator
-        self.log = operator.log
-        self.sync_id, self.spark_conn_id, self.repositories = sync_id, spark_conn_id, repositories
+        self.application, self.arguments, self.sync_id, self.log = application, dict(arguments), sync_id, log
+        self.spark_conn_id: str = self.arguments.get("conn_id") or "spark_default"
         self.packages_given, self.aws_conn_id, self.jars_cache_dir = (
             packages_given,
             aws_conn_id,
             jars_cache_dir,
         )
-        self.binary = binary  # the spark-submit the provider runs (a path, or a name on PATH)
-        self._job: SparkSubmitOperator | None = None
+        # The spark-submit the provider runs (a path, or a name on PATH).
+        self.binary: str = self.arguments.get("spark_binary") or "spark-submit"
+        self._hook: SparkSubmitHook | None = None
         self.application_id: str | None = None  # from the job's report, for the "Spark UI" link
 
-    def job(self, plan: MergePlan, plan_file: Path, report_file: Path) -> SparkSubmitOperator:
-        """The operator's copy (``prepare_for_execution``) that submits ``plan`` (written to
-        ``plan_file``): this submit's arguments, Spark settings and packages, and the object
-        store's keys in its process environment only (never in a rendered field of the
-        operator, nor on the logged command line)."""
-        op = self.operator
-        job = op.prepare_for_execution()
-        job.application_args = [PLAN_ARG, str(plan_file), REPORT_ARG, str(report_file)]
+    def job(self, plan: MergePlan, plan_file: Path, report_file: Path) -> dict[str, Any]:
+        """The hook arguments that submit ``plan`` (written to ``plan_file``): this submit's
+        arguments, Spark settings and packages, and the object store's keys in its process
+        environment only (never in a rendered field of the operator, nor on the logged command
+        line)."""
+        job = dict(self.arguments)
+        job["application_args"] = [PLAN_ARG, str(plan_file), REPORT_ARG, str(report_file)]
         if (_connection_host(self.spark_conn_id) or "").startswith("local"):
             # One small executor: fewer shuffle partitions and snapshot partitions save most of
             # a small window's merge time, the quick JIT tier much of the rest; the user's own
             # conf still wins.
-            job.conf = {**LOCAL_SUBMIT_CONF, **(op.conf or {})}
+            job["conf"] = {**LOCAL_SUBMIT_CONF, **(job.get("conf") or {})}
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            job.packages = packages_for(paths, **_cluster_spark(self.spark_conn_id))
+            job["packages"] = packages_for(paths, **_cluster_spark(self.spark_conn_id))
         s3 = s3_settings(self.aws_conn_id)
         if s3 is not None:
             master = _connection_host(self.spark_conn_id) or ""
@@ -133,34 +148,35 @@ class SparkSubmitMerge:
                     "unset and give the cluster S3 credentials of its own (instance role, Hadoop "
                     "configuration)"
                 )
-            job.env_vars = {**(op.env_vars or {}), **s3.environment()}
+            job["env_vars"] = {**(job.get("env_vars") or {}), **s3.environment()}
         self._check_can_start(job)
         return job
 
-    def _check_can_start(self, job: SparkSubmitOperator) -> None:
+    def _check_can_start(self, job: Mapping[str, Any]) -> None:
         """Refuse, naming the setting, a spark-submit that would exit 127 before Spark starts
         (merge/submit_env.py), instead of the provider's bare exit code retried in vain."""
         # The Spark provider runs spark-submit with the worker's environment plus env_vars, except
         # on Kubernetes, where env_vars become the driver's (spark.kubernetes.driverEnv.*).
         master = _connection_host(self.spark_conn_id) or ""
-        given = {} if master.startswith("k8s") else job.env_vars or {}
+        given = {} if master.startswith("k8s") else job.get("env_vars") or {}
         env = {**os.environ, **{k: str(v) for k, v in given.items()}}
         problem = spark_submit_problem(self.binary, env)
         if problem is not None:
             raise SparkSubmitSetupError(problem)
 
-    def _jars_from_cache(self, job: SparkSubmitOperator) -> tuple[str | None, ...] | None:
+    def _jars_from_cache(self, job: dict[str, Any]) -> tuple[str | None, ...] | None:
         """Swap the job's ``packages`` for the jars an earlier submit resolved for them (no Ivy
         run); else the key to remember this submit's jars under (None: nothing to resolve)."""
-        if not job.packages:
+        packages = job.get("packages")
+        if not packages:
             return None
-        key = (job.packages, self.repositories, job.exclude_packages)
+        key = (packages, job.get("repositories"), job.get("exclude_packages"))
         jars = cached_jars(self.jars_cache_dir, key)
         if jars is None:
             return key
-        self.log.info("%d jars resolved earlier for %s: no dependency resolution", len(jars), job.packages)
-        job.jars = ",".join([*filter(None, (job.jars or "").split(",")), *jars])
-        job.packages = None
+        self.log.info("%d jars resolved earlier for %s: no dependency resolution", len(jars), packages)
+        job["jars"] = ",".join([*filter(None, (job.get("jars") or "").split(",")), *jars])
+        job["packages"] = None
         return None
 
     def submit(self, plan: MergePlan, context: Any) -> MergeReport | None:
@@ -175,13 +191,13 @@ class SparkSubmitMerge:
             plan_file = Path(tmp) / "plan.json"
             plan_file.write_text(plan.to_json(), encoding="utf-8")
             job = self.job(plan, plan_file, report_file)
-            given = set(filter(None, (job.jars or "").split(",")))
+            given = set(filter(None, (job.get("jars") or "").split(",")))
             resolve = self._jars_from_cache(job)
             if resolve is not None:
-                job.application_args = [*(job.application_args or []), JARS_ARG, str(jars_file)]
-            self._job = job
+                job["application_args"] = [*job["application_args"], JARS_ARG, str(jars_file)]
+            hook = self._hook = SparkSubmitHook(**job)
             try:
-                SparkSubmitOperator.execute(job, context)
+                hook.submit(self.application)
             except AirflowException:
                 error = _job_error(report_file)
                 if error is None:
@@ -201,8 +217,8 @@ class SparkSubmitMerge:
         return None
 
     def on_kill(self) -> None:
-        if self._job is not None:
-            SparkSubmitOperator.on_kill(self._job)
+        if self._hook is not None:
+            self._hook.on_kill()
 
 
 class SparkConnectMerge:

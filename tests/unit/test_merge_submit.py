@@ -38,7 +38,7 @@ def _big_plan(tables: int) -> MergePlan:
 
 
 def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     from airflow_provider_vitess.operators.merge import VitessMergeOperator
     from airflow_provider_vitess.operators.merge_backends import SparkSubmitMerge
@@ -51,15 +51,15 @@ def test_a_plan_past_linuxs_argument_limit_reaches_spark_submit(monkeypatch: pyt
     )
     seen: dict[str, Any] = {}
 
-    def execute(self: SparkSubmitOperator, context: Any) -> None:
-        command = self._get_hook()._build_spark_submit_command(self.application)
+    def submit(self: SparkSubmitHook, application: str = "", **kwargs: Any) -> None:
+        command = self._build_spark_submit_command(application)
         # The operating system's own check, with a program that accepts any arguments.
         seen["exit"] = subprocess.run(["true", *command[1:]], check=False).returncode
         plan_file = command[command.index("--plan-file") + 1]
         with open(plan_file, encoding="utf-8") as f:
             seen["plan"] = MergePlan.from_json(f.read())
 
-    monkeypatch.setattr(SparkSubmitOperator, "execute", execute)
+    monkeypatch.setattr(SparkSubmitHook, "submit", submit)
     monkeypatch.setattr(SparkSubmitMerge, "_jars_from_cache", lambda self, job: None)
     assert op._make_backend().submit(plan, {}) is None  # no report: the job did not run
     assert seen["exit"] == 0

@@ -140,15 +140,16 @@ def _merge_operator(monkeypatch: pytest.MonkeyPatch, master: str) -> Any:
 
 
 def _submit_job(op: Any) -> Any:
-    """The SparkSubmitOperator copy the merge's spark-submit backend runs for a plan."""
+    """The SparkSubmitHook the merge's spark-submit backend runs for a plan."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     plan = MergePlan("s", (WindowToMerge(1, "s3a://lake/stage/s/window=0000000001/_manifest.json"),), {})
-    return op._make_backend().job(plan, Path("/tmp/plan.json"), Path("/tmp/report.json"))
+    return SparkSubmitHook(**op._make_backend().job(plan, Path("/tmp/plan.json"), Path("/tmp/report.json")))
 
 
 def test_the_merge_gets_the_keys_in_its_process_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
     op = _merge_operator(monkeypatch, "local[2]")
-    hook = _submit_job(op)._get_hook()
+    hook = _submit_job(op)
     assert hook._env_vars["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
     assert "s3cr3t" not in str(op.env_vars), "the secret went into a rendered field"
     assert "s3cr3t" not in " ".join(hook._build_spark_submit_command(op.application))
@@ -159,4 +160,4 @@ def test_masters_that_put_the_environment_on_the_command_line_are_refused(
     monkeypatch: pytest.MonkeyPatch, master: str
 ) -> None:
     with pytest.raises(VitessConnectionError, match="command line"):
-        _submit_job(_merge_operator(monkeypatch, master))._get_hook()
+        _submit_job(_merge_operator(monkeypatch, master))

@@ -5,6 +5,7 @@ fail here, not silently change the merge)."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import re
 import sys
@@ -13,13 +14,14 @@ from types import ModuleType
 
 import pytest
 import tomllib
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from airflow_provider_vitess.merge.spark_conf import installed_spark_line, packages_for
 from airflow_provider_vitess.operators import merge_backends
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
+from airflow_provider_vitess.operators.merge_backends import SUBMIT_ARGS
 from airflow_provider_vitess.versions import (
     AIRFLOW_PINS,
     AIRFLOW_RELEASES,
@@ -103,15 +105,18 @@ def test_the_spark_provider_is_claimed_from_the_tested_releases() -> None:
 
 
 def test_the_merge_uses_spark_submits_public_surface_only() -> None:
-    # The spark-submit backend runs SparkSubmitOperator.execute/on_kill on the operator's
-    # prepare_for_execution() copy, with public attributes set on the copy alone.
-    op = VitessMergeOperator(task_id="m", sync_id="s", target_location="/t", conn_id="spark_x")
-    assert op.spark_conn_id == "spark_x"
-    job = op.prepare_for_execution()
-    job.application_args = ["--plan-file", "p"]
-    assert job is not op and op.application_args is None
-    for name in ("execute", "on_kill"):
-        assert callable(getattr(SparkSubmitOperator, name))
+    # The spark-submit backend builds SparkSubmitHook from the operator's arguments and calls its
+    # submit/on_kill: every argument the operator passes on is a parameter of the installed hook.
+    params = inspect.signature(SparkSubmitHook.__init__).parameters
+    assert sorted(SUBMIT_ARGS - set(params)) == []
+    for name in ("submit", "on_kill"):
+        assert callable(getattr(SparkSubmitHook, name))
+    op = VitessMergeOperator(
+        task_id="m", sync_id="s", target_location="/t", conn_id="spark_x", executor_memory="2g", jars="a.jar"
+    )
+    args = op.submit_arguments()
+    assert (args["conn_id"], args["executor_memory"], args["jars"]) == ("spark_x", "2g", "a.jar")
+    assert args["name"] == "vitess-merge-s" and set(args) <= SUBMIT_ARGS
 
 
 @pytest.mark.parametrize(
