@@ -198,9 +198,16 @@ class VitessMergeOperator(BaseOperator):
         # The driver runs this Python (the provider is installed in it), unless told otherwise.
         self.env_vars: dict[str, Any] = {**python, **(env_vars or {})}
         self.name: str = submit.pop("name", f"vitess-merge-{sync_id}")
-        for arg in TEMPLATED_SUBMIT_ARGS:
-            if arg not in ("conf", "packages", "env_vars", "name"):
-                setattr(self, arg, submit.pop(arg, None))
+        self.files: str | None = submit.pop("files", None)
+        self.py_files: str | None = submit.pop("py_files", None)
+        self.jars: str | None = submit.pop("jars", None)
+        self.driver_class_path: str | None = submit.pop("driver_class_path", None)
+        self.exclude_packages: str | None = submit.pop("exclude_packages", None)
+        self.keytab: str | None = submit.pop("keytab", None)
+        self.principal: str | None = submit.pop("principal", None)
+        self.proxy_user: str | None = submit.pop("proxy_user", None)
+        self.application_args: list[Any] | None = submit.pop("application_args", None)
+        self.properties_file: str | None = submit.pop("properties_file", None)
         self.submit_args: dict[str, Any] = {**submit, "spark_binary": binary}
         self.sync_id = sync_id
         self.target_location = target_location
