@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import conflicts, delta_features, order, partial
+from airflow_provider_vitess.merge.job import conflicts, delta_features, merge_sql, order, partial
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.pruning import (
@@ -397,21 +397,8 @@ def merge_into(
     (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
     a classic session and over Spark Connect."""
     view = f"vitess_merge_{uuid.uuid4().hex}"
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    if prune is not None:
-        on = f"({on}) AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
-    values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
-    keep = [n for n in typed if partial.KEEP + n in final.columns]
-    is_delete = f"s.{q(OP)} = '{DELETE}'"
-    statement = (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED AND {is_delete} THEN DELETE "
-        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET "
-        + ", ".join(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items())
-        + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(map(q, values))}) "
-        f"VALUES ({', '.join(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items())})"
-    )
+    keep = [n for n in schema.fieldNames() if partial.KEEP + n in final.columns]
+    statement = merge_sql.keyed(path, view, keys, schema, (), keep, prune, table)
     return run_merge(spark, final, view, statement, app_id, seq, rewrite_files)
 
 

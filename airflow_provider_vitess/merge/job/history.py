@@ -44,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, conflicts, order, partial
+from airflow_provider_vitess.merge.job import apply, conflicts, merge_sql, order, partial
 from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
@@ -273,24 +273,36 @@ def merge_versions(
     """One MERGE: close the current versions, insert the new ones (module docstring).
     ``schema``: the table's data columns (a dropped one, absent from ``rows``, is NULL)."""
     view = f"vitess_history_{uuid.uuid4().hex}"
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    current, valid_to, deleted = (q(shape.name(r)) for r in (CURRENT, VALID_TO, DELETED))
+    statement = merge_statement(path, view, keys, schema, shape, rows.columns, prune)
+    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
+
+
+def merge_statement(
+    path: str,
+    view: str,
+    keys: Sequence[str],
+    schema: T.StructType,
+    shape: TargetShape,
+    columns: Sequence[str],
+    prune: str | None,
+) -> str:
+    """The MERGE of :func:`versions`' rows (``columns``: theirs; a data column of ``schema``
+    they lack, a dropped one, is NULL): close the current versions, insert the new ones."""
+    current, valid_to, deleted = (shape.name(r) for r in (CURRENT, VALID_TO, DELETED))
     # The current version, or the one an earlier window ended at a move's delete (``_heal_ts``):
     # it is the key's latest and none is current, so one row matches.
-    healed = f"(t.{deleted} AND t.{valid_to} = timestamp_seconds(s.{q(HEAL_TS)}))"
-    on = f"({on}) AND (t.{current} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
+    healed = f"(t.{q(deleted)} AND t.{q(valid_to)} = timestamp_seconds(s.{q(HEAL_TS)}))"
+    on = f"({merge_sql.keys_match(keys)}) AND (t.{q(current)} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
     if prune is not None:
         on = f"{on} AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
     values = {
-        n: (f"CAST(s.{q(n)} AS {t})" if n in rows.columns else f"CAST(NULL AS {t})") for n, t in typed.items()
+        n: (v if n in columns else f"CAST(NULL AS {f.dataType.simpleString()})")
+        for (n, v), f in zip(merge_sql.casts(schema).items(), schema.fields, strict=True)
     }
     values.update({m: f"s.{q(m)}" for m in shape.columns()})
-    statement = (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED THEN UPDATE SET t.{valid_to} = s.{valid_to}, t.{current} = false, "
-        f"t.{deleted} = s.{deleted} "
-        f"WHEN NOT MATCHED AND s.{q(ACTION)} = '{INSERT}' THEN INSERT ({', '.join(map(q, values))}) "
-        f"VALUES ({', '.join(values.values())})"
-    )
-    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
+    close = [(valid_to, f"s.{q(valid_to)}"), (current, "false"), (deleted, f"s.{q(deleted)}")]
+    clauses = [
+        merge_sql.When(True, merge_sql.Then.UPDATE, None, close),
+        merge_sql.When(False, merge_sql.Then.INSERT, f"s.{q(ACTION)} = '{INSERT}'", list(values.items())),
+    ]
+    return merge_sql.merge_into(path, view, on, clauses)

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, order, partial
+from airflow_provider_vitess.merge.job import apply, merge_sql, order, partial
 from airflow_provider_vitess.merge.job.apply import CHANGE, DELETE, OP, col
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
@@ -164,54 +164,6 @@ def merge_rows(final: DataFrame, types: Mapping[str, T.DataType], shape: TargetS
     )
 
 
-def merge_statement(
-    path: str,
-    view: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    shape: TargetShape,
-    keep: Sequence[str],
-    prune: str | None,
-    table: str,
-) -> str:
-    """The MERGE of a mirror with metadata columns or of a soft_delete table (module docstring)."""
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    if prune is not None:
-        on = f"({on}) AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
-    values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
-    meta = list(shape.columns())
-    is_delete = f"s.{q(OP)} = '{DELETE}'"
-    set_meta = [f"t.{q(m)} = s.{q(m)}" for m in meta]
-    update = ", ".join(
-        [*(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items()), *set_meta]
-    )
-    insert_names = ", ".join(q(n) for n in [*values, *meta])
-    insert_values = ", ".join(
-        [
-            *(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items()),
-            *(f"s.{q(m)}" for m in meta),
-        ]
-    )
-    if shape.mode is TargetMode.SOFT_DELETE:
-        flag = ", ".join(set_meta)  # data kept, flagged deleted
-        # A key Delta does not hold, deleted: a flagged row with its key (the others are NULL).
-        tombstone = (
-            f" WHEN NOT MATCHED AND {is_delete} THEN INSERT ({insert_names}) "
-            f"VALUES ({', '.join([*values.values(), *(f's.{q(m)}' for m in meta)])})"
-        )
-        on_delete = f"UPDATE SET {flag}"
-    else:
-        tombstone, on_delete = "", "DELETE"
-    return (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED AND {is_delete} THEN {on_delete} "
-        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET {update} "
-        f"WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({insert_names}) VALUES ({insert_values})"
-        + tombstone
-    )
-
-
 def merge_keyed(
     spark: SparkSession,
     rows: DataFrame,
@@ -228,7 +180,8 @@ def merge_keyed(
     """One MERGE of :func:`merge_rows` into a mirror-with-metadata or soft_delete table."""
     view = f"vitess_merge_{uuid.uuid4().hex}"
     keep = [n for n in schema.fieldNames() if partial.KEEP + n in rows.columns]
-    statement = merge_statement(path, view, keys, schema, shape, keep, prune, table)
+    soft = shape.mode is TargetMode.SOFT_DELETE
+    statement = merge_sql.keyed(path, view, keys, schema, shape.columns(), keep, prune, table, soft)
     return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
 
 
