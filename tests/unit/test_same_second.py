@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from airflow_provider_vitess.merge.job import apply, history, shapes
+from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.integration.delta_check import spark_session
@@ -120,7 +120,7 @@ def test_the_other_modes_end_with_the_seconds_last_state(spark: SparkSession, sp
     """mirror and soft_delete take each key's last event, changelog lists both transactions."""
     staged = _frame(spark, SECOND if split else FIRST + SECOND)
     context = _frame(spark, FIRST, back=1) if split else None
-    last = apply.last_per_key(staged, KEYS, DATA, context, covered=COVERED, meta=True).collect()
+    last = window_rows.last_per_key(staged, KEYS, DATA, context, covered=COVERED, meta=True).collect()
     assert {r["id"]: (r["_op"], r["v"]) for r in last} == {
         5: ("delete", None),
         6: ("delete", None),

@@ -20,9 +20,7 @@ from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job import partial
 from airflow_provider_vitess.merge.job.delta_sql import q
-
-OP = "_op"  # the source's per-key operation column (.rows.OP): "upsert" or "delete"
-DELETE = "delete"
+from airflow_provider_vitess.merge.job.window_rows import DELETE, OP
 
 
 class Then(str, enum.Enum):

@@ -19,7 +19,7 @@ from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.staging import arrow_types as A
 
-_SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .apply's per-key frame
+_SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .window_rows' per-key frame (rows imports this module)
 # The commit second an event is ordered by (key_order's output): its own, made non-decreasing
 # along its shard's events of the key in its window (and after a retired predecessor's). It
 # depends on that window's events only, so a rerun or a later window's look-back computes the

@@ -57,6 +57,7 @@ from airflow_provider_vitess.merge.job.steps import (
     plan_steps,
     touched_tables,
 )
+from airflow_provider_vitess.merge.job.window_rows import OP, UPSERT, col, last_per_key, read_window
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
 from airflow_provider_vitess.merge.report import (
     MergeReport,
@@ -256,7 +257,7 @@ def _run(
         assert step.columns is not None
         tm = manifest.tables[step.table]
         staged, earlier, retired = _read_step(spark, plan, manifest, step, known)
-        final = apply.last_per_key(
+        final = last_per_key(
             staged,
             keys,
             [c.name for c in step.columns.columns],
@@ -268,7 +269,7 @@ def _run(
         )
         try:
             if step.action is Action.REPLACE:
-                rows = final.where(apply.col(apply.OP) == apply.UPSERT).select(*_with_comments(step.columns))
+                rows = final.where(col(OP) == UPSERT).select(*_with_comments(step.columns))
                 mapping = column_mapping or needs_column_mapping(rows.columns)
                 files = apply.files_for(tm.rows, rows_per_file)
                 apply.write_replace(
@@ -301,7 +302,7 @@ def _read_step(
     events that can still decide its keys and the shards a reshard retired. A replacing window is
     a consistent copy by itself."""
     assert step.columns is not None
-    staged = apply.read_window(spark, manifest, manifest.tables[step.table], step.columns)
+    staged = read_window(spark, manifest, manifest.tables[step.table], step.columns)
     if step.action is Action.REPLACE:
         return staged, None, None
     return staged, _context(spark, plan, manifest, step, staged, known), _retired_shards(manifest, known)
@@ -322,7 +323,7 @@ def _context(
     table, target = step.table, plan.targets[step.table]
     found = lookback.commit_ts_range(manifest, table)
     if found is None:  # footers without statistics: ask Spark
-        row = staged.agg(F.min(apply.col(A.COMMIT_TS))).first()
+        row = staged.agg(F.min(col(A.COMMIT_TS))).first()
         found = None if row is None or row[0] is None else (int(row[0]), int(row[0]))
     if found is None:
         return None
@@ -337,33 +338,33 @@ def _context(
     frames = []
     for earlier in lookback.context_windows(manifest, table, found[0], load):
         tm = earlier.manifest.tables[table]
-        rows = apply.read_window(spark, earlier.manifest, tm, window_columns(tm, target))
-        ts = apply.col(A.COMMIT_TS)
+        rows = read_window(spark, earlier.manifest, tm, window_columns(tm, target))
+        ts = col(A.COMMIT_TS)
         counted = ts >= earlier.since
         # A grouped snapshot's copied rows count as of their group's copy end (lookback.copy_ends).
         ends = lookback.copy_ends(earlier.manifest)
         late = sorted(s for s, end in ends.items() if end + lookback.CLOCK_SKEW_SECONDS >= earlier.since)
         if late:
-            counted = counted | ((ts == 0) & apply.col(A.SHARD).isin(late))
+            counted = counted | ((ts == 0) & col(A.SHARD).isin(late))
         if earlier.reach is lookback.Reach.WHOLE:
             counted = counted | (ts > 0)
         elif earlier.reach is lookback.Reach.SHARD_NEWEST:
             # Each shard's events within seconds of its own newest one here: one clock per
             # comparison (lookback's docstring). The per-shard newest is a few rows: broadcast.
-            newest = rows.where(ts > 0).groupBy(apply.col(A.SHARD)).agg(F.max(ts).alias("_newest"))
+            newest = rows.where(ts > 0).groupBy(col(A.SHARD)).agg(F.max(ts).alias("_newest"))
             rows = rows.join(F.broadcast(newest), on=A.SHARD, how="left")
-            counted = counted | ((ts > 0) & (ts >= apply.col("_newest") - F.lit(lookback.CONTEXT_SECONDS)))
+            counted = counted | ((ts > 0) & (ts >= col("_newest") - F.lit(lookback.CONTEXT_SECONDS)))
         rows = rows.where(counted)
         have = set(rows.columns)
         out = [
-            apply.col(A.OP),
-            apply.col(A.SHARD),
-            apply.col(A.COMMIT_TS),
-            (apply.col(A.SEQ) + F.lit(earlier.seq_shift)).alias(A.SEQ),
+            col(A.OP),
+            col(A.SHARD),
+            col(A.COMMIT_TS),
+            (col(A.SEQ) + F.lit(earlier.seq_shift)).alias(A.SEQ),
         ]
         for name in [c for c in staged.columns if c not in (A.OP, A.SHARD, A.COMMIT_TS, A.SEQ)]:
             dtype = staged.schema[name].dataType
-            value = apply.col(name) if name in have else F.lit(None)
+            value = col(name) if name in have else F.lit(None)
             out.append(value.cast(dtype).alias(name))
         frames.append(rows.select(*out))
         log.info(
@@ -390,8 +391,7 @@ def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Ma
 
 def _with_comments(wc: WindowColumns) -> list[Column]:
     return [
-        apply.col(c.name).alias(c.name, metadata={"comment": c.comment} if c.comment else {})
-        for c in wc.columns
+        col(c.name).alias(c.name, metadata={"comment": c.comment} if c.comment else {}) for c in wc.columns
     ]
 
 
@@ -414,10 +414,8 @@ def _merge(
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
         apply.evolve_table(spark, path, ev)
     types = write_types(step.columns, step.schema)
-    keep = [apply.col(c) for c in final.columns if c.startswith(partial.KEEP)]  # .partial
-    rows = apply.persist(
-        final.select(apply.col(apply.OP), *[apply.col(n).cast(t).alias(n) for n, t in types.items()], *keep)
-    )
+    keep = [col(c) for c in final.columns if c.startswith(partial.KEEP)]  # .partial
+    rows = apply.persist(final.select(col(OP), *[col(n).cast(t).alias(n) for n, t in types.items()], *keep))
     try:
         size = size if size is not None else delta.table_size(spark, path)
         # One file, or a table small enough to rewrite (so to scan whole): the files the key

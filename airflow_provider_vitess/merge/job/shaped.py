@@ -17,6 +17,7 @@ from airflow_provider_vitess.merge.job import apply, conflicts, history, lookbac
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
+from airflow_provider_vitess.merge.job.window_rows import OP, UPSERT, col, last_per_key
 from airflow_provider_vitess.merge.modes import TargetMode
 from airflow_provider_vitess.merge.plan import TableTarget
 from airflow_provider_vitess.staging.manifest import Manifest
@@ -148,18 +149,14 @@ def write(
             return (), False
         covered = conflicts.covered(s.manifest, staged)
         if step.past is not None:  # a re-snapshot of a history or soft_delete table: the past stays
-            final = apply.last_per_key(
-                staged, keys, data, table=table, covered=covered, replace=True, meta=True
-            )
-            _rewrite(spark, s, final.where(apply.col(apply.OP) == apply.UPSERT))
+            final = last_per_key(staged, keys, data, table=table, covered=covered, replace=True, meta=True)
+            _rewrite(spark, s, final.where(col(OP) == UPSERT))
             return (), False
         if shape.mode is TargetMode.HISTORY and not snapshot:  # a catch-up creating the table
             versions = history.versions(staged, None, keys, data, shape, seq, table, covered)
-            rows = versions.where(apply.col(history.ACTION) == history.INSERT).drop(
-                history.ACTION, history.HEAL_TS
-            )
+            rows = versions.where(col(history.ACTION) == history.INSERT).drop(history.ACTION, history.HEAL_TS)
         else:
-            final = apply.last_per_key(
+            final = last_per_key(
                 staged,
                 keys,
                 data,
@@ -185,7 +182,7 @@ def write(
     if shape.mode is TargetMode.HISTORY:
         source = history.versions(staged, earlier, keys, data, shape, seq, table, covered, retired)
     else:
-        final = apply.last_per_key(
+        final = last_per_key(
             staged,
             keys,
             data,

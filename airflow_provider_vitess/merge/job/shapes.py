@@ -5,12 +5,12 @@ Every write below is still one Delta commit per (window, table) carrying the syn
 id (app id, window seq), so a rerun after the commit is skipped by Delta, whatever the mode:
 
 * ``mirror`` with metadata columns and ``soft_delete``: the same per-key reduction as a mirror
-  (:func:`.apply.last_per_key`), MERGEd with the metadata columns; ``soft_delete`` flags a
+  (:func:`.window_rows.last_per_key`), MERGEd with the metadata columns; ``soft_delete`` flags a
   deleted key (``deleted``, ``deleted_at`` = the delete's source commit time) instead of
   deleting it, and an insert of the key brings it back live. A key inserted and deleted in one
   window becomes a flagged row with its key only (its values were never merged).
 * ``changelog``: every change of the window, in the merge's per-key order (the events of
-  :func:`.apply._key_events`: an update that changes the key is a delete of the old key and an
+  :func:`.window_rows.key_events`: an update that changes the key is a delete of the old key and an
   insert of the new one), appended (Delta skips an append whose transaction id it holds).
 * ``history``: :mod:`.history`.
 
@@ -32,9 +32,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job import apply, merge_sql, order, partial
-from airflow_provider_vitess.merge.job.apply import CHANGE, DELETE, OP, col
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.window_rows import CHANGE, DELETE, OP, ORD, UPSERT, col, key_events
+from airflow_provider_vitess.merge.job.window_rows import SHARD as EVENT_SHARD
 from airflow_provider_vitess.merge.modes import (
     CDF_PROPERTY,
     COMMIT_TS,
@@ -131,7 +132,7 @@ def replace_rows(final: DataFrame, data: Sequence[Column], shape: TargetShape, s
         VALID_TO: typed_null(VALID_TO),
         CURRENT: F.lit(True),
     }
-    rows = final.where(col(OP) == apply.UPSERT)
+    rows = final.where(col(OP) == UPSERT)
     return rows.select(*data, *meta_columns(shape, values))
 
 
@@ -203,13 +204,13 @@ def changelog_rows(
     merge's per-key order (``retired``: a reshard's, ``copies_at``: a grouped snapshot's copy
     ends, :func:`.order.key_order`)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = order.key_order(apply._key_events(staged, keys, data), keys, retired, copies_at=copies_at)
+    events = order.key_order(key_events(staged, keys, data), keys, retired, copies_at=copies_at)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),
         WINDOW_SEQ: F.lit(seq).cast(T.LongType()),
-        SHARD: col(apply._SHARD),
-        ORDER: col(apply._ORD),
+        SHARD: col(EVENT_SHARD),
+        ORDER: col(ORD),
         SYNCED_AT: F.current_timestamp(),
     }
     out = [
