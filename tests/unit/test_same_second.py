@@ -61,7 +61,7 @@ SECOND: Staged = [
 def _history(spark: SparkSession, windows: list[Staged]) -> dict[int, list[tuple[Any, ...]]]:
     """The windows merged one after another into an in-memory ``history`` table: per key, its
     versions (v, valid_from, valid_to, current, deleted), applying each window's close and insert
-    rows as ``history.merge_versions``' MERGE does. Key 6 and 7 were copied by a snapshot."""
+    rows as ``history.merge_statement``'s MERGE does. Key 6 and 7 were copied by a snapshot."""
     table: dict[int, list[dict[str, Any]]] = {
         k: [{"v": v, "valid_from": None, "valid_to": None, "current": True, "deleted": False}]
         for k, v in ((6, "s6"), (7, "s7"))

@@ -9,7 +9,6 @@ Delta skips when the table holds that transaction already. The rows come from :m
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import delta_features, merge_sql, partial
+from airflow_provider_vitess.merge.job import delta_features
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.pruning import (
@@ -100,6 +99,23 @@ def write_replace(
     writer.save(path)
 
 
+def append(
+    rows: DataFrame, path: str, app_id: str, seq: int, create: Mapping[str, str] | None, column_mapping: bool
+) -> None:
+    """Append ``rows`` as one commit carrying (app id, seq): Delta skips it when the table holds
+    that transaction already (:func:`.delta_log.last_commit` then finds no commit). ``create``:
+    the table does not exist yet, and is created with these properties."""
+    writer = (
+        rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
+    )
+    if create is not None:
+        table_props = {**TABLE_PROPERTIES, **(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
+        for k, v in table_props.items():
+            writer = writer.option(k, v)
+    forget_last_commit(rows.sparkSession)
+    writer.save(path)
+
+
 _RANGE_TYPES = (
     T.ByteType,
     T.ShortType,
@@ -159,33 +175,6 @@ REWRITE_BELOW_BYTES = 8 * 1024 * 1024
 _PERSISTENT_DV_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
-def merge_into(
-    spark: SparkSession,
-    final: DataFrame,
-    path: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    app_id: str,
-    seq: int,
-    prune: str | None,
-    rewrite_files: bool = False,
-    table: str = "",
-) -> bool:
-    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq), unless
-    the table holds that transaction already (another run committed the window first: Delta
-    skips it). Returns whether Delta ran the MERGE: it answers a MERGE it ran with one row of
-    counts, and one it skipped with none. Which version it committed,
-    :func:`.delta_log.last_commit` says. ``schema`` is the table's after the
-    window's evolution: every column is one of the window's (the others were dropped,
-    ``merge.schema``). ``rewrite_files``: touched files are rewritten, no deletion vectors
-    (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
-    a classic session and over Spark Connect."""
-    view = f"vitess_merge_{uuid.uuid4().hex}"
-    keep = [n for n in schema.fieldNames() if partial.KEEP + n in final.columns]
-    statement = merge_sql.keyed(path, view, keys, schema, (), keep, prune, table)
-    return run_merge(spark, final, view, statement, app_id, seq, rewrite_files)
-
-
 def run_merge(
     spark: SparkSession,
     final: DataFrame,
@@ -196,7 +185,12 @@ def run_merge(
     rewrite_files: bool,
 ) -> bool:
     """Run a MERGE ``statement`` whose source is ``final`` as the temporary view ``view``, as one
-    commit carrying (app id, seq); whether Delta ran it (:func:`merge_into`)."""
+    commit carrying (app id, seq), unless the table holds that transaction already (another run
+    committed the window first: Delta skips it). Returns whether Delta ran the MERGE: it answers a
+    MERGE it ran with one row of counts, and one it skipped with none. Which version it committed,
+    :func:`.delta_log.last_commit` says. ``rewrite_files``: touched files are rewritten, no
+    deletion vectors (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view
+    (:mod:`.merge_sql`): the same statement on a classic session and over Spark Connect."""
     final.createOrReplaceTempView(view)
     forget_last_commit(spark)
     spark.conf.set(TXN_APP_ID_CONF, app_id)

@@ -36,15 +36,14 @@ commit carrying the window's transaction id.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, conflicts, merge_sql, order, partial
+from airflow_provider_vitess.merge.job import conflicts, merge_sql, order, partial
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
 from airflow_provider_vitess.merge.job.shapes import ROLE_TYPES, commit_time, meta_columns
@@ -256,25 +255,6 @@ def versions(
     marked = meta_columns(shape, {r: col(shape.name(r)) for r in shape.roles()})  # the field marker
     names = set(shape.columns())
     return rows.select(*[col(c) for c in rows.columns if c not in names], *marked)
-
-
-def merge_versions(
-    spark: SparkSession,
-    rows: DataFrame,
-    path: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    shape: TargetShape,
-    app_id: str,
-    seq: int,
-    prune: str | None,
-    rewrite_files: bool,
-) -> bool:
-    """One MERGE: close the current versions, insert the new ones (module docstring).
-    ``schema``: the table's data columns (a dropped one, absent from ``rows``, is NULL)."""
-    view = f"vitess_history_{uuid.uuid4().hex}"
-    statement = merge_statement(path, view, keys, schema, shape, rows.columns, prune)
-    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
 
 
 def merge_statement(

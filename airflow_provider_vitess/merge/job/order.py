@@ -62,7 +62,7 @@ def key_order(
     columns whose value at the key's next event is wanted, as ``_next<column>`` (NULL at its last
     event), taken in the pass that ranks (ordering by the rank again would sort once more).
 
-    ``retired`` (a reshard's old shard -> the shards that replaced it, :mod:`.apply`): an old
+    ``retired`` (a reshard's old shard -> the shards that replaced it, :mod:`.window_rows`): an old
     shard's events of a key come before its successors' (its journal ends its stream, theirs start
     there), which neither the seconds nor the names say: a successor's second is raised to the old
     shard's last second of the key (its host's clock may be behind) and, in one second, the old

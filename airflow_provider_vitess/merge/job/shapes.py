@@ -1,8 +1,9 @@
-"""The writes of a window in a target mode other than a plain mirror (:mod:`...modes`).
+"""The rows of a window in a target mode's shape (:mod:`...modes`): its metadata columns.
 
-A plain mirror (no metadata columns) never comes here: :mod:`.run` writes it as it always did.
-Every write below is still one Delta commit per (window, table) carrying the sync's transaction
-id (app id, window seq), so a rerun after the commit is skipped by Delta, whatever the mode:
+A plain mirror has none: its rows and statement are a keyed table's without them
+(:class:`.strategies.Keyed`). Every write is one Delta commit per (window, table) carrying the
+sync's transaction id (app id, window seq), so a rerun after the commit is skipped by Delta,
+whatever the mode:
 
 * ``mirror`` with metadata columns and ``soft_delete``: the same per-key reduction as a mirror
   (:func:`.window_rows.last_per_key`), MERGEd with the metadata columns; ``soft_delete`` flags a
@@ -24,15 +25,13 @@ schema, start the log afresh): the past holds what the new choice hides.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, merge_sql, order, partial
-from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
+from airflow_provider_vitess.merge.job import order, partial
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.window_rows import CHANGE, DELETE, OP, ORD, UPSERT, col, key_events
 from airflow_provider_vitess.merge.job.window_rows import SHARD as EVENT_SHARD
@@ -48,11 +47,9 @@ from airflow_provider_vitess.merge.modes import (
     VALID_FROM,
     VALID_TO,
     WINDOW_SEQ,
-    TargetMode,
     TargetShape,
 )
 from airflow_provider_vitess.merge.modes import OP as OP_ROLE
-from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
 
 SNAPSHOT_OP = "snapshot"  # a changelog row of a snapshot's copy
@@ -165,27 +162,6 @@ def merge_rows(final: DataFrame, types: Mapping[str, T.DataType], shape: TargetS
     )
 
 
-def merge_keyed(
-    spark: SparkSession,
-    rows: DataFrame,
-    path: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    shape: TargetShape,
-    app_id: str,
-    seq: int,
-    prune: str | None,
-    rewrite_files: bool,
-    table: str,
-) -> bool:
-    """One MERGE of :func:`merge_rows` into a mirror-with-metadata or soft_delete table."""
-    view = f"vitess_merge_{uuid.uuid4().hex}"
-    keep = [n for n in schema.fieldNames() if partial.KEEP + n in rows.columns]
-    soft = shape.mode is TargetMode.SOFT_DELETE
-    statement = merge_sql.keyed(path, view, keys, schema, shape.columns(), keep, prune, table, soft)
-    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
-
-
 # -- changelog ---------------------------------------------------------------------------------------
 
 
@@ -217,20 +193,3 @@ def changelog_rows(
         (col(f.name) if f.name in data else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields
     ]
     return events.select(*out, *meta_columns(shape, values))
-
-
-def append(
-    rows: DataFrame, path: str, app_id: str, seq: int, create: Mapping[str, str] | None, column_mapping: bool
-) -> None:
-    """Append ``rows`` as one commit carrying (app id, seq): Delta skips it when the table holds
-    that transaction already (:func:`.delta_log.last_commit` then finds no commit). ``create``:
-    the table does not exist yet, and is created with these properties."""
-    writer = (
-        rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
-    )
-    if create is not None:
-        table_props = {**TABLE_PROPERTIES, **(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
-        for k, v in table_props.items():
-            writer = writer.option(k, v)
-    forget_last_commit(rows.sparkSession)
-    writer.save(path)
