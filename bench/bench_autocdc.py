@@ -80,8 +80,8 @@ from pyspark.sql import types as T  # noqa: E402
 
 from airflow_provider_vitess.checkpoints import CheckpointStore  # noqa: E402
 from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
-from airflow_provider_vitess.merge.job.apply import staged_path  # noqa: E402
 from airflow_provider_vitess.merge.job.run import merge  # noqa: E402
+from airflow_provider_vitess.merge.job.window_rows import staged_path  # noqa: E402
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge  # noqa: E402
 from airflow_provider_vitess.merge.spark_conf import SCALA_BINARY_VERSION, SPARK_VERSION, spark_conf  # noqa: E402
 from airflow_provider_vitess.staging import Manifest, read_table  # noqa: E402

@@ -9,7 +9,7 @@ committed window's manifest path, which the checkpoint store records).
 
 ``keep`` may be raised (an audit trail of staged windows) but never lowered below the look-back:
 a merge that finds an earlier window gone merges without it, which can drop a row moved between
-shards across that window's stop (``merge/job/apply.py``).
+shards across that window's stop (``merge/job/window_rows.py``).
 
 Two kinds of windows go earlier, as soon as a later window is COMMITTED (``gone_early``, from
 the checkpoint store): a snapshot (a copy of whole tables, by far the largest window; the

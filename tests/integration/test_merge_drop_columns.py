@@ -78,7 +78,7 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
         raise Killed
 
     with monkeypatch.context() as m:
-        m.setattr(apply, "merge_into", killed)
+        m.setattr(apply, "run_merge", killed)
         with pytest.raises(Killed):
             merge(spark, sync.plan(target, 1, 2))
     names, rows = rows_of(spark, target / DRIFT)

@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, history, order, shapes
+from airflow_provider_vitess.merge.job import history, order, shapes, window_rows
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction
 from airflow_provider_vitess.vstream.spill import SpillableEvents
@@ -148,7 +148,9 @@ def test_one_part_and_group_parts_merge_alike(spark: SparkSession, seed: int) ->
     keys, data = ["id"], ["id", "v"]
 
     def mirror(staged: DataFrame) -> list[tuple[Any, ...]]:
-        out = apply.last_per_key(staged, keys, data, covered={s: 2_000_000_000 for s in SHARDS}, meta=True)
+        out = window_rows.last_per_key(
+            staged, keys, data, covered={s: 2_000_000_000 for s in SHARDS}, meta=True
+        )
         return _sorted(out)
 
     assert mirror(single) == mirror(grouped)
@@ -177,10 +179,10 @@ def test_with_monotone_seconds_the_order_is_the_single_process_seq(spark: SparkS
     single, grouped, _ = _stagings(spark, seed, monotone=True)
     keys, data = ["id"], ["id", "v"]
     for staged in (single, grouped):
-        events = order.key_order(apply._key_events(staged, keys, data), keys)
+        events = order.key_order(window_rows.key_events(staged, keys, data), keys)
         ranked = {(r["id"], r["_shard"], r["_commit_ts"], r["_ord"]) for r in events.collect()}
         # The single-process staging's own order of each key's events, by _seq.
-        raw = apply._key_events(single, keys, data).collect()
+        raw = window_rows.key_events(single, keys, data).collect()
         by_key: dict[int, list[Any]] = {}
         for r in sorted(raw, key=lambda r: r["_ord"]):
             by_key.setdefault(r["id"], []).append((r["_shard"], r["_commit_ts"]))

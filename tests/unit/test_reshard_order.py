@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, history, shapes
+from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.integration.delta_check import spark_session
 from tests.unit.test_group_order import SCHEMA
@@ -70,7 +70,7 @@ def test_a_retired_shards_events_come_before_its_successors(
     old, new, retired = _case(olds, news)
     staged = _staged(spark, old, new, skew)
 
-    mirror = apply.last_per_key(staged, KEYS, DATA, None, retired, covered={}, meta=True)
+    mirror = window_rows.last_per_key(staged, KEYS, DATA, None, retired, covered={}, meta=True)
     assert {r["id"]: r["v"] for r in mirror.collect()} == {5: "c", 7: "x"}
 
     shape = TargetShape(TargetMode.HISTORY)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from airflow_provider_vitess.merge.job import apply, history, shapes
+from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.integration.delta_check import spark_session
@@ -61,7 +61,7 @@ SECOND: Staged = [
 def _history(spark: SparkSession, windows: list[Staged]) -> dict[int, list[tuple[Any, ...]]]:
     """The windows merged one after another into an in-memory ``history`` table: per key, its
     versions (v, valid_from, valid_to, current, deleted), applying each window's close and insert
-    rows as ``history.merge_versions``' MERGE does. Key 6 and 7 were copied by a snapshot."""
+    rows as ``history.merge_statement``'s MERGE does. Key 6 and 7 were copied by a snapshot."""
     table: dict[int, list[dict[str, Any]]] = {
         k: [{"v": v, "valid_from": None, "valid_to": None, "current": True, "deleted": False}]
         for k, v in ((6, "s6"), (7, "s7"))
@@ -120,7 +120,7 @@ def test_the_other_modes_end_with_the_seconds_last_state(spark: SparkSession, sp
     """mirror and soft_delete take each key's last event, changelog lists both transactions."""
     staged = _frame(spark, SECOND if split else FIRST + SECOND)
     context = _frame(spark, FIRST, back=1) if split else None
-    last = apply.last_per_key(staged, KEYS, DATA, context, covered=COVERED, meta=True).collect()
+    last = window_rows.last_per_key(staged, KEYS, DATA, context, covered=COVERED, meta=True).collect()
     assert {r["id"]: (r["_op"], r["v"]) for r in last} == {
         5: ("delete", None),
         6: ("delete", None),

@@ -1,46 +1,23 @@
-"""The Spark side of the merge: staged parts -> the last event of each key -> one Delta commit.
+"""The Delta side of the merge: a window's rows -> one Delta commit carrying its transaction id.
 
-Needs a SparkSession with Delta Lake (see :mod:`.spark_conf`), classic or Spark Connect (the
-table state then comes from :mod:`.connect`, which needs no JVM); executors need only
-PySpark (the one Python function shipped to them, for DECIMAL(p > 38) text, has no imports of
-this provider).
-
-The rule per key (the same as ``tests/integration/replay.py`` and the README): a staged row is an
-event at its after-image key (an upsert; not for deletes) and, for updates and deletes, at its
-before-image key (a delete; skipped for an update that keeps its key). Within a shard, events are
-in binlog order (``_seq``; a before-image delete precedes its own row's upsert), so each shard's
-last event for the key says whether that shard holds the row at the end of the window. A key
-lives on one shard at a time, so the row exists if any shard's last event is an upsert, and the
-latest such upsert gives its values; otherwise it is deleted. A row moved between shards is a
-DELETE on one and an INSERT on the other, in either order and possibly in different seconds: it
-exists afterwards whatever the cross-shard order. No timestamp is compared.
-
-The two halves of a move are two shard commits, so a window's stop position can fall between them
-(the stop is read per shard). The shard that still holds the row may then have its event in an
-earlier window: ``context`` brings those events (:mod:`.context`), ordered before the window's
-own, so they count as their shard's last event only when the window has none for that shard.
-
-A reshard retires shards: their events all precede the journal, and the shards that took over
-their keys (``retired``: old shard -> its successors) start from a copy with no event for the
-keys they received. So a retired shard's last event counts only when no successor has an event
-for the key: a row inserted on shard ``0`` and deleted on ``-80`` after the switch is deleted.
+Every target mode writes through here: the schema changes before a step (:func:`evolve_table`),
+a replace (:func:`write_replace`), an append (:func:`append`) and a MERGE (:func:`run_merge`,
+its statement from :mod:`.merge_sql`), each one commit carrying (app id, window seq), which
+Delta skips when the table holds that transaction already. The rows come from :mod:`.window_rows`.
 """
 
 from __future__ import annotations
 
 import math
-import uuid
-from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
-from functools import reduce
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import conflicts, delta_features, order, partial
+from airflow_provider_vitess.merge.job import delta_features
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.pruning import (
@@ -49,206 +26,12 @@ from airflow_provider_vitess.merge.job.pruning import (
     numeric_distance,
     sql_literal,
 )
-from airflow_provider_vitess.merge.job.schema import Conversion, Evolution, TargetColumn, WindowColumns
+from airflow_provider_vitess.merge.job.schema import Evolution
+from airflow_provider_vitess.merge.job.window_rows import col
 from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
-from airflow_provider_vitess.staging import arrow_types as A
-from airflow_provider_vitess.staging.files import window_dir
-from airflow_provider_vitess.staging.manifest import Manifest, TableManifest
-
-OP = "_op"  # in the per-key frame: "upsert" or "delete" (a name no staged column may have)
-UPSERT, DELETE = "upsert", "delete"
-_SHARD, _ORD, _UP, _CTX = "_shard", "_ord", "_up", "_ctx"
-CHANGE = "_change"  # per key event: insert, update or delete (target modes' metadata, .shapes)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-
-
-def col(name: str, alias: str | None = None) -> Column:
-    return F.col(f"{alias}.{q(name)}" if alias else q(name))
-
-
-# -- reading a window ------------------------------------------------------------------------------
-
-
-def _decimal_text(scale: int) -> Callable[[Any], str | None]:
-    """Big-endian two's-complement unscaled bytes -> the decimal printed with ``scale`` digits.
-    A closure, so Spark ships it by value: executors need no import of this provider."""
-
-    def convert(raw: Any) -> str | None:
-        if raw is None:
-            return None
-        n = int.from_bytes(bytes(raw), "big", signed=True)
-        digits = tuple(int(c) for c in str(abs(n)))
-        return format(Decimal((1 if n < 0 else 0, digits, -scale)), "f")
-
-    return convert
-
-
-def _value(c: TargetColumn, staged_name: str, unified: T.DataType) -> Column:
-    if c.conversion is Conversion.NULL:
-        return F.lit(None).cast(unified)
-    source = col(staged_name)
-    if c.conversion is Conversion.DECIMAL_TEXT:
-        source = F.udf(_decimal_text(c.scale), T.StringType(), useArrow=False)(source)
-    return source.cast(unified)
-
-
-def staged_path(manifest: Manifest, relative: str) -> str:
-    """Where Spark reads a part: the staging location as given (a path or a Hadoop URL)."""
-    return f"{window_dir(manifest.location, manifest.sync_id, manifest.window_seq)}/{relative}"
-
-
-def read_window(spark: SparkSession, manifest: Manifest, tm: TableManifest, wc: WindowColumns) -> DataFrame:
-    """The table's staged rows: ``_op``, ``_shard``, ``_commit_ts``, ``_seq``, the unified
-    columns (target names, unified types), ``_before_<target key>`` for each target key and
-    ``_has_<column>`` for each column a partial row image may leave out (:mod:`.partial`)."""
-    index = {s.to_json(): i for i, s in enumerate(tm.schemas)}
-    groups: dict[int, list[str]] = {}
-    for part in tm.parts:
-        groups.setdefault(index[part.schema_json], []).append(staged_path(manifest, part.path))
-    key_sources = dict(zip(wc.key_sources, (wc.column(k) for k in _key_names(wc)), strict=True))
-    blobs = partial.candidates(tm, wc)
-    frames = []
-    for i, paths in sorted(groups.items()):
-        version = wc.versions[i]
-        by_source = {c.source: c for c in version.values()}
-        fields = fields_of_meta()
-        fields += [
-            T.StructField(c.source, c.read_type) for c in version.values() if c.conversion != Conversion.NULL
-        ]
-        fields += [
-            T.StructField(A.BEFORE_PREFIX + s, by_source[s].read_type)
-            for s in wc.key_sources
-            if by_source[s].conversion != Conversion.NULL
-        ]
-        if blobs:
-            fields.append(partial.ABSENT_FIELD)
-        df = spark.read.schema(T.StructType(fields)).parquet(*paths)
-        out = [col(A.OP), col(A.SHARD), col(A.COMMIT_TS), col(A.SEQ)]
-        for c in wc.columns:
-            v = version.get(c.name)
-            out.append((_value(v, v.source, c.type) if v else F.lit(None).cast(c.type)).alias(c.name))
-        for s, unified in key_sources.items():
-            out.append(
-                _value(by_source[s], A.BEFORE_PREFIX + s, unified.type).alias(A.BEFORE_PREFIX + unified.name)
-            )
-        frames.append(df.select(*out, *partial.has_columns(wc, i, blobs)))
-    if not frames:  # a snapshot of an empty table: its schema, no rows
-        empty = [*fields_of_meta(), *[T.StructField(c.name, c.type) for c in wc.columns]]
-        empty += [T.StructField(A.BEFORE_PREFIX + c.name, c.type) for c in key_sources.values()]
-        empty += [T.StructField(partial.HAS + n, T.BooleanType()) for n in blobs]
-        return spark.createDataFrame([], T.StructType(empty))
-    return reduce(DataFrame.unionByName, frames)
-
-
-def fields_of_meta() -> list[T.StructField]:
-    return [
-        T.StructField(A.OP, T.StringType()),
-        T.StructField(A.SHARD, T.StringType()),
-        T.StructField(A.COMMIT_TS, T.LongType()),
-        T.StructField(A.SEQ, T.LongType()),
-    ]
-
-
-def _key_names(wc: WindowColumns) -> list[str]:
-    names = {c.source: c.name for c in wc.columns}
-    return [names[s] for s in wc.key_sources]
-
-
-# -- the last event per key ------------------------------------------------------------------------
-
-
-def _key_events(
-    frame: DataFrame, keys: Sequence[str], data: Sequence[str], partial_names: Sequence[str] | None = None
-) -> DataFrame:
-    """Each staged row as events at its keys: the after image (an upsert) and, for a delete or an
-    update that changes the key, the before image's key (a delete)."""
-    op = col(A.OP)
-    blobs = partial.in_frame(frame, data) if partial_names is None else partial_names
-    before_differs = reduce(lambda a, b: a | b, [~col(A.BEFORE_PREFIX + k).eqNullSafe(col(k)) for k in keys])
-    after = frame.where(op != "delete").select(
-        col(A.SEQ),
-        col(A.COMMIT_TS),
-        col(_SHARD),
-        F.lit(1).alias("_sub"),
-        F.lit(True).alias(_UP),
-        # What the change is to this key: an update that changes the key inserts the new one.
-        F.when((op == "update") & before_differs, F.lit("insert")).otherwise(op).alias(CHANGE),
-        *[col(c) for c in data],
-        *[partial.has_value(frame, c, after=True) for c in blobs],
-    )
-    before = frame.where((op == "delete") | ((op == "update") & before_differs)).select(
-        col(A.SEQ),
-        col(A.COMMIT_TS),
-        col(_SHARD),
-        F.lit(0).alias("_sub"),
-        F.lit(False).alias(_UP),
-        F.lit("delete").alias(CHANGE),
-        *[
-            col(A.BEFORE_PREFIX + c).alias(c)
-            if c in keys
-            else F.lit(None).cast(frame.schema[c].dataType).alias(c)
-            for c in data
-        ],
-        *[partial.has_value(frame, c, after=False) for c in blobs],
-    )
-    # A before-image delete precedes its own row's upsert. The staged order, to be ranked per key
-    # by :func:`.order.key_order` (the order the merge compares).
-    return after.unionByName(before).withColumn(_ORD, col(A.SEQ) * 2 + col("_sub"))
-
-
-def last_per_key(
-    staged: DataFrame,
-    keys: Sequence[str],
-    data: Sequence[str],
-    context: DataFrame | None = None,
-    retired: Mapping[str, Sequence[str]] | None = None,
-    *,
-    table: str = "",
-    covered: Mapping[str, int] | None = None,
-    replace: bool = False,
-    meta: bool = False,
-) -> DataFrame:
-    """One row per key the window touches: ``_op`` (upsert/delete), the key and data columns (NULL
-    for deletes). ``keys`` are target key column names (in ``data``); ``staged`` and ``context``
-    have ``_before_<key>``, and ``context``'s ``_seq`` are below the window's (module docstring).
-    A key two shards hold at once makes the first Spark action on the result fail
-    (:mod:`.conflicts`; ``covered``: per shard, how far in commit seconds a catch-up window read
-    it). Columns a partial row image left out take the shard's latest value, else
-    ``_keep_<column>`` (:mod:`.partial`), an error for a ``replace`` (no Delta row to keep)."""
-    blobs = partial.in_frame(staged, data)
-    events = _key_events(staged, keys, data, blobs).withColumn(_CTX, F.lit(False))
-    if context is not None:
-        events = events.unionByName(_key_events(context, keys, data, blobs).withColumn(_CTX, F.lit(True)))
-    by_key = Window.partitionBy(*[col(k) for k in keys])
-    # The keys the window touches, ranked (a grouped snapshot's copies as of their group's end).
-    ends = conflicts.copy_ends_of(covered)
-    events = order.key_order(events, keys, retired, copies_at=ends)
-    by_shard = Window.partitionBy(*[col(k) for k in keys], col(_SHARD)).orderBy(col(_ORD).desc())
-    events = partial.carry(events, blobs, by_shard)
-    shard_last = events.withColumn("_in_shard", F.row_number().over(by_shard)).where(col("_in_shard") == 1)
-    for old, new in (retired or {}).items():
-        superseded = F.max(F.when(col(_SHARD).isin(list(new)), 1).otherwise(0)).over(by_key) == 1
-        shard_last = (
-            shard_last.withColumn("_superseded", (col(_SHARD) == old) & superseded)
-            .where(~col("_superseded"))
-            .drop("_superseded")
-        )
-    # A shard holding the row (its last event an upsert) wins, the latest of them; else the latest.
-    ranked = shard_last.withColumn(
-        "_rank", F.row_number().over(by_key.orderBy(col(_UP).desc(), col(_ORD).desc()))
-    )
-    op = F.when(col(_UP), F.lit(UPSERT)).otherwise(F.lit(DELETE))
-    if replace:  # no Delta row to keep a left-out value from
-        op = partial.keep_guard(blobs, table, op, col(_UP))
-    ranked = ranked.withColumn("_guarded", conflicts.guarded_op(keys, table, covered or {}, op))
-    keep = [col(partial.KEEP + c) for c in blobs]
-    extra = [col(A.COMMIT_TS), col(CHANGE)] if meta else []  # the deciding event's (.shapes)
-    return ranked.where(col("_rank") == 1).select(col("_guarded").alias(OP), *map(col, data), *keep, *extra)
-
-
-# -- Delta --------------------------------------------------------------------------------------
 
 
 def evolve_table(spark: SparkSession, path: str, ev: Evolution) -> None:
@@ -316,6 +99,23 @@ def write_replace(
     writer.save(path)
 
 
+def append(
+    rows: DataFrame, path: str, app_id: str, seq: int, create: Mapping[str, str] | None, column_mapping: bool
+) -> None:
+    """Append ``rows`` as one commit carrying (app id, seq): Delta skips it when the table holds
+    that transaction already (:func:`.delta_log.last_commit` then finds no commit). ``create``:
+    the table does not exist yet, and is created with these properties."""
+    writer = (
+        rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
+    )
+    if create is not None:
+        table_props = {**TABLE_PROPERTIES, **(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
+        for k, v in table_props.items():
+            writer = writer.option(k, v)
+    forget_last_commit(rows.sparkSession)
+    writer.save(path)
+
+
 _RANGE_TYPES = (
     T.ByteType,
     T.ShortType,
@@ -375,46 +175,6 @@ REWRITE_BELOW_BYTES = 8 * 1024 * 1024
 _PERSISTENT_DV_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
-def merge_into(
-    spark: SparkSession,
-    final: DataFrame,
-    path: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    app_id: str,
-    seq: int,
-    prune: str | None,
-    rewrite_files: bool = False,
-    table: str = "",
-) -> bool:
-    """One MERGE of the per-key rows into the table, as one commit carrying (app id, seq), unless
-    the table holds that transaction already (another run committed the window first: Delta
-    skips it). Returns whether Delta ran the MERGE: it answers a MERGE it ran with one row of
-    counts, and one it skipped with none. Which version it committed,
-    :func:`.delta_log.last_commit` says. ``schema`` is the table's after the
-    window's evolution: every column is one of the window's (the others were dropped,
-    ``merge.schema``). ``rewrite_files``: touched files are rewritten, no deletion vectors
-    (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view: the same statement on
-    a classic session and over Spark Connect."""
-    view = f"vitess_merge_{uuid.uuid4().hex}"
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    if prune is not None:
-        on = f"({on}) AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
-    values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
-    keep = [n for n in typed if partial.KEEP + n in final.columns]
-    is_delete = f"s.{q(OP)} = '{DELETE}'"
-    statement = (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED AND {is_delete} THEN DELETE "
-        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET "
-        + ", ".join(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items())
-        + f" WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({', '.join(map(q, values))}) "
-        f"VALUES ({', '.join(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items())})"
-    )
-    return run_merge(spark, final, view, statement, app_id, seq, rewrite_files)
-
-
 def run_merge(
     spark: SparkSession,
     final: DataFrame,
@@ -425,7 +185,12 @@ def run_merge(
     rewrite_files: bool,
 ) -> bool:
     """Run a MERGE ``statement`` whose source is ``final`` as the temporary view ``view``, as one
-    commit carrying (app id, seq); whether Delta ran it (:func:`merge_into`)."""
+    commit carrying (app id, seq), unless the table holds that transaction already (another run
+    committed the window first: Delta skips it). Returns whether Delta ran the MERGE: it answers a
+    MERGE it ran with one row of counts, and one it skipped with none. Which version it committed,
+    :func:`.delta_log.last_commit` says. ``rewrite_files``: touched files are rewritten, no
+    deletion vectors (:data:`REWRITE_BELOW_BYTES`). SQL ``MERGE INTO`` over a temporary view
+    (:mod:`.merge_sql`): the same statement on a classic session and over Spark Connect."""
     final.createOrReplaceTempView(view)
     forget_last_commit(spark)
     spark.conf.set(TXN_APP_ID_CONF, app_id)

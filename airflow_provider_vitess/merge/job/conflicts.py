@@ -2,7 +2,7 @@
 
 MySQL enforces a PRIMARY or UNIQUE key per shard. In a sharded keyspace a key that does not
 include the primary vindex column (and is not fed by a Vitess sequence) can therefore repeat
-across shards: two rows of the source, one key. The merge's rule (:mod:`.apply`: each shard's
+across shards: two rows of the source, one key. The merge's rule (:mod:`.window_rows`: each shard's
 last event says whether that shard holds the key; the row exists if any shard holds it) would
 keep one of them and later events would flip the Delta row between the two. So the merge fails,
 naming table, key and shards, instead of writing one row for two.

@@ -1,6 +1,6 @@
 """``history`` (SCD type 2): each window's versions of each key it touches, and the MERGE.
 
-The events are the merge's own (:func:`.apply._key_events`, with the look-back's context, in
+The events are the merge's own (:func:`.key_events`, with the look-back's context, in
 the order ``_ord`` the mirror uses), and the same rule decides whether a key exists after each of
 them: it does while some shard holds it (that shard's last event is an upsert; a key lives on
 one shard at a time, so a row moved between shards, DELETE on one and INSERT on another, exists
@@ -36,19 +36,18 @@ commit carrying the window's transaction id.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, conflicts, order, partial
-from airflow_provider_vitess.merge.job.apply import _CTX, _ORD, _SHARD, _UP, CHANGE, col
+from airflow_provider_vitess.merge.job import conflicts, merge_sql, order, partial
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
 from airflow_provider_vitess.merge.job.shapes import ROLE_TYPES, commit_time, meta_columns
+from airflow_provider_vitess.merge.job.window_rows import CHANGE, CTX, ORD, SHARD, UP, col, key_events
 from airflow_provider_vitess.merge.modes import (
     COMMIT_TS,
     CURRENT,
@@ -81,16 +80,16 @@ def _events(
 ) -> DataFrame:
     """The window's events at each key it touches, with the context's of those keys
     (``copies_at``: a grouped snapshot's copy ends, :func:`.order.key_order`)."""
-    events = apply._key_events(staged, keys, data).withColumn(_CTX, F.lit(False))
+    events = key_events(staged, keys, data).withColumn(CTX, F.lit(False))
     if context is not None:
-        events = events.unionByName(apply._key_events(context, keys, data).withColumn(_CTX, F.lit(True)))
+        events = events.unionByName(key_events(context, keys, data).withColumn(CTX, F.lit(True)))
     blobs = [c for c in events.columns if c.startswith(partial.HAS)]
     if blobs:  # a partial row image (NOBLOB): a version needs every value
         left_out = reduce(lambda a, b: a | b, [~col(c) for c in blobs])
         events = events.withColumn(
             "_guard",
             F.when(
-                col(_UP) & left_out,
+                col(UP) & left_out,
                 F.raise_error(
                     F.lit(
                         f"table {table!r}: a row image leaves out BLOB/TEXT columns "
@@ -106,7 +105,7 @@ def _events(
         ).where(col("_guard").isNull())
         events = events.drop("_guard", *blobs)
     # The keys the window touches, ranked, with each event's next one (for a move's two halves).
-    following = (_UP, _SHARD, _TS, _WIN)
+    following = (UP, SHARD, _TS, _WIN)
     return order.key_order(events, keys, retired, following=following, window=True, copies_at=copies_at)
 
 
@@ -118,12 +117,12 @@ def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str
     the new shard whose earliest event of the key is not an insert (it had the row), else the
     earliest; a retired shard's events all come before the new shards' (the journal)."""
     by_key = Window.partitionBy(*[col(k) for k in keys])
-    shard = col(_SHARD)
+    shard = col(SHARD)
     for old, new in retired.items():
-        first = F.struct((col(CHANGE) == "insert").alias("insert"), col(_ORD).alias("ord"), shard.alias("s"))
+        first = F.struct((col(CHANGE) == "insert").alias("insert"), col(ORD).alias("ord"), shard.alias("s"))
         e = e.withColumn("_heir", F.min(F.when(shard.isin(list(new)), first)).over(by_key))
         heir = col("_heir")["s"]
-        for c in (_SHARD, order.NEXT + _SHARD):  # the next event's shard too
+        for c in (SHARD, order.NEXT + SHARD):  # the next event's shard too
             e = e.withColumn(c, F.when((col(c) == old) & heir.isNotNull(), heir).otherwise(col(c)))
         e = e.drop("_heir")
     return e
@@ -145,30 +144,30 @@ def versions(
     metadata columns (module docstring). A key two shards hold at once after the window (two
     live rows of the source, which would be one current version flipping between them) makes the
     first Spark action fail as a mirror's merge does (:mod:`.conflicts`; ``covered``, ``retired``
-    as for :func:`.apply.last_per_key`)."""
+    as for :func:`.window_rows.last_per_key`)."""
     ends = conflicts.copy_ends_of(covered)
     e = _heirs(_events(staged, context, keys, data, table, retired or {}, ends), keys, retired or {})
     key_cols = [col(k) for k in keys]
-    nxt = {n: col(order.NEXT + n) for n in (_UP, _SHARD, _TS, _WIN)}
-    nxt[_ORD] = F.when(nxt[_UP].isNotNull(), col(_ORD) + 1)  # ranks are 1, 2, ... per key
-    healed = ~col(_UP) & F.coalesce(nxt[_UP], F.lit(False))
-    healed = healed & (nxt[_SHARD] != col(_SHARD)) & (nxt[_TS] - col(_TS) <= CONTEXT_SECONDS)
+    nxt = {n: col(order.NEXT + n) for n in (UP, SHARD, _TS, _WIN)}
+    nxt[ORD] = F.when(nxt[UP].isNotNull(), col(ORD) + 1)  # ranks are 1, 2, ... per key
+    healed = ~col(UP) & F.coalesce(nxt[UP], F.lit(False))
+    healed = healed & (nxt[SHARD] != col(SHARD)) & (nxt[_TS] - col(_TS) <= CONTEXT_SECONDS)
     e = (
         e.withColumn("_healed", healed)
-        .withColumn("_eff", F.when(col("_healed"), nxt[_ORD] * 2 + 1).otherwise(col(_ORD) * 2))
-        .withColumn("_gshard", F.when(col("_healed"), nxt[_SHARD]).otherwise(col(_SHARD)))
+        .withColumn("_eff", F.when(col("_healed"), nxt[ORD] * 2 + 1).otherwise(col(ORD) * 2))
+        .withColumn("_gshard", F.when(col("_healed"), nxt[SHARD]).otherwise(col(SHARD)))
         .withColumn("_gts", F.when(col("_healed"), nxt[_TS]).otherwise(col(_TS)))
         .withColumn("_gwin", F.when(col("_healed"), nxt[_WIN]).otherwise(col(_WIN)))
     )
-    up = col(_UP).cast("int")
+    up = col(UP).cast("int")
     prior = F.when(col(CHANGE) == "insert", 0).otherwise(1)  # the shard's holding before it
-    by_shard = Window.partitionBy(*key_cols, col(_SHARD)).orderBy(col("_eff"))
-    first = F.lag(col(_ORD)).over(by_shard).isNull()
+    by_shard = Window.partitionBy(*key_cols, col(SHARD)).orderBy(col("_eff"))
+    first = F.lag(col(ORD)).over(by_shard).isNull()
     e = e.withColumn("_first", first).withColumn("_delta", up - F.coalesce(F.lag(up).over(by_shard), prior))
     # A shard holds the key after the window when its last event is an upsert (a retired shard's
     # events count as its heir's); two holders at once fail the job (.conflicts). Over the
     # windows above: no pass of its own.
-    held = col(_UP) & F.lead(col(_ORD)).over(by_shard).isNull()
+    held = col(UP) & F.lead(col(ORD)).over(by_shard).isNull()
     ok = conflicts.guarded_op(keys, table, covered, F.lit(True), up=col("_held"))
     e = e.withColumn("_held", held).withColumn("_ok", ok).where(col("_ok")).drop("_held", "_ok")
     key_all = Window.partitionBy(*key_cols)
@@ -176,7 +175,7 @@ def versions(
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     h0 = F.sum(F.when(col("_first"), prior).otherwise(0)).over(key_all)
     e = e.withColumn("_h0", h0).withColumn("_exists", (col("_h0") + F.sum("_delta").over(running)) > 0)
-    e = e.withColumn("_vals", F.last(F.when(col(_UP), F.struct(*[col(c) for c in data])), True).over(running))
+    e = e.withColumn("_vals", F.last(F.when(col(UP), F.struct(*[col(c) for c in data])), True).over(running))
     # Groups: runs of one shard, one commit second and one window. A window's stop can fall
     # between two transactions of one second: the earlier window merged the first as a version of
     # its own, which the second (a delete) must end, not join.
@@ -193,11 +192,11 @@ def versions(
         # The group's last event but a move's delete counted after its insert: an upsert, or the
         # group's shard gave up the row (an update then a delete while another shard holds it).
         F.max(F.when(~col("_healed"), F.struct(col("_eff").alias("e"), up.alias("u")))).alias("_last"),
-        F.max(F.when(~col(_CTX), 1).otherwise(0)).alias("_in_window"),
+        F.max(F.when(~col(CTX), 1).otherwise(0)).alias("_in_window"),
         F.first(F.when(col("_i") == 1, col("_vals")), True).alias("_vals"),
         F.first(col("_h0")).alias("_h0"),
         # A move's first half (a delete) merged by an earlier window, its second half here.
-        F.max(F.when(col("_healed") & col(_CTX), col(_TS))).alias(HEAL_TS),
+        F.max(F.when(col("_healed") & col(CTX), col(_TS))).alias(HEAL_TS),
     )
     by_run = Window.partitionBy(*key_cols).orderBy(col("_run"))
     before = F.coalesce(F.lag(col("_end")).over(by_run), (col("_h0") > 0).cast("int"))
@@ -258,39 +257,32 @@ def versions(
     return rows.select(*[col(c) for c in rows.columns if c not in names], *marked)
 
 
-def merge_versions(
-    spark: SparkSession,
-    rows: DataFrame,
+def merge_statement(
     path: str,
+    view: str,
     keys: Sequence[str],
     schema: T.StructType,
     shape: TargetShape,
-    app_id: str,
-    seq: int,
+    columns: Sequence[str],
     prune: str | None,
-    rewrite_files: bool,
-) -> bool:
-    """One MERGE: close the current versions, insert the new ones (module docstring).
-    ``schema``: the table's data columns (a dropped one, absent from ``rows``, is NULL)."""
-    view = f"vitess_history_{uuid.uuid4().hex}"
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    current, valid_to, deleted = (q(shape.name(r)) for r in (CURRENT, VALID_TO, DELETED))
+) -> str:
+    """The MERGE of :func:`versions`' rows (``columns``: theirs; a data column of ``schema``
+    they lack, a dropped one, is NULL): close the current versions, insert the new ones."""
+    current, valid_to, deleted = (shape.name(r) for r in (CURRENT, VALID_TO, DELETED))
     # The current version, or the one an earlier window ended at a move's delete (``_heal_ts``):
     # it is the key's latest and none is current, so one row matches.
-    healed = f"(t.{deleted} AND t.{valid_to} = timestamp_seconds(s.{q(HEAL_TS)}))"
-    on = f"({on}) AND (t.{current} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
+    healed = f"(t.{q(deleted)} AND t.{q(valid_to)} = timestamp_seconds(s.{q(HEAL_TS)}))"
+    on = f"({merge_sql.keys_match(keys)}) AND (t.{q(current)} OR {healed}) AND s.{q(ACTION)} = '{CLOSE}'"
     if prune is not None:
         on = f"{on} AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
     values = {
-        n: (f"CAST(s.{q(n)} AS {t})" if n in rows.columns else f"CAST(NULL AS {t})") for n, t in typed.items()
+        n: (v if n in columns else f"CAST(NULL AS {f.dataType.simpleString()})")
+        for (n, v), f in zip(merge_sql.casts(schema).items(), schema.fields, strict=True)
     }
     values.update({m: f"s.{q(m)}" for m in shape.columns()})
-    statement = (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED THEN UPDATE SET t.{valid_to} = s.{valid_to}, t.{current} = false, "
-        f"t.{deleted} = s.{deleted} "
-        f"WHEN NOT MATCHED AND s.{q(ACTION)} = '{INSERT}' THEN INSERT ({', '.join(map(q, values))}) "
-        f"VALUES ({', '.join(values.values())})"
-    )
-    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
+    close = [(valid_to, f"s.{q(valid_to)}"), (current, "false"), (deleted, f"s.{q(deleted)}")]
+    clauses = [
+        merge_sql.When(True, merge_sql.Then.UPDATE, None, close),
+        merge_sql.When(False, merge_sql.Then.INSERT, f"s.{q(ACTION)} = '{INSERT}'", list(values.items())),
+    ]
+    return merge_sql.merge_into(path, view, on, clauses)

@@ -1,4 +1,4 @@
-"""Earlier windows' events that a window's per-key rule needs (see :mod:`.apply`).
+"""Earlier windows' events that a window's per-key rule needs (see :mod:`.window_rows`).
 
 vtgate moves a row between shards as a DELETE on one shard and an INSERT on the other: two shard
 commits, milliseconds apart. A window's stop position is read shard by shard, so it can fall
@@ -33,7 +33,7 @@ Every event of a window, and of every window before it, committed before that ti
 window's is before the cut-off, no earlier window can hold an event after it. (Manifests written
 before that stat existed are bounded by their ``created_at``, the capturing worker's clock.)
 
-Pure selection logic plus two small readers of staged metadata; the Spark side is in :mod:`.run`.
+Pure selection logic plus two small readers of staged metadata; the Spark side is in :mod:`.window_step`.
 (:data:`MAX_WINDOWS_BACK` is staging's: retention keeps that many windows for this look-back.)
 """
 

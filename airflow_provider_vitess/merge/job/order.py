@@ -19,7 +19,7 @@ from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.staging import arrow_types as A
 
-_SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .apply's per-key frame
+_SHARD, _ORD, _CTX = "_shard", "_ord", "_ctx"  # as in .window_rows' per-key frame (rows imports this module)
 # The commit second an event is ordered by (key_order's output): its own, made non-decreasing
 # along its shard's events of the key in its window (and after a retired predecessor's). It
 # depends on that window's events only, so a rerun or a later window's look-back computes the
@@ -62,7 +62,7 @@ def key_order(
     columns whose value at the key's next event is wanted, as ``_next<column>`` (NULL at its last
     event), taken in the pass that ranks (ordering by the rank again would sort once more).
 
-    ``retired`` (a reshard's old shard -> the shards that replaced it, :mod:`.apply`): an old
+    ``retired`` (a reshard's old shard -> the shards that replaced it, :mod:`.window_rows`): an old
     shard's events of a key come before its successors' (its journal ends its stream, theirs start
     there), which neither the seconds nor the names say: a successor's second is raised to the old
     shard's last second of the key (its host's clock may be behind) and, in one second, the old

@@ -42,10 +42,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job.apply import CHANGE, col
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.schema import can_widen
 from airflow_provider_vitess.merge.job.shapes import commit_time, meta_columns, typed_null
+from airflow_provider_vitess.merge.job.window_rows import CHANGE, col
 from airflow_provider_vitess.merge.modes import (
     COMMIT_TS,
     CURRENT,

@@ -1,16 +1,17 @@
-"""The writes of a window in a target mode other than a plain mirror (:mod:`...modes`).
+"""The rows of a window in a target mode's shape (:mod:`...modes`): its metadata columns.
 
-A plain mirror (no metadata columns) never comes here: :mod:`.run` writes it as it always did.
-Every write below is still one Delta commit per (window, table) carrying the sync's transaction
-id (app id, window seq), so a rerun after the commit is skipped by Delta, whatever the mode:
+A plain mirror has none: its rows and statement are a keyed table's without them
+(:class:`.strategies.Keyed`). Every write is one Delta commit per (window, table) carrying the
+sync's transaction id (app id, window seq), so a rerun after the commit is skipped by Delta,
+whatever the mode:
 
 * ``mirror`` with metadata columns and ``soft_delete``: the same per-key reduction as a mirror
-  (:func:`.apply.last_per_key`), MERGEd with the metadata columns; ``soft_delete`` flags a
+  (:func:`.window_rows.last_per_key`), MERGEd with the metadata columns; ``soft_delete`` flags a
   deleted key (``deleted``, ``deleted_at`` = the delete's source commit time) instead of
   deleting it, and an insert of the key brings it back live. A key inserted and deleted in one
   window becomes a flagged row with its key only (its values were never merged).
 * ``changelog``: every change of the window, in the merge's per-key order (the events of
-  :func:`.apply._key_events`: an update that changes the key is a delete of the old key and an
+  :func:`.window_rows.key_events`: an update that changes the key is a delete of the old key and an
   insert of the new one), appended (Delta skips an append whose transaction id it holds).
 * ``history``: :mod:`.history`.
 
@@ -24,17 +25,16 @@ schema, start the log afresh): the past holds what the new choice hides.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import apply, order, partial
-from airflow_provider_vitess.merge.job.apply import CHANGE, DELETE, OP, col
-from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
+from airflow_provider_vitess.merge.job import order, partial
 from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.window_rows import CHANGE, DELETE, OP, ORD, UPSERT, col, key_events
+from airflow_provider_vitess.merge.job.window_rows import SHARD as EVENT_SHARD
 from airflow_provider_vitess.merge.modes import (
     CDF_PROPERTY,
     COMMIT_TS,
@@ -47,11 +47,9 @@ from airflow_provider_vitess.merge.modes import (
     VALID_FROM,
     VALID_TO,
     WINDOW_SEQ,
-    TargetMode,
     TargetShape,
 )
 from airflow_provider_vitess.merge.modes import OP as OP_ROLE
-from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
 from airflow_provider_vitess.staging import arrow_types as A
 
 SNAPSHOT_OP = "snapshot"  # a changelog row of a snapshot's copy
@@ -131,7 +129,7 @@ def replace_rows(final: DataFrame, data: Sequence[Column], shape: TargetShape, s
         VALID_TO: typed_null(VALID_TO),
         CURRENT: F.lit(True),
     }
-    rows = final.where(col(OP) == apply.UPSERT)
+    rows = final.where(col(OP) == UPSERT)
     return rows.select(*data, *meta_columns(shape, values))
 
 
@@ -164,74 +162,6 @@ def merge_rows(final: DataFrame, types: Mapping[str, T.DataType], shape: TargetS
     )
 
 
-def merge_statement(
-    path: str,
-    view: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    shape: TargetShape,
-    keep: Sequence[str],
-    prune: str | None,
-    table: str,
-) -> str:
-    """The MERGE of a mirror with metadata columns or of a soft_delete table (module docstring)."""
-    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    if prune is not None:
-        on = f"({on}) AND ({prune})"
-    typed = {f.name: f.dataType.simpleString() for f in schema.fields}
-    values = {n: f"CAST(s.{q(n)} AS {t})" for n, t in typed.items()}
-    meta = list(shape.columns())
-    is_delete = f"s.{q(OP)} = '{DELETE}'"
-    set_meta = [f"t.{q(m)} = s.{q(m)}" for m in meta]
-    update = ", ".join(
-        [*(f"t.{q(n)} = {partial.set_value(n, v, keep)}" for n, v in values.items()), *set_meta]
-    )
-    insert_names = ", ".join(q(n) for n in [*values, *meta])
-    insert_values = ", ".join(
-        [
-            *(partial.insert_value(n, v, typed[n], keep, table) for n, v in values.items()),
-            *(f"s.{q(m)}" for m in meta),
-        ]
-    )
-    if shape.mode is TargetMode.SOFT_DELETE:
-        flag = ", ".join(set_meta)  # data kept, flagged deleted
-        # A key Delta does not hold, deleted: a flagged row with its key (the others are NULL).
-        tombstone = (
-            f" WHEN NOT MATCHED AND {is_delete} THEN INSERT ({insert_names}) "
-            f"VALUES ({', '.join([*values.values(), *(f's.{q(m)}' for m in meta)])})"
-        )
-        on_delete = f"UPDATE SET {flag}"
-    else:
-        tombstone, on_delete = "", "DELETE"
-    return (
-        f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on} "
-        f"WHEN MATCHED AND {is_delete} THEN {on_delete} "
-        f"WHEN MATCHED AND NOT ({is_delete}) THEN UPDATE SET {update} "
-        f"WHEN NOT MATCHED AND NOT ({is_delete}) THEN INSERT ({insert_names}) VALUES ({insert_values})"
-        + tombstone
-    )
-
-
-def merge_keyed(
-    spark: SparkSession,
-    rows: DataFrame,
-    path: str,
-    keys: Sequence[str],
-    schema: T.StructType,
-    shape: TargetShape,
-    app_id: str,
-    seq: int,
-    prune: str | None,
-    rewrite_files: bool,
-    table: str,
-) -> bool:
-    """One MERGE of :func:`merge_rows` into a mirror-with-metadata or soft_delete table."""
-    view = f"vitess_merge_{uuid.uuid4().hex}"
-    keep = [n for n in schema.fieldNames() if partial.KEEP + n in rows.columns]
-    statement = merge_statement(path, view, keys, schema, shape, keep, prune, table)
-    return apply.run_merge(spark, rows, view, statement, app_id, seq, rewrite_files)
-
-
 # -- changelog ---------------------------------------------------------------------------------------
 
 
@@ -250,33 +180,16 @@ def changelog_rows(
     merge's per-key order (``retired``: a reshard's, ``copies_at``: a grouped snapshot's copy
     ends, :func:`.order.key_order`)."""
     data = [c for c in schema.fieldNames() if c in staged.columns]
-    events = order.key_order(apply._key_events(staged, keys, data), keys, retired, copies_at=copies_at)
+    events = order.key_order(key_events(staged, keys, data), keys, retired, copies_at=copies_at)
     values = {
         OP_ROLE: F.lit(SNAPSHOT_OP) if snapshot else col(CHANGE),
         COMMIT_TS: commit_time(col(A.COMMIT_TS)),
         WINDOW_SEQ: F.lit(seq).cast(T.LongType()),
-        SHARD: col(apply._SHARD),
-        ORDER: col(apply._ORD),
+        SHARD: col(EVENT_SHARD),
+        ORDER: col(ORD),
         SYNCED_AT: F.current_timestamp(),
     }
     out = [
         (col(f.name) if f.name in data else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields
     ]
     return events.select(*out, *meta_columns(shape, values))
-
-
-def append(
-    rows: DataFrame, path: str, app_id: str, seq: int, create: Mapping[str, str] | None, column_mapping: bool
-) -> None:
-    """Append ``rows`` as one commit carrying (app id, seq): Delta skips it when the table holds
-    that transaction already (:func:`.delta_log.last_commit` then finds no commit). ``create``:
-    the table does not exist yet, and is created with these properties."""
-    writer = (
-        rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
-    )
-    if create is not None:
-        table_props = {**TABLE_PROPERTIES, **(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
-        for k, v in table_props.items():
-            writer = writer.option(k, v)
-    forget_last_commit(rows.sparkSession)
-    writer.save(path)
