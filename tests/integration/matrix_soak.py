@@ -384,7 +384,7 @@ class MatrixSoak:
             self._await_stale_locks()
         elif "fail_group" in faults and result["state"] == "failed":
             group = faults["fail_group"]
-            mapped = result["mapped"].get("catch_up", {})
+            mapped = {int(g): s for g, s in result["mapped"].get("catch_up", {}).items()}  # JSON keys
             assert mapped.get(group) == "failed" and all(
                 s == "success" for g, s in mapped.items() if g != group
             ), f"group {group} failed, the others not successful: {result['mapped']}\n{result['log'][-3000:]}"
@@ -394,7 +394,7 @@ class MatrixSoak:
         self.faults[f"landed {what}"] = self.faults.get(f"landed {what}", 0) + 1
         resumed = self.airflow.run_dag(self.sync, conf=conf or {}, logical_date=date, resume=True)
         if "fail_group" in faults:
-            others = [g for g in result["mapped"]["catch_up"] if g != faults["fail_group"]]
+            others = [int(g) for g in result["mapped"]["catch_up"] if int(g) != faults["fail_group"]]
             rerun = [g for g in others if f"task_id=catch_up map_index={g}" in resumed["log"]]
             assert not rerun, f"groups {rerun} ran again with the failed one: {resumed['log'][-3000:]}"
         return resumed

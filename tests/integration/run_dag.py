@@ -59,6 +59,7 @@ def _resume(dag: Any, logical_date: datetime) -> Any:
     def existing(*, dag: Any, session: Any, **_: Any) -> Any:
         found = session.scalar(select(DagRun).where(DagRun.run_id == run_id, DagRun.dag_id == dag.dag_id))
         found.state = DagRunState.RUNNING
+        found.dag = dag  # as a run dag.test() creates has it
         session.commit()
         return found
 
