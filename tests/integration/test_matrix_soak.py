@@ -30,9 +30,11 @@ from tests.integration.matrix_soak import MODES, WIDENED, MatrixSoak, Tally, dra
 from tests.integration.mode_oracles import (
     as_target,
     assert_changelog,
+    assert_cut_consistent,
     assert_history,
     assert_mirror,
     assert_soft_delete,
+    current_rows,
 )
 
 pytestmark = pytest.mark.integration
@@ -201,3 +203,22 @@ def test_the_oracles_catch_what_they_are_for() -> None:
     assert_mirror("m", [{"id": 1, "note": hasher("s")(b"b")}], hashed)  # a column added, NULL: no loss
     with pytest.raises(AssertionError, match="hold values"):
         assert_mirror("m", [{"id": 1}], hashed)
+    # A key override (id, vid): a moved key's tombstone beside its live row; a live key flagged fails.
+    moved = [
+        {**soft[0], "vid": 7, "_vitess_deleted": True, "_vitess_deleted_at": 4},
+        {**soft[0], "vid": 8},
+        soft[1] | {"vid": 9},
+    ]
+    assert_soft_delete("s", moved, [{"id": 1, "note": "b", "vid": 8}], gone={2}, key=["id", "vid"])
+    with pytest.raises(AssertionError, match="deleted, not flagged"):  # id 2's tombstone lost
+        assert_soft_delete("s", moved[:2], [{"id": 1, "note": "b", "vid": 8}], gone={2}, key=["id", "vid"])
+    # The cut: each mode's rows as the source they say; a table a window behind is caught.
+    at_cut = {
+        "h": current_rows("history", history),
+        "s": current_rows("soft_delete", soft),
+        "c": current_rows("changelog", log),
+    }
+    assert at_cut["h"] == [{"id": 1, "note": "b"}]
+    assert_cut_consistent("cut", at_cut, ["id", "note"])
+    with pytest.raises(AssertionError, match="at the cut differ"):
+        assert_cut_consistent("cut", {**at_cut, "m": [{"id": 1, "note": "a"}]}, ["id", "note"])
