@@ -78,17 +78,28 @@ class AirflowEnv:
         conf: Mapping[str, Any] | None = None,
         logical_date: str | None = None,
         timeout: float = 900,
+        faults: Mapping[str, Any] | None = None,
+        resume: bool = False,
     ) -> dict[str, Any]:
-        """Runs one DAG run through ``dag.test()``; returns its state and each task's state."""
+        """Runs one DAG run through ``dag.test()``; returns its state and each task's state.
+        ``faults``: injected into its tasks (``run_dag``); a SIGKILL among them that landed
+        returns ``{"killed": True, "log": ...}``. ``resume``: the run of ``logical_date``
+        goes on, its failed (or killed) task instances and their downstream cleared and run
+        again, the others kept (``run_dag``)."""
         with tempfile.TemporaryDirectory(dir=self.home) as tmp:
             result_file = Path(tmp) / "result.json"
             args = [sys.executable, "-m", "tests.integration.run_dag", str(result_file), dag_id]
             args.append(json.dumps(dict(conf or {})))
             if logical_date:
                 args.append(logical_date)
+                if resume:
+                    args.append("resume")
+            env = {**self.env, "VITESS_TEST_FAULTS": json.dumps(dict(faults))} if faults else self.env
             proc = subprocess.run(
-                args, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
+                args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
             )
+            if faults and proc.returncode == -9:  # a kill landed: the process running the tasks died
+                return {"killed": True, "log": proc.stdout + proc.stderr}
             if not result_file.exists():
                 raise AssertionError(
                     f"dag.test of {dag_id} left no result:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"

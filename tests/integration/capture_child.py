@@ -7,6 +7,9 @@ SIGKILLs itself at the first row of a new shard staged after a reshard's journal
 ``KILLED-AFTER-JOURNAL`` first): the journal is staged, the window not STAGED yet. With
 ``"pause_after_rows": n`` it SIGSTOPs itself once it has copied n rows; with
 ``"kill_after_checkpoints": n`` it SIGKILLs itself once its n-th checkpoint is recorded.
+The same faults go into a process running a DAG run's tasks (``run_dag``, the environment
+variable ``VITESS_TEST_FAULTS``) through :func:`install_faults`, with two more: a SIGKILL at a
+merge's progress step, and one shard group's catch-up failing.
 
 Tests build the spec as a :class:`ChildSpec` and start the child with :func:`start` or run it to
 its end with :func:`run`.
@@ -219,23 +222,86 @@ def _kill_after_checkpoints(
     CheckpointStore.record_parts = recording  # type: ignore[method-assign,assignment]
 
 
+def _kill_at_merge_phase(phase: str, nth: int) -> None:
+    """SIGKILL this process at the ``nth`` progress line of ``phase`` (``writing``: a table's
+    write started; ``committed``: its Delta commit done) of a merge run in this process (the
+    merge operator's Spark Connect path), printing ``KILLED-AT-MERGE`` first."""
+    from airflow_provider_vitess.merge.job import run as merge_run
+
+    merge = merge_run.merge
+    seen = [0]
+
+    def merging(*args: Any, progress: Any = None, **kwargs: Any) -> Any:
+        def killing(seq: int, table: str, at: str) -> None:
+            if progress is not None:
+                progress(seq, table, at)
+            if at == phase:
+                seen[0] += 1
+                if seen[0] >= nth:
+                    print(f"KILLED-AT-MERGE {phase} {nth} (window {seq}, {table})", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        return merge(*args, progress=killing, **kwargs)
+
+    merge_run.merge = merging
+
+
+def _fail_group(group: int) -> None:
+    """Shard group ``group``'s catch-up fails (an exception, the task's failure) once its part is
+    written, before the store records it: the other groups' tasks run on and succeed."""
+    mark = CheckpointStore.mark_group_staged
+
+    def failing(store: CheckpointStore, sync_id: str, seq: int, g: int, *args: Any, **kwargs: Any) -> Any:
+        if g == group:
+            raise RuntimeError(f"FAILED-GROUP {group}: injected failure before its part is recorded")
+        return mark(store, sync_id, seq, g, *args, **kwargs)
+
+    CheckpointStore.mark_group_staged = failing  # type: ignore[method-assign,assignment]
+
+
+# The faults :func:`install_faults` takes (a ChildSpec's fields of the same names, and more).
+FAULTS = (
+    "kill_after_journal", "pause_after_rows", "kill_after_rows", "kill_before_record",
+    "kill_after_checkpoints", "kill_once_copied", "kill_at_merge_phase", "fail_group",
+)  # fmt: skip
+
+
+def install_faults(faults: dict[str, Any], tables: tuple[str, ...] = ()) -> None:
+    """Installs the faults named in ``faults`` (:data:`FAULTS`) in this process: a capture child
+    (its spec), or a process running a DAG run's tasks (``run_dag`` with ``VITESS_TEST_FAULTS``;
+    ``kill_at_merge_phase``: ``[phase, nth]``, ``fail_group``: the group)."""
+    unknown = set(faults) - set(FAULTS) - {"kill_where_shards_agree"}
+    assert not unknown, f"unknown faults {sorted(unknown)}"
+    if faults.get("kill_after_journal"):
+        _kill_after_journal()
+    if faults.get("pause_after_rows"):
+        _pause_after_rows(faults["pause_after_rows"])
+    if faults.get("kill_after_rows"):
+        _kill_after_rows(faults["kill_after_rows"])
+    if faults.get("kill_before_record"):
+        _kill_before_record()
+    if faults.get("kill_after_checkpoints") or faults.get("kill_once_copied"):
+        _kill_after_checkpoints(
+            faults.get("kill_after_checkpoints") or 1,
+            tables,
+            bool(faults.get("kill_where_shards_agree")),
+            bool(faults.get("kill_once_copied")),
+        )
+    if faults.get("kill_at_merge_phase"):
+        _kill_at_merge_phase(*faults["kill_at_merge_phase"])
+    if faults.get("fail_group") is not None:
+        _fail_group(faults["fail_group"])
+
+
 def main() -> None:
     kind, spec = sys.argv[1], ChildSpec.from_json(sys.argv[2])
     os.environ.update(spec.env)
     # To stderr: stdout carries the outcome line (and Airflow's logging config would print there).
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
-    if spec.kill_after_journal:
-        _kill_after_journal()
-    if spec.pause_after_rows:
-        _pause_after_rows(spec.pause_after_rows)
-    if spec.kill_after_rows:
-        _kill_after_rows(spec.kill_after_rows)
-    if spec.kill_before_record:
-        _kill_before_record()
-    if spec.kill_after_checkpoints or spec.kill_once_copied:
-        _kill_after_checkpoints(
-            spec.kill_after_checkpoints or 1, spec.tables, spec.kill_where_shards_agree, spec.kill_once_copied
-        )
+    fields = dataclasses.asdict(spec)
+    install_faults(
+        {k: v for k, v in fields.items() if k in FAULTS or k == "kill_where_shards_agree"}, spec.tables
+    )
     sync = SyncSpec(
         sync_id=spec.sync_id, keyspace=spec.keyspace, tables=spec.tables, staging_location=spec.staging
     )

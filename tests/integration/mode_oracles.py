@@ -24,8 +24,12 @@ KEY = "id"
 Row = dict[str, Any]
 
 
-def delta_dicts(path: str | Path, spark: Any = None) -> list[Row]:
-    df = (spark or spark_session()).read.format("delta").load(str(path))
+def delta_dicts(path: str | Path, spark: Any = None, version: int | None = None) -> list[Row]:
+    """The Delta table's rows (at ``version``: time travel, a consistent cut's)."""
+    reader = (spark or spark_session()).read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    df = reader.load(str(path))
     return [{k: _plain(v) for k, v in r.asDict().items()} for r in df.collect()]
 
 
@@ -91,19 +95,31 @@ def assert_mirror(what: str, rows: Sequence[Row], source: Sequence[Row]) -> None
     assert_rows_equal(what, [data(r) for r in rows], source)
 
 
-def assert_soft_delete(what: str, rows: Sequence[Row], source: Sequence[Row], gone: set[int]) -> None:
+def assert_soft_delete(
+    what: str, rows: Sequence[Row], source: Sequence[Row], gone: set[int], key: Sequence[str] = (KEY,)
+) -> None:
     """Live rows == the source, one row per key (no live key flagged), flagged keys == ``gone``
-    (the keys deleted and not inserted again), ``deleted_at`` set exactly on flagged rows."""
-    keys = Counter(r[KEY] for r in rows)
+    (the ``id``s deleted and not inserted again), ``deleted_at`` set exactly on flagged rows.
+    With another ``key`` than ``id`` (a key override: one ``id`` can have a tombstone per other
+    value it had), no flagged key is live and every ``id`` in ``gone`` is flagged."""
+    keys = Counter(tuple(r[c] for c in key) for r in rows)
     assert all(n == 1 for n in keys.values()), (
         f"{what}: keys with several rows {[k for k, n in keys.items() if n > 1][:5]}"
     )
     assert_rows_equal(what + " (live rows)", [data(r) for r in rows if not r[P + "deleted"]], source)
     flagged = {r[KEY] for r in rows if r[P + "deleted"]}
-    assert flagged == gone, (
-        f"{what}: flagged, not deleted {sorted(flagged - gone)[:5]}; "
-        f"deleted, not flagged {sorted(gone - flagged)[:5]}"
-    )
+    if tuple(key) == (KEY,):
+        assert flagged == gone, (
+            f"{what}: flagged, not deleted {sorted(flagged - gone)[:5]}; "
+            f"deleted, not flagged {sorted(gone - flagged)[:5]}"
+        )
+    else:
+        live = {tuple(r[c] for c in key) for r in source}
+        flagged_live = {tuple(r[c] for c in key) for r in rows if r[P + "deleted"]} & live
+        assert not flagged_live and gone <= flagged, (
+            f"{what}: live keys flagged {sorted(flagged_live)[:5]}; deleted, not flagged "
+            f"{sorted(gone - flagged)[:5]}"
+        )
     for r in rows:
         assert (r[P + "deleted_at"] is not None) == r[P + "deleted"], (what, r)
         assert r[P + "op"] in ("insert", "update", "delete") and r[P + "window_seq"] >= 1, (what, r)
@@ -268,3 +284,31 @@ def assert_each_window_once(what: str, path: str | Path) -> None:
     counts = Counter((app, v) for app, v, _ in delta_txns(path))
     twice = {k: n for k, n in counts.items() if n > 1}
     assert not twice, f"{what}: windows applied more than once: {twice}"
+
+
+def current_rows(mode: str, rows: Sequence[Row]) -> list[Row]:
+    """The rows a target in ``mode`` says the source holds (data columns): a mirror's rows, a
+    soft_delete's live rows, a history's current versions, a changelog replayed."""
+    if mode == "changelog":
+        return replay_changelog(mode, rows)
+    flag = {"soft_delete": "deleted", "history": "current"}.get(mode)
+    if flag is None:
+        return [data(r) for r in rows]
+    keep = flag == "current"
+    return [data(r) for r in rows if bool(r[P + flag]) == keep]
+
+
+def assert_cut_consistent(what: str, tables: Mapping[str, Sequence[Row]], columns: Sequence[str]) -> None:
+    """Tables that took every source transaction alike (the same statements in the same
+    transactions), each read at one consistent cut as :func:`current_rows`, hold the same rows on
+    ``columns``: a table a step ahead or behind the others shows as rows only in it."""
+    frozen = {t: _frozen(rows, columns) for t, rows in tables.items()}
+    first, *others = sorted(frozen)
+    for t in others:
+        if frozen[t] != frozen[first]:
+            ahead, behind = frozen[t] - frozen[first], frozen[first] - frozen[t]
+            raise AssertionError(
+                f"{what}: {t} and {first} at the cut differ: {sum(ahead.values())} rows only in {t} "
+                f"(e.g. {sorted(ahead, key=repr)[:3]}), {sum(behind.values())} only in {first} "
+                f"(e.g. {sorted(behind, key=repr)[:3]}); columns {list(columns)}"
+            )

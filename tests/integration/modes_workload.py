@@ -292,6 +292,26 @@ class ModesWorkload:
                 conn.execute(sqlalchemy.text(f"ALTER TABLE customer.{q(t)} ADD COLUMN {q(name)} VARCHAR(16)"))
                 conn.commit()
 
+    def modify_column(self, column: str) -> None:
+        """Widens ``column`` in place on each table (``MODIFY COLUMN``): ``qty`` INT -> BIGINT,
+        then a live key takes a ``qty`` past INT's range; ``note`` VARCHAR(64) -> VARCHAR(128),
+        then a live key takes a 100-character ``note``. A second passes before the next step."""
+        sql = {"qty": "qty BIGINT", "note": "note VARCHAR(128)"}[column]
+        with self.hook.connect_sql() as conn:
+            for t in self.tables:
+                conn.execute(sqlalchemy.text(f"ALTER TABLE customer.{q(t)} MODIFY COLUMN {sql}"))
+                conn.commit()
+        key = self.rng.choice(sorted(self.record.live()))
+        old = self.record.now(key)
+        assert old is not None
+        if column == "qty":
+            state = (old[0], old[1], 2**40 + self.rng.randint(0, 1000))
+        else:
+            state = (old[0], "w" * 99 + str(self.rng.randint(0, 9)), old[2])
+        self._tx(lambda c: self._set(c, key, state))
+        self.record.commit(key, state, "update")
+        time.sleep(1.2)
+
 
 # The events of ``ModesWorkload.step``.
 EVENTS = (

@@ -1,12 +1,15 @@
 """The matrix soak (``matrix_soak``): per seed a drawn configuration (target mode per table, shard
 groups, column choice, ``max_events``, the sensor) and script (changes, moves, same-second
-deletes, key changes, long transactions, ADD COLUMN, a re-snapshot), through the DAG factory in
-real Airflow, each mode's oracle after every run.
+deletes, key changes, long transactions, ADD COLUMN, MODIFY COLUMN, a re-snapshot, a key
+override and its re-snapshot, a task killed at a drawn point and rerun, a shard group's task
+failed and run again alone), through the DAG factory in real Airflow, each mode's oracle and the
+consistent cut after every run.
 
-``make test`` runs the fixed seeds of :data:`FIXED_SEEDS` (short scripts, without the events of
-bugs being fixed elsewhere). ``make soak-matrix SEEDS=50`` runs seeds 0-49 with full scripts
-(every event drawn) and prints a line per seed and the tally; ``MATRIX_FIRST=n`` starts at seed
-n, ``MATRIX_LOG=file`` appends each seed's result (a JSON line) there.
+``make test`` runs the fixed seeds of :data:`FIXED_SEEDS` (short scripts without a kill: a
+killed task's rerun waits 2 minutes for its lock to go stale). ``make soak-matrix SEEDS=50``
+runs seeds 0-49 with full scripts (every event drawn) and prints a line per seed and the
+tally; ``MATRIX_FIRST=n`` starts at seed n, ``MATRIX_LOG=file`` appends each seed's result (a
+JSON line) there.
 Reproduce one seed: ``MATRIX_FULL=1 pytest -m soak 'tests/integration/test_matrix_soak.py::test_matrix[7]'``.
 """
 
@@ -23,13 +26,15 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging.hashing import hasher
 from tests.conftest import LocalVitess, connection_uri_env, print_past_capture
 from tests.integration.airflow_env import make_airflow_env
-from tests.integration.matrix_soak import MatrixSoak, Tally, draw
+from tests.integration.matrix_soak import MODES, WIDENED, MatrixSoak, Tally, draw
 from tests.integration.mode_oracles import (
     as_target,
     assert_changelog,
+    assert_cut_consistent,
     assert_history,
     assert_mirror,
     assert_soft_delete,
+    current_rows,
 )
 
 pytestmark = pytest.mark.integration
@@ -37,9 +42,9 @@ pytestmark = pytest.mark.integration
 FULL = os.environ.get("MATRIX_FULL", "") not in ("", "0")
 SEEDS = int(os.environ.get("MATRIX_SEEDS", "50")) if FULL else 0  # make test: the fixed seeds only
 FIRST = int(os.environ.get("MATRIX_FIRST", "0"))
-# make test's seed (its ~90 s of the suite: two DAG runs): the snapshot, then one step making each
-# change once. Seed 21 draws soft_delete, changelog and history, shard groups, a hashed column,
-# an ADD COLUMN and a long transaction.
+# make test's seed (its ~160 s of the suite: two DAG runs): the snapshot, then one step making
+# each change once. Seed 21 draws soft_delete, changelog and history, shard groups, a hashed
+# column, an ADD COLUMN, a MODIFY COLUMN (qty INT -> BIGINT) and a long transaction.
 FIXED_SEEDS = (21,)
 FIXED_STEPS = 1
 TALLY = Tally()
@@ -62,7 +67,7 @@ def hook(vitess: LocalVitess, request: pytest.FixtureRequest) -> Iterator[Vitess
 def _run(
     seed: int, vitess: LocalVitess, hook: VitessHook, tmp_path: Path, spark_connect: str, full: bool
 ) -> None:
-    plan = draw(seed) if full else draw(seed, steps=FIXED_STEPS, avoid_known_bugs=True, every_event=True)
+    plan = draw(seed) if full else draw(seed, steps=FIXED_STEPS, every_event=True, no_kill=True)
     airflow = make_airflow_env(tmp_path / "af", vitess, spark_connect=spark_connect)
     soak = MatrixSoak(hook, airflow, tmp_path / "lake", plan, spark_connect)
     log = os.environ.get("MATRIX_LOG")
@@ -92,7 +97,8 @@ def test_matrix(vitess: LocalVitess, hook: VitessHook, tmp_path: Path, spark_con
 
 def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
     """A seed draws one plan (reproducible), and fifty seeds draw every mode, both group
-    counts, each column choice, both max_events, the sensor both ways, every event."""
+    counts, each column choice, both max_events, the sensor both ways, every event, each
+    operator event (a re-snapshot and a key override of a table in every mode) and each fault."""
     assert draw(7) == draw(7) and draw(7) != draw(8)
     plans = [draw(s) for s in range(50)]
     configs = [p.config for p in plans]
@@ -107,14 +113,23 @@ def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
     from tests.integration.modes_workload import EVENTS
 
     assert events == set(EVENTS)
-    assert any(s.add_column for p in plans for s in p.steps) and any(
-        s.resnapshot for p in plans for s in p.steps
-    )
-    fixed = [draw(s, steps=FIXED_STEPS, avoid_known_bugs=True, every_event=True) for s in FIXED_SEEDS]
-    assert all(
-        s.resnapshot is None or p.config.modes[s.resnapshot] in ("mirror", "changelog")
-        for p in fixed
-        for s in p.steps
+    steps = [(p, s) for p in plans for s in p.steps]
+    assert any(s.add_column for _, s in steps)
+    assert {s.modify for _, s in steps} == {None, *WIDENED}
+    assert {p.config.modes[s.resnapshot] for p, s in steps if s.resnapshot} == set(MODES)
+    assert {p.config.modes[s.key_override] for p, s in steps if s.key_override} == set(MODES)
+    faults = [f for p in plans for f in (p.snapshot_faults, *(s.faults for s in p.steps)) if f]
+    assert {next(iter(f)) for f in faults} == {
+        "kill_after_rows", "kill_before_record", "kill_at_merge_phase", "fail_group"
+    }  # fmt: skip
+    assert {f["kill_at_merge_phase"][0] for f in faults if "kill_at_merge_phase" in f} == {
+        "writing",
+        "committed",
+    }
+    assert any(p.snapshot_faults for p in plans)
+    fixed = [draw(s, steps=FIXED_STEPS, every_event=True, no_kill=True) for s in FIXED_SEEDS]
+    assert not any(p.snapshot_faults for p in fixed) and not any(
+        s.faults and "fail_group" not in s.faults for p in fixed for s in p.steps
     )
     assert json.loads(json.dumps([p.describe() for p in fixed]))
 
@@ -188,3 +203,22 @@ def test_the_oracles_catch_what_they_are_for() -> None:
     assert_mirror("m", [{"id": 1, "note": hasher("s")(b"b")}], hashed)  # a column added, NULL: no loss
     with pytest.raises(AssertionError, match="hold values"):
         assert_mirror("m", [{"id": 1}], hashed)
+    # A key override (id, vid): a moved key's tombstone beside its live row; a live key flagged fails.
+    moved = [
+        {**soft[0], "vid": 7, "_vitess_deleted": True, "_vitess_deleted_at": 4},
+        {**soft[0], "vid": 8},
+        soft[1] | {"vid": 9},
+    ]
+    assert_soft_delete("s", moved, [{"id": 1, "note": "b", "vid": 8}], gone={2}, key=["id", "vid"])
+    with pytest.raises(AssertionError, match="deleted, not flagged"):  # id 2's tombstone lost
+        assert_soft_delete("s", moved[:2], [{"id": 1, "note": "b", "vid": 8}], gone={2}, key=["id", "vid"])
+    # The cut: each mode's rows as the source they say; a table a window behind is caught.
+    at_cut = {
+        "h": current_rows("history", history),
+        "s": current_rows("soft_delete", soft),
+        "c": current_rows("changelog", log),
+    }
+    assert at_cut["h"] == [{"id": 1, "note": "b"}]
+    assert_cut_consistent("cut", at_cut, ["id", "note"])
+    with pytest.raises(AssertionError, match="at the cut differ"):
+        assert_cut_consistent("cut", {**at_cut, "m": [{"id": 1, "note": "a"}]}, ["id", "note"])
