@@ -112,6 +112,7 @@ def vitess_sync_dag(
     metadata_columns: bool | None = None,
     metadata_prefix: str = "_vitess_",
     change_data_feed: bool = False,
+    table_features: Sequence[str] = (),
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
     capture_parallelism: int | Sequence[str] = 1,
@@ -160,6 +161,8 @@ def vitess_sync_dag(
     overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
     ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
     the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
+    ``table_features`` (``type_widening``, ``deletion_vectors``; none by default, so every Delta
+    reader reads the tables): see ``docs/reading-the-tables.md``.
 
     ``capture_parallelism`` (default 1: one catch-up task): N splits the keyspace's shards,
     sorted by key range, into N contiguous groups; a list of key ranges that tile the keyspace
@@ -220,6 +223,7 @@ def vitess_sync_dag(
         "metadata_columns": metadata_columns,
         "metadata_prefix": metadata_prefix,
         "change_data_feed": change_data_feed,
+        "table_features": list(table_features),
         **({"targets": dict(targets)} if targets is not None else {}),
         **dict(merge_kwargs or {}),
     }

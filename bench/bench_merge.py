@@ -2,11 +2,12 @@
 
 Not a test; prints figures. The merge's cost should follow the window, not the table: the job
 adds the window's key ranges to the MERGE condition so Delta skips the files that cannot hold a
-changed key, and writes deletion vectors instead of rewriting the files it does touch.
+changed key; with ``--deletion-vectors`` (the table feature, off by default: it locks out
+delta-rs, Polars and older Sparks) it marks changed rows instead of rewriting the files it touches.
 
     .venv/bin/python bench/bench_merge.py [--sizes 1000000,10000000] [--changes 10000]
         [--windows 3] [--rows-per-file 1000000] [--scattered 0] [--no-prune]
-        [--no-deletion-vectors] [--dir DIR]
+        [--deletion-vectors] [--dir DIR]
 
 Each table (id BIGINT key, qty INT, name VARCHAR(64), price DECIMAL(10,2), at DATETIME(6)) is
 built by Spark as the job's snapshot would leave it (``write_replace``: sorted by key, range
@@ -40,6 +41,7 @@ from pyspark.sql import functions as F
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.merge.job import apply, delta_log, tables
+from airflow_provider_vitess.merge.modes import DELETION_VECTORS, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.merge.spark_conf import spark_conf
@@ -67,7 +69,9 @@ EPOCH = datetime.datetime(2026, 1, 1)
 VGTID = Vgtid.for_keyspace("ks", "")
 
 
-def build_table(spark: SparkSession, path: Path, rows: int, rows_per_file: int, sync: str) -> None:
+def build_table(
+    spark: SparkSession, path: Path, rows: int, rows_per_file: int, sync: str, features: tuple[str, ...]
+) -> None:
     df = spark.range(1, rows + 1).select(
         F.col("id"),
         (F.col("id") % 1000).cast("int").alias("qty"),
@@ -76,7 +80,16 @@ def build_table(spark: SparkSession, path: Path, rows: int, rows_per_file: int, 
         F.timestamp_seconds(F.lit(1_767_225_600) + F.col("id")).cast("timestamp_ntz").alias("at"),
     )
     app = MergePlan(sync, (), {}).txn_app_id(TABLE)
-    apply.write_replace(df, str(path), ["id"], app, 1, files=-(-rows // rows_per_file), column_mapping=False)
+    apply.write_replace(
+        df,
+        str(path),
+        ["id"],
+        app,
+        1,
+        files=-(-rows // rows_per_file),
+        column_mapping=False,
+        properties=TargetShape(features=features).feature_properties(),
+    )
 
 
 def row(i: int, version: int) -> tuple[Any, ...]:
@@ -180,7 +193,11 @@ def main() -> None:
     p.add_argument("--rows-per-file", type=int, default=1_000_000)
     p.add_argument("--scattered", type=int, default=0, help="updates of random old keys per window")
     p.add_argument("--no-prune", action="store_true", help="MERGE without the key-range predicate")
-    p.add_argument("--no-deletion-vectors", action="store_true", help="rewrite touched files instead")
+    p.add_argument(
+        "--deletion-vectors",
+        action="store_true",
+        help="tables with deletion vectors (default none: reader-safe)",
+    )
     p.add_argument("--dir", help="work directory (default: a temp dir, removed at the end)")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -192,22 +209,19 @@ def main() -> None:
         apply.prune_condition = lambda *a, **k: None
     spark = session(work)
     try:
+        features = (DELETION_VECTORS,) if args.deletion_vectors else ()
         sizes_all = [2 * RECENT, *sizes]  # the first: warm-up
         for size in sizes_all:
             started = time.monotonic()
-            build_table(spark, work / f"t{size}" / TABLE, size, args.rows_per_file, f"s{size}")
-            if args.no_deletion_vectors:
-                spark.sql(
-                    f"ALTER TABLE delta.`{work / f't{size}' / TABLE}` "
-                    "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
-                )
+            build_table(spark, work / f"t{size}" / TABLE, size, args.rows_per_file, f"s{size}", features)
             print(f"built {size:>11,} rows in {time.monotonic() - started:6.1f}s", flush=True)
         times: dict[int, list[float]] = {s: [] for s in sizes_all}
         for seq in range(2, 2 + args.windows):
             for size in sizes_all if seq == 2 else sizes:
                 sync = f"s{size}"
                 manifest = stage_window(work / "stage", sync, seq, size, args.changes, args.scattered, rng)
-                target = TableTarget(TABLE, str(work / f"t{size}" / TABLE), ("id",), ("id",))
+                shape = TargetShape(features=features)
+                target = TableTarget(TABLE, str(work / f"t{size}" / TABLE), ("id",), ("id",), shape=shape)
                 plan = MergePlan(sync, (WindowToMerge(seq, manifest),), {TABLE: target})
                 spark.sparkContext.setJobGroup(f"{size}/{seq}", "bench merge")
                 started = time.monotonic()

@@ -42,7 +42,7 @@ DAG_SYNC = [
     "tests/integration/test_dag_sync.py::test_first_run_snapshots_and_later_runs_catch_up_to_the_source"
 ]
 # The merge tests whose behaviour depends on the Spark line and its Delta (types, MERGE and replace
-# commits, transaction ids, deletion vectors, column mapping, type widening refused on Delta 3).
+# commits, transaction ids, deletion vectors, column mapping, a widening by rewrite on Delta 3).
 # Left out: killing spark-submit at random points and the standalone cluster, which test the
 # job's process and cluster handling (the same on every line) and took most of the ~7 minutes.
 MERGE = [

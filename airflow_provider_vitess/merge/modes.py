@@ -13,12 +13,22 @@ Metadata columns (``<prefix>op``, ``<prefix>commit_ts``, ``<prefix>window_seq``,
 prefix (default ``_vitess_``) is refused when it collides with a source column.
 
 The shape is chosen per table: a sync-wide default (``target_mode``, ``metadata_columns``,
-``metadata_prefix``, ``change_data_feed``) and a per-table override in ``targets[table]``
-(keys ``mode``, ``metadata_columns``, ``change_data_feed``). The Delta table records its mode and
-prefix in its own properties (:data:`MODE_PROPERTY`, :data:`PREFIX_PROPERTY`), written in the
-same commit as its first rows, and the merge refuses to write a table in another shape than the
-one it was built with (:func:`shape_change`): nothing is written, the remedy is a new target
-location and a re-snapshot of the table.
+``metadata_prefix``, ``change_data_feed``, ``table_features``) and a per-table override in
+``targets[table]`` (keys ``mode``, ``metadata_columns``, ``change_data_feed``,
+``table_features``).
+
+Table features (:data:`TABLE_FEATURES`): Delta features a reader must know to read the table at
+all. None by default, so every table the merge creates is read by any Delta reader (delta-rs and
+Polars, DuckDB, Spark 3.5 with Delta 3; column mapping only where a column name needs it).
+``type_widening`` widens a column in place when the source widens it (else the merge rewrites
+the table with the wider type); ``deletion_vectors`` lets a MERGE mark changed rows instead of
+rewriting their files. Each is turned on when a table is created, or when the merge first needs
+it on a table that exists, and never otherwise: a table keeps the features it has.
+
+The Delta table records its mode and prefix in its own properties (:data:`MODE_PROPERTY`,
+:data:`PREFIX_PROPERTY`), written in the same commit as its first rows, and the merge refuses to
+write a table in another shape than the one it was built with (:func:`shape_change`): nothing is
+written, the remedy is a new target location and a re-snapshot of the table.
 """
 
 from __future__ import annotations
@@ -44,9 +54,17 @@ MODE_PROPERTY = "vitess.targetMode"
 PREFIX_PROPERTY = "vitess.metadataPrefix"
 METADATA_PROPERTY = "vitess.metadataColumns"
 CDF_PROPERTY = "delta.enableChangeDataFeed"
-SHAPE_PROPERTIES = (MODE_PROPERTY, METADATA_PROPERTY, PREFIX_PROPERTY, CDF_PROPERTY)
+TYPE_WIDENING, DELETION_VECTORS = "type_widening", "deletion_vectors"
+# The features a table may be given, with the table properties that turn each on; each locks
+# out the readers that do not know it (docs/reading-the-tables.md).
+TABLE_FEATURES: Mapping[str, Mapping[str, str]] = {
+    TYPE_WIDENING: {"delta.enableTypeWidening": "true"},
+    DELETION_VECTORS: {"delta.enableDeletionVectors": "true"},
+}
+FEATURE_PROPERTIES = tuple(k for props in TABLE_FEATURES.values() for k in props)
+SHAPE_PROPERTIES = (MODE_PROPERTY, METADATA_PROPERTY, PREFIX_PROPERTY, CDF_PROPERTY, *FEATURE_PROPERTIES)
 # The keys a ``targets[table]`` entry may hold (``path`` and ``renames`` are the merge's own).
-TARGET_KEYS = frozenset({"path", "renames", "mode", "metadata_columns", "change_data_feed"})
+TARGET_KEYS = frozenset({"path", "renames", "mode", "metadata_columns", "change_data_feed", "table_features"})
 _PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
 
 
@@ -90,6 +108,7 @@ class ModeOptions:
     metadata_columns: bool | None = None  # None: on in the new modes, off in mirror
     metadata_prefix: str = DEFAULT_PREFIX
     change_data_feed: bool = False
+    table_features: tuple[str, ...] = ()
 
     def shapes(
         self, tables: Iterable[str], targets: Mapping[str, Mapping[str, Any]] | None
@@ -101,18 +120,25 @@ class ModeOptions:
             metadata_columns=self.metadata_columns,
             metadata_prefix=self.metadata_prefix,
             change_data_feed=self.change_data_feed,
+            table_features=self.table_features,
         )
 
 
 @dataclass(frozen=True)
 class TargetShape:
     """How one table lands: its mode, whether it has the common metadata columns, their
-    prefix (the mode's own columns take it too), and Change Data Feed."""
+    prefix (the mode's own columns take it too), Change Data Feed, and the reader-locking
+    Delta features chosen for it (:data:`TABLE_FEATURES`, sorted names)."""
 
     mode: TargetMode = TargetMode.MIRROR
     metadata: bool = False
     prefix: str = DEFAULT_PREFIX
     change_data_feed: bool = False
+    features: tuple[str, ...] = ()
+
+    def feature_properties(self) -> dict[str, str]:
+        """The table properties of the chosen features (:data:`TABLE_FEATURES`)."""
+        return {k: v for f in self.features for k, v in TABLE_FEATURES[f].items()}
 
     def roles(self) -> tuple[str, ...]:
         """The shape's metadata columns by role (:data:`OWN`, then :data:`COMMON`), in table order."""
@@ -193,6 +219,7 @@ def resolve_shapes(
     metadata_columns: bool | None = None,
     metadata_prefix: str = DEFAULT_PREFIX,
     change_data_feed: bool = False,
+    table_features: Iterable[str] = (),
 ) -> dict[str, TargetShape]:
     """Each table's shape from the sync-wide defaults and its ``targets`` entry, validated:
     an unknown mode or ``targets`` key, or a flag that is not a boolean, is an error naming it.
@@ -221,5 +248,21 @@ def resolve_shapes(
             raise TargetModeError(
                 f"targets[{table!r}]['change_data_feed'] must be true or false, got {cdf!r}"
             )
-        out[table] = TargetShape(mode, meta, prefix, cdf)
+        features = check_features(
+            entry.get("table_features", table_features),
+            f"targets[{table!r}]['table_features']" if "table_features" in entry else "table_features",
+        )
+        out[table] = TargetShape(mode, meta, prefix, cdf, features)
     return out
+
+
+def check_features(value: Any, where: str = "table_features") -> tuple[str, ...]:
+    """Chosen table features as sorted names; an unknown one, or a string where a list is
+    expected, is an error naming the allowed ones."""
+    allowed = sorted(TABLE_FEATURES)
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TargetModeError(f"{where} must be a list of feature names (from {allowed}), got {value!r}")
+    names = list(value)
+    if unknown := sorted({str(n) for n in names} - set(TABLE_FEATURES)):
+        raise TargetModeError(f"{where}: unknown table feature(s) {unknown}; allowed: {allowed}")
+    return tuple(sorted(set(names)))

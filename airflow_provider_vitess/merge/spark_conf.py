@@ -93,15 +93,6 @@ LOCAL_SUBMIT_CONF: Mapping[str, str] = {
     "spark.driver.extraJavaOptions": QUICK_JIT,
 }
 
-# Properties of every Delta table the job creates (or replaces):
-# * type widening, so a source column widened by DDL (INT -> BIGINT, DECIMAL(10,2) ->
-#   DECIMAL(12,2)) widens the Delta column in place (Delta >= 4.0 readers);
-# * deletion vectors, so a MERGE that updates or deletes a few rows of a file marks them instead
-#   of rewriting the file (the merge's cost follows the change, not the table).
-TABLE_PROPERTIES: Mapping[str, str] = {
-    "delta.enableTypeWidening": "true",
-    "delta.enableDeletionVectors": "true",
-}
 # Added when a column name needs it: Delta refuses " ,;{}()\n\t=" in names unless columns are
 # mapped by name (Delta >= 1.2 readers).
 COLUMN_MAPPING_PROPERTIES: Mapping[str, str] = {

@@ -32,7 +32,7 @@ from airflow_provider_vitess.connections import open_store, refuse_single_host, 
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
-from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
+from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions, check_features
 from airflow_provider_vitess.merge.plan import MergePlanError
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
@@ -85,7 +85,7 @@ class VitessMergeOperator(BaseOperator):
     :param target_location: Delta tables go to ``<target_location>/<table>`` (any URI Spark
         writes to: a local path, ``s3a://``, ``abfss://``...).
     :param targets: per table overrides: ``{"table": {"path": ..., "renames": {src: dst},
-        "mode": ..., "metadata_columns": bool, "change_data_feed": bool}}``.
+        "mode": ..., "metadata_columns": bool, "change_data_feed": bool, "table_features": [...]}}``.
     :param target_mode: the sync-wide target mode, ``mirror`` (default), ``soft_delete``,
         ``history`` or ``changelog`` (``docs/target-modes.md``); ``targets[table]["mode"]``
         overrides it per table. A Delta table keeps the mode it was built with: asking another
@@ -96,6 +96,11 @@ class VitessMergeOperator(BaseOperator):
         with one of their names fails the merge, naming it.
     :param change_data_feed: turn on Delta's Change Data Feed (``delta.enableChangeDataFeed``) on
         the tables, so downstream jobs can read them incrementally (``table_changes``).
+    :param table_features: Delta features that lock out readers, chosen for the tables
+        (``targets[table]["table_features"]`` per table): ``type_widening`` (widen a column in
+        place instead of rewriting the table) and ``deletion_vectors`` (a MERGE marks changed rows
+        instead of rewriting their files). None by default: every Delta reader reads the tables
+        (``docs/reading-the-tables.md``).
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
         the first submit resolves them and later ones pass ``--jars`` (default
@@ -165,6 +170,7 @@ class VitessMergeOperator(BaseOperator):
         metadata_columns: bool | None = None,
         metadata_prefix: str = DEFAULT_PREFIX,
         change_data_feed: bool = False,
+        table_features: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         submit_only = {
@@ -212,7 +218,9 @@ class VitessMergeOperator(BaseOperator):
         self.sync_id = sync_id
         self.target_location = target_location
         self.targets = targets
-        self.modes = ModeOptions(target_mode, metadata_columns, metadata_prefix, change_data_feed)
+        self.modes = ModeOptions(
+            target_mode, metadata_columns, metadata_prefix, change_data_feed, check_features(table_features)
+        )
         # Bad options fail the DAG's parse, naming them (templated targets: when the task runs).
         given = targets if isinstance(targets, Mapping) else None
         self.modes.shapes({*([] if isinstance(tables, str) else tables or ()), *(given or {})}, given)

@@ -40,9 +40,8 @@ from airflow_provider_vitess.exceptions import (
 )
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job import apply, delta_features, delta_log, tables
-from airflow_provider_vitess.merge.job.delta_features import delta_major
 from airflow_provider_vitess.merge.job.schema import MergeSchemaError
-from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
+from airflow_provider_vitess.merge.modes import DELETION_VECTORS, TYPE_WIDENING, TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     PROGRESS_PREFIX,
@@ -53,7 +52,6 @@ from airflow_provider_vitess.merge.report import (
 )
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_conf, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
-from airflow_provider_vitess.versions import TYPE_WIDENING_DELTA_MAJOR
 from airflow_provider_vitess.vgtid import Vgtid
 from spark_jobs.merge_cdc import main, merge
 from tests.conftest import REPO, LocalVitess, pyspark_home, spark_env
@@ -153,11 +151,19 @@ class Merged:
     seconds: float
 
 
+def _with_features(plan: MergePlan, deletion_vectors: bool) -> MergePlan:
+    if not deletion_vectors:
+        return plan
+    shape = TargetShape(features=(DELETION_VECTORS,))
+    return replace(plan, targets={t: replace(v, shape=shape) for t, v in plan.targets.items()})
+
+
 @pytest.fixture(scope="module")
 def merged(spark: SparkSession, captured: Captured) -> Merged:
     """Each sync merged in process as two jobs: [snapshot, first catch-up] then [second catch-up].
     Both ways of a MERGE meet the oracle: the orders tables are small, so their MERGEs rewrite
-    the files they touch; the commerce sync's write deletion vectors whatever the size."""
+    the files they touch; the commerce sync's tables have deletion vectors (``table_features``)
+    and their MERGEs write them whatever the size."""
     root = captured.root / "delta-inproc"
     reports: dict[str, list[MergeReport]] = {}
     started = time.monotonic()
@@ -165,9 +171,10 @@ def merged(spark: SparkSession, captured: Captured) -> Merged:
         with pytest.MonkeyPatch.context() as m:
             if sync is captured.commerce:
                 m.setattr(apply, "REWRITE_BELOW_BYTES", 0)
+            dvs = sync is captured.commerce
             reports[sync.sync_id] = [
-                merge(spark, sync.plan(root, 0, 2), rows_per_file=40_000),
-                merge(spark, sync.plan(root, 2), rows_per_file=40_000),
+                merge(spark, _with_features(sync.plan(root, 0, 2), dvs), rows_per_file=40_000),
+                merge(spark, _with_features(sync.plan(root, 2), dvs), rows_per_file=40_000),
             ]
     return Merged(root, reports, time.monotonic() - started)
 
@@ -533,17 +540,8 @@ def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
     )
     window = sync.capture()
     assert len(window.tables[EVOLVE].schemas) == 2
-    if delta_major(spark) < TYPE_WIDENING_DELTA_MAJOR:
-        # Delta 3 (Spark 3.5) has no type widening: refused by name before any change.
-        before = history_versions(spark, target / EVOLVE)
-        with pytest.raises(DeltaFeatureError, match=r"qty int -> bigint.*needs Delta Lake type widening"):
-            merge(spark, sync.plan(target, 1, 2))
-        assert history_versions(spark, target / EVOLVE) == before
-        table = spark.read.format("delta").load(str(target / EVOLVE))
-        assert table.schema["qty"].dataType == T.IntegerType() and "note" not in table.columns
-        assert sorted((r["id"], r["qty"]) for r in table.collect()) == [(1, 1), (2, 2), (3, 3)]
-        wl.execute(hook, f"DROP TABLE commerce.{EVOLVE}")
-        return
+    # Widened without type widening (not chosen: the default), on Delta 3 and 4 alike: the
+    # table is rewritten with the wider type.
     report = merge(spark, sync.plan(target, 1, 2))
     result = report.windows[0].table(EVOLVE)
     assert result.status is TableStatus.WRITTEN
@@ -570,17 +568,17 @@ def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
 
 
 @pytest.mark.parametrize("mode", [TargetMode.SOFT_DELETE, TargetMode.HISTORY])  # changelog: history's path
-def test_a_widened_column_in_every_mode_is_refused_before_any_change_without_type_widening(
+def test_a_widening_in_place_in_every_mode_is_refused_before_any_change_without_type_widening(
     spark: SparkSession,
     vitess: LocalVitess,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     mode: TargetMode,
 ) -> None:
-    """The type-widening guard runs for every target mode, not only ``mirror``: without Delta's
-    type widening (Delta 3, Spark 3.5), a window that widens a column and adds another is refused
-    before the table gets any commit. The session's Delta line is read as 3 here (this suite runs
-    Delta 4, which widens); ``make test-compat`` runs the mirror's refusal on a real Delta 3.3."""
+    """The type-widening guard runs for every target mode, not only ``mirror``: a table given
+    ``type_widening`` (``table_features``) widens in place, which Delta 3 (Spark 3.5) cannot, so
+    there a window that widens a column and adds another is refused before the table gets any
+    commit. The session's Delta line is read as 3 here (this suite runs Delta 4, which widens)."""
     table = f"{EVOLVE}_{mode.value}"
     hook = wl.hook_for(vitess, "vitess_merge_evolve")
     wl.execute(
@@ -593,7 +591,8 @@ def test_a_widened_column_in_every_mode_is_refused_before_any_change_without_typ
     sync = wl.new_sync(hook, store, tmp_path / "stage", f"widen-{uuid.uuid4().hex[:8]}", "commerce", [table])
     target = tmp_path / "delta"
     sync.capture(snapshot=True)
-    shaped = {t: replace(v, shape=TargetShape(mode)) for t, v in sync.targets(target).items()}
+    shape = TargetShape(mode, features=(TYPE_WIDENING,))
+    shaped = {t: replace(v, shape=shape) for t, v in sync.targets(target).items()}
 
     def plan(first: int, last: int | None = None) -> MergePlan:
         return replace(sync.plan(target, first, last), targets=shaped)

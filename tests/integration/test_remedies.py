@@ -227,14 +227,15 @@ def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
     hook: VitessHook, sync_of: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``DeltaFeatureError`` on a Delta without type widening (Delta 3, Spark 3.5; the session's
-    Delta line is read as 3 here, the server runs Delta 4): the remedy it names, a re-snapshot of
-    the table, rewrites it with the new type without widening a column in place, and the sync
-    streams on. In ``history``, whose re-snapshot keeps the past (cast to the new type): the
+    Delta line is read as 3 here, the server runs Delta 4) for a table given ``type_widening``
+    (without it the merge rewrites the table with the wider type): the remedy it names, a
+    re-snapshot of the table, rewrites it with the new type without widening a column in place,
+    and the sync streams on. In ``history``, whose re-snapshot keeps the past (cast to the new type): the
     mode where the rewrite could have needed the widening the error is about."""
     _create(hook, WIDEN, rows=6)
     wl.execute(hook, f"ALTER TABLE customer.{WIDEN} ADD COLUMN qty INT")
     sync = sync_of(WIDEN)
-    targets = {WIDEN: {"mode": "history"}}
+    targets = {WIDEN: {"mode": "history", "table_features": ["type_widening"]}}
     sync.snapshot_task()
     sync.merge(targets)
     wl.execute(

@@ -52,6 +52,7 @@ from tests.integration.mode_oracles import (
     source_dicts,
 )
 from tests.integration.modes_workload import ModesWorkload, Record, create_tables
+from tests.integration.readers import assert_readers_see_what_spark_sees
 
 pytestmark = pytest.mark.integration
 
@@ -255,6 +256,8 @@ def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
     assert_history_states(HIST, _rows(lake / "delta" / HIST), record)
     assert_changelog_changes(LOG, _rows(lake / "delta" / LOG), record)
     _assert_change_data_feed(hook, lake)
+    for table in sorted((lake / "delta").iterdir()):  # every mode's table, with the defaults
+        assert_readers_see_what_spark_sees(table.name, table)
 
 
 def _store(airflow: AirflowEnv) -> CheckpointStore:

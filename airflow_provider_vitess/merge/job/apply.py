@@ -28,24 +28,30 @@ from airflow_provider_vitess.merge.job.pruning import (
 )
 from airflow_provider_vitess.merge.job.schema import Evolution
 from airflow_provider_vitess.merge.job.window_rows import col
-from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES, TABLE_PROPERTIES
+from airflow_provider_vitess.merge.modes import TABLE_FEATURES, TYPE_WIDENING
+from airflow_provider_vitess.merge.spark_conf import COLUMN_MAPPING_PROPERTIES
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 
-def evolve_table(spark: SparkSession, path: str, ev: Evolution) -> None:
+def evolve_table(spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:
     """A step's schema changes before it writes, in every target mode (each its own commit;
-    repeating them is a no-op). Refused before the first where the cluster's Delta cannot widen a
-    column (:func:`.delta_features.require_type_widening`): a half-changed table otherwise.
-    Dropping needs column mapping, which ``ev.column_mapping`` turns on first."""
-    delta_features.require_type_widening(spark, ev.table, ev.widen)
+    repeating them is a no-op). Dropping needs column mapping, which ``ev.column_mapping`` turns
+    on first. A widened column: ``widen_in_place`` (the table has Delta's type widening, or it was
+    chosen for it: ``table_features``) widens it in place, refused before the first change where
+    the cluster's Delta cannot (:func:`.delta_features.require_type_widening`: a half-changed table
+    otherwise); else the table is rewritten with the wider type (:func:`_rewrite_widened`), which
+    every Delta reader reads."""
+    in_place = widen_in_place and bool(ev.widen)
+    if in_place:
+        delta_features.require_type_widening(spark, ev.table, ev.widen)
     add, widen, column_mapping, drop = ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, ev.drop
     table = f"delta.{q(path)}"
-    props = dict(TABLE_PROPERTIES)
+    props = dict(TABLE_FEATURES[TYPE_WIDENING]) if in_place else {}
     if column_mapping:
         props.update(COLUMN_MAPPING_PROPERTIES)
-    if widen or column_mapping:
+    if props:
         sets = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({sets})")
     if drop:
@@ -58,8 +64,25 @@ def evolve_table(spark: SparkSession, path: str, ev: Evolution) -> None:
             for f in add
         )
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
+    if widen and not in_place:
+        _rewrite_widened(spark, path, widen)
+        return
     for name, new in widen:
         spark.sql(f"ALTER TABLE {table} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
+
+
+def _rewrite_widened(spark: SparkSession, path: str, widen: Sequence[tuple[str, T.DataType]]) -> None:
+    """The table rewritten as one commit with ``widen``'s columns cast to their wider types
+    (INT -> BIGINT, DECIMAL(10,2) -> DECIMAL(12,2): every value survives), keeping each column's
+    metadata and the table's properties: no reader-locking feature is needed, at the cost of
+    writing the table once. A rerun after it finds the column wide already and does nothing."""
+    old = spark.read.format("delta").load(path)
+    wider = dict(widen)
+    columns = [
+        col(f.name).cast(wider[f.name]).alias(f.name, metadata=f.metadata) if f.name in wider else col(f.name)
+        for f in old.schema.fields
+    ]
+    old.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
 
 def _sql_string(text: str) -> str:
@@ -89,10 +112,8 @@ def write_replace(
         .option("txnAppId", app_id)
         .option("txnVersion", str(seq))
     )
-    props = dict(TABLE_PROPERTIES)
-    if column_mapping:
-        props.update(COLUMN_MAPPING_PROPERTIES)
-    props.update(properties or {})  # a target mode's (.shapes)
+    props = dict(COLUMN_MAPPING_PROPERTIES) if column_mapping else {}
+    props.update(properties or {})  # the mode's and the chosen features' (.shapes.properties)
     for k, v in props.items():
         writer = writer.option(k, v)
     forget_last_commit(rows.sparkSession)
@@ -109,7 +130,7 @@ def append(
         rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
     )
     if create is not None:
-        table_props = {**TABLE_PROPERTIES, **(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
+        table_props = {**(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
         for k, v in table_props.items():
             writer = writer.option(k, v)
     forget_last_commit(rows.sparkSession)

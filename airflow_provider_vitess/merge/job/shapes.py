@@ -89,8 +89,8 @@ def meta_columns(shape: TargetShape, values: Mapping[str, Column]) -> list[Colum
 
 
 def properties(shape: TargetShape) -> dict[str, str]:
-    """The table properties a shaped table is created with: Change Data Feed."""
-    return {CDF_PROPERTY: "true"} if shape.change_data_feed else {}
+    """The table properties a table is created with: Change Data Feed, the chosen features."""
+    return {**({CDF_PROPERTY: "true"} if shape.change_data_feed else {}), **shape.feature_properties()}
 
 
 def commit_time(seconds: Column) -> Column:

@@ -38,11 +38,12 @@ from airflow_provider_vitess.merge.job import (
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping
 from airflow_provider_vitess.merge.job.steps import Step, TableState
 from airflow_provider_vitess.merge.job.window_rows import OP, UPSERT, col, last_per_key, with_comments
-from airflow_provider_vitess.merge.modes import TargetMode
+from airflow_provider_vitess.merge.modes import TABLE_FEATURES, TYPE_WIDENING, TargetMode
 from airflow_provider_vitess.merge.plan import TableTarget
 from airflow_provider_vitess.staging.manifest import Manifest
 
 Retired = Mapping[str, Sequence[str]]
+(TYPE_WIDENING_PROPERTY,) = TABLE_FEATURES[TYPE_WIDENING]  # the property that says a table has it
 # A MERGE's statement from its view's name, the source's columns and the key ranges (or None).
 Statement = Callable[[str, Sequence[str], str | None], str]
 
@@ -78,7 +79,7 @@ class StepContext:
     app_id: str
     manifest: Manifest
     exists: bool  # the Delta table exists before the step
-    properties: Mapping[str, str]  # its properties (Change Data Feed)
+    properties: Mapping[str, str]  # its properties (Change Data Feed, features: modes.SHAPE_PROPERTIES)
     column_mapping: bool
     files: int  # for a replace
     snapshot: bool  # the window is a snapshot of the table (its copy), not a catch-up
@@ -114,6 +115,13 @@ class StepContext:
     @property
     def keys(self) -> list[str]:
         return list(self.target.key_columns)
+
+    @property
+    def widens_in_place(self) -> bool:
+        """A widened column is widened in place: the table has Delta's type widening, or it is
+        chosen for the table (``table_features``); else the table is rewritten (.apply)."""
+        have = self.properties.get(TYPE_WIDENING_PROPERTY, "false").lower() == "true"
+        return have or TYPE_WIDENING in self.target.shape.features
 
     @property
     def data(self) -> list[str]:

@@ -89,7 +89,7 @@ def run_step(
                 chosen = strategy.replace(s, staged)
                 ev = step.evolution  # a changelog's copy appended: the columns the log lacks first
                 if ev is not None and not ev.empty:
-                    apply.evolve_table(spark, target.path, ev)
+                    apply.evolve_table(spark, target.path, ev, widen_in_place=s.widens_in_place)
                     changes = tuple(ev.changes)
                 write(delta, s, chosen, size)
             else:
@@ -130,7 +130,7 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
-        apply.evolve_table(s.spark, s.target.path, ev)
+        apply.evolve_table(s.spark, s.target.path, ev, widen_in_place=s.widens_in_place)
     if strategy.manages_cdf:
         shapes.set_change_data_feed(s.spark, s.target.path, s.target.shape, s.properties)
     return tuple(ev.changes), write(delta, s, chosen, size, types[s.keys[0]])
