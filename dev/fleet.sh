@@ -11,6 +11,7 @@
 #   dev/fleet.sh stop           stop every part (the state directory is kept until the next start)
 #   dev/fleet.sh status         exit 0 and print the settings when every part answers, else exit 1
 #   dev/fleet.sh env            print the settings as shell assignments (for `eval` or tests)
+#   dev/fleet.sh worker N       start worker N again unless it runs (after a test killed it)
 #   dev/fleet.sh deploy FILE..  copy DAG files into each host's own dags folder (the control
 #                               host's and each worker's), as a deployment ships DAGs to each host
 #
@@ -197,6 +198,10 @@ write_common_env() {
         assignment AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME 0.5
         assignment AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL 2
         assignment AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC 2
+        # A killed worker's task is failed (and retried on another worker) once it has not
+        # heartbeat for this long (default 300 s).
+        assignment AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT 20
+        assignment AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL 2
         # A task's supervisor notices its process's exit only at its next wake-up, up to this
         # long (default 5 s) after the task ended: meanwhile the worker's one slot stays taken, and
         # the other worker's next task (a window's second group) went to the first one instead.
@@ -370,6 +375,16 @@ stop() {
     s3_env stop >/dev/null 2>&1 || true
 }
 
+start_worker() {
+    [ -f "$state/ready" ] || { log "the fleet is not running: dev/fleet.sh start"; exit 1; }
+    local pid_file="$state/pids/worker-$1"
+    running && { log "worker-$1 already running"; return; }
+    start_part "worker-$1" "worker-$1" airflow celery worker --celery-hostname "worker-$1@fleet" \
+        --concurrency 1 --without-gossip --without-mingle
+    wait_until_ready "worker-$1" 120 0.5 "$state/logs/worker-$1.log" \
+        grep -q "worker-$1@fleet ready" "$state/logs/worker-$1.log"
+}
+
 deploy() {
     [ -f "$state/ready" ] || { log "the fleet is not running: dev/fleet.sh start"; exit 1; }
     local host file
@@ -384,5 +399,6 @@ case "${1:-}" in
     status) if ready; then print_env; else log "not running"; exit 1; fi ;;
     env) print_env ;;
     deploy) shift; deploy "$@" ;;
-    *) echo "usage: $0 start|stop|status|env|deploy FILE..." >&2; exit 2 ;;
+    worker) start_worker "${2:?usage: $0 worker N}" ;;
+    *) echo "usage: $0 start|stop|status|env|deploy FILE...|worker N" >&2; exit 2 ;;
 esac

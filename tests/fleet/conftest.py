@@ -10,8 +10,10 @@ checkpoints from the PostgreSQL store.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +21,45 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy
+from pyspark.sql import SparkSession
 
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.object_storage import S3Settings
-from tests.conftest import REPO, machine_lock
+from airflow_provider_vitess.staging.files import open_location
+from tests.conftest import REPO, LocalVitess, connection_uri_env, machine_lock
 from tests.integration.airflow_env import AirflowEnv
 from tests.integration.airflow_services import AirflowServiceError, AirflowServices
+from tests.integration.delta_check import delta_txns
+from tests.integration.merge_workload import assert_equal_to_source
 
 SCRIPT = REPO / "dev" / "fleet.sh"
 _LOG_TAIL = 3000
+CONTROL_PARTS = ("redis", "postgres", "api-server", "scheduler", "dag-processor", "triggerer")
+
+# A grouped sync on the fleet's S3 and store; a new DAG (sync) id for each test, as the fleet may
+# have run the test before (its store and bucket then hold that sync's windows).
+STORE = 'checkpoint_conn_id="fleet_store",'
+SYNC_DAG = """
+from datetime import timedelta
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+dag = vitess_sync_dag(
+    "{dag_id}",
+    keyspace="customer",
+    tables=["{table}"],
+    staging_location="s3a://{bucket}/staging",
+    target_location="s3a://{bucket}/delta/{dag_id}",
+    aws_conn_id="fleet_s3",
+    {store}
+    schedule=None,
+    capture_parallelism=2,
+    wait_for_changes=False,
+    default_args={{"retries": {retries}, "retry_delay": timedelta(seconds={retry_delay})}},
+    merge_kwargs={{"spark_connect_conn_id": "spark_connect_default"}},
+)
+"""
 
 
 def fleet_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -41,8 +74,15 @@ class FleetServices(AirflowServices):
     hosts: tuple[str, ...]
 
     def check_alive(self) -> None:
-        if fleet_script("status", timeout=60).returncode != 0:
-            raise AirflowServiceError(f"a part of the fleet is down\n{self.logs()}")
+        """The control host's parts and the servers run (a test may have killed a worker)."""
+        down = []
+        for part in CONTROL_PARTS:
+            try:
+                os.kill(int((self.state / "pids" / part).read_text()), 0)
+            except (OSError, ValueError):
+                down.append(part)
+        if down:
+            raise AirflowServiceError(f"fleet parts down: {down}\n{self.logs()}")
 
     def logs(self, *names: str) -> str:
         parts = []
@@ -70,6 +110,20 @@ class FleetServices(AirflowServices):
         path.write_text(source)
         done = fleet_script("deploy", str(path), timeout=60)
         assert done.returncode == 0, done.stderr
+
+    def run(self, dag_id: str, timeout: float = 300) -> dict[str, Any]:
+        """One run triggered through the REST API, once it has finished."""
+        return self.wait_for_run(dag_id, self.trigger(dag_id)["dag_run_id"], timeout)
+
+    def groups(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The run's mapped ``catch_up`` task instances (one per group), by map index."""
+        tis = [ti for ti in self.task_instances(dag_id, run_id) if ti["task_id"] == "catch_up"]
+        return sorted(tis, key=lambda ti: ti["map_index"])
+
+    def merged(self, dag_id: str, run_id: str) -> int:
+        """The window the run's merge committed (its XCom)."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/merge/xcomEntries/return_value"
+        return int(self.api("GET", path)["value"]["merged"])
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict[str, Any]:
         """Until the run has finished; the run."""
@@ -139,3 +193,57 @@ def fleet() -> Iterator[Fleet]:
         api.client.close()
         if not was_running:
             fleet_script("stop", timeout=300)
+
+
+@pytest.fixture
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    name, value = connection_uri_env("vitess_fleet_test", vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        yield VitessHook("vitess_fleet_test")
+
+
+@pytest.fixture(scope="session")
+def spark(fleet: Fleet) -> Iterator[SparkSession]:
+    """A session on the fleet's Spark Connect server: it reads the s3a:// tables with its S3A
+    settings, as the merges wrote them."""
+    session = SparkSession.builder.remote(fleet.connect_url).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def select_count(hook: VitessHook, table: str) -> int:
+    with hook.connect_sql() as conn:
+        return int(conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
+
+
+def assert_synced(
+    fleet: Fleet, spark: SparkSession, hook: VitessHook, sync: str, table: str, *, must_hold: int
+) -> Counter[int]:
+    """``customer.table``'s Delta table of ``sync`` on S3 == ``SELECT *`` through vtgate, and its
+    Delta log holds every window with changes once (``must_hold`` among them), no window twice,
+    none the store does not know. The windows applied, with their counts."""
+    bucket = fleet.bucket
+    assert_equal_to_source(
+        spark, hook, "customer", table, f"s3a://{bucket}/delta/{sync}/{table}", ["order_id"]
+    )
+    store = CheckpointStore(fleet.store_url)
+    fs, _ = open_location(f"s3a://{bucket}", fleet.s3.storage_options())
+    applied = Counter(
+        v
+        for app, v, _ in delta_txns(f"{bucket}/delta/{sync}/{table}", fs)
+        if app.endswith(f":{sync}:{table}")
+    )
+    _, committed = store.committed(sync)
+    with_changes = {
+        seq for seq in range(1, committed + 1) if (store.window(sync, seq).stats or {}).get("rows")
+    }
+    assert applied and max(applied.values()) == 1, f"a window was applied twice: {applied}"
+    assert must_hold in with_changes and with_changes <= set(applied) <= set(range(1, committed + 1)), (
+        applied,
+        with_changes,
+    )
+    assert store.open_window(sync) is None
+    return applied

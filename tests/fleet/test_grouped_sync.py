@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -25,68 +22,14 @@ from pyspark.sql import SparkSession
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging.files import open_location
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.fleet.conftest import Fleet
-from tests.integration.delta_check import delta_txns
+from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, select_count
 from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
-from tests.integration.merge_workload import assert_equal_to_source
 
 pytestmark = pytest.mark.integration
 
 TABLE = "fleet_group_orders"
 CUSTOMERS = range(1, 13)
 FILLER_BASE = 600_000
-
-# A new sync id for each session: the fleet may have run this test before (its store and bucket
-# then hold that sync's windows).
-DAG_FILE = """
-from airflow_provider_vitess.dag_factory import vitess_sync_dag
-
-dag = vitess_sync_dag(
-    "{dag_id}",
-    keyspace="customer",
-    tables=["{table}"],
-    staging_location="s3a://{bucket}/staging",
-    target_location="s3a://{bucket}/delta/{dag_id}",
-    aws_conn_id="fleet_s3",
-    {store}
-    schedule=None,
-    capture_parallelism=2,
-    wait_for_changes=False,
-    default_args={{"retries": 0}},
-    merge_kwargs={{"spark_connect_conn_id": "spark_connect_default"}},
-)
-"""
-
-
-@pytest.fixture
-def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
-    name, value = connection_uri_env("vitess_fleet_test", vitess)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(name, value)
-        yield VitessHook("vitess_fleet_test")
-
-
-@pytest.fixture(scope="module")
-def spark(fleet: Fleet) -> Iterator[SparkSession]:
-    """A session on the fleet's Spark Connect server: it reads the s3a:// tables with its S3A
-    settings, as the merges wrote them."""
-    session = SparkSession.builder.remote(fleet.connect_url).getOrCreate()
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
-def _run(fleet: Fleet, dag_id: str) -> dict[str, Any]:
-    api = fleet.api
-    run_id = api.trigger(dag_id)["dag_run_id"]
-    return api.wait_for_run(dag_id, run_id, timeout=300)
-
-
-def _groups(fleet: Fleet, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-    tis = [ti for ti in fleet.api.task_instances(dag_id, run_id) if ti["task_id"] == "catch_up"]
-    return sorted(tis, key=lambda ti: ti["map_index"])
 
 
 def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresql(
@@ -99,14 +42,12 @@ def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresq
     create_orders(hook, table, CUSTOMERS)
     shard_of = shards_of_customers(hook, table)
     assert sorted(set(shard_of.values())) == ["-80", "80-"]
-    source = DAG_FILE.format(
-        dag_id=dag_id, table=TABLE, bucket=bucket, store='checkpoint_conn_id="fleet_store",'
-    )
+    source = SYNC_DAG.format(dag_id=dag_id, table=TABLE, bucket=bucket, store=STORE, retries=0, retry_delay=1)
     api.deploy(dag_id, source, tmp_path)
     api.wait_for_dag(dag_id)
     api.unpause(dag_id)
 
-    first = _run(fleet, dag_id)  # the snapshot (and a first, nearly empty, grouped window)
+    first = api.run(dag_id)  # the snapshot (and a first, nearly empty, grouped window)
     assert first["state"] == "success", api.explain_run(dag_id, first["dag_run_id"])
     states = api.task_states(dag_id, first["dag_run_id"])
     assert (states["snapshot"], states["merge_snapshot"], states["merge"]) == ("success",) * 3, states
@@ -114,12 +55,12 @@ def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresq
     wl = Workload(hook, 41, shard_of, table, CUSTOMERS)
     wl.round(40, "fleet")
     insert_filler(hook, table, CUSTOMERS, FILLER_BASE, 1000, "fleet filler")
-    second = _run(fleet, dag_id)  # the catch-up, read by the two groups
+    second = api.run(dag_id)  # the catch-up, read by the two groups
     run_id = second["dag_run_id"]
     assert second["state"] == "success", api.explain_run(dag_id, run_id)
 
     # The two groups ran on the two workers: each worker's own name, recorded by Airflow.
-    a, b = _groups(fleet, dag_id, run_id)
+    a, b = api.groups(dag_id, run_id)
     assert (a["map_index"], a["state"], b["map_index"], b["state"]) == (0, "success", 1, "success"), (a, b)
     assert {a["hostname"], b["hostname"]} == {"worker-1", "worker-2"}, (a["hostname"], b["hostname"])
     assert a["start_date"] < b["end_date"] and b["start_date"] < a["end_date"], f"not at once: {a} / {b}"
@@ -130,9 +71,7 @@ def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresq
 
     # The checkpoint store on PostgreSQL: the catch-up's window, staged by both groups, committed.
     store = CheckpointStore(fleet.store_url)
-    merged = api.api(
-        "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/merge/xcomEntries/return_value"
-    )["value"]["merged"]
+    merged = api.merged(dag_id, run_id)
     groups = store.window_groups(dag_id, merged)
     assert [(g.shards, g.state) for g in groups] == [
         (("-80",), WindowState.STAGED),
@@ -142,27 +81,9 @@ def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresq
     assert str(store.window(dag_id, merged).manifest_path).startswith(f"s3a://{bucket}/staging/{dag_id}/")
     assert store.window(dag_id, merged).state is WindowState.COMMITTED
 
-    # Delta on S3 == SELECT * through vtgate.
-    delta = f"s3a://{bucket}/delta/{dag_id}/{TABLE}"
-    rows = assert_equal_to_source(spark, hook, "customer", TABLE, delta, ["order_id"])
-    assert rows >= len(CUSTOMERS) + 1000
-
-    # Every window with changes once in the Delta log, no window twice, none unknown.
-    fs, _ = open_location(f"s3a://{bucket}", fleet.s3.storage_options())
-    applied = Counter(
-        v
-        for app, v, _ in delta_txns(f"{bucket}/delta/{dag_id}/{TABLE}", fs)
-        if app.endswith(f":{dag_id}:{TABLE}")
-    )
-    _, committed = store.committed(dag_id)
-    with_changes = {
-        seq for seq in range(1, committed + 1) if (store.window(dag_id, seq).stats or {}).get("rows")
-    }
-    assert applied and max(applied.values()) == 1, f"a window was applied twice: {applied}"
-    assert merged in with_changes and with_changes <= set(applied) <= set(range(1, committed + 1)), (
-        applied,
-        with_changes,
-    )
+    # Delta on S3 == SELECT * through vtgate; every window with changes once in its Delta log.
+    assert_synced(fleet, spark, hook, dag_id, TABLE, must_hold=merged)
+    assert select_count(hook, table) >= len(CUSTOMERS) + 1000
     assert store.open_window(dag_id) is None
     api.pause(dag_id)
     print(f"grouped fleet test: {time.monotonic() - began:.1f} s; groups on {a['hostname']}, {b['hostname']}")
@@ -173,10 +94,14 @@ def test_a_sync_on_the_sqlite_default_store_is_refused_on_the_fleet(fleet: Fleet
     default fails the run's first task, naming the setting; no worker made a store of its own."""
     api, bucket = fleet.api, fleet.bucket
     dag_id = f"fleet_sqlite_{secrets.token_hex(3)}"
-    api.deploy(dag_id, DAG_FILE.format(dag_id=dag_id, table=TABLE, bucket=bucket, store=""), tmp_path)
+    api.deploy(
+        dag_id,
+        SYNC_DAG.format(dag_id=dag_id, table=TABLE, bucket=bucket, store="", retries=0, retry_delay=1),
+        tmp_path,
+    )
     api.wait_for_dag(dag_id)
     api.unpause(dag_id)
-    run = _run(fleet, dag_id)
+    run = api.run(dag_id)
     assert run["state"] == "failed"
     tis = api.task_instances(dag_id, run["dag_run_id"])
     failed = [ti for ti in tis if ti["state"] == "failed"]
