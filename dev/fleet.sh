@@ -22,7 +22,8 @@
 # FLEET_WORKER_NAME. Nothing but S3, PostgreSQL, vtgate, Spark Connect and the broker connects them.
 #
 # Ports (127.0.0.1 only; 18600-18699): Redis 18601, PostgreSQL 18602, S3 18603, api-server 18610,
-# the workers' log servers 18611 and 18612, the triggerer's 18613, Spark Connect 18690.
+# the workers' log servers 18611 and 18612, the triggerer's 18613, the control host's 18614 (its
+# [logging] worker_log_server_port; nothing serves there under Celery), Spark Connect 18690.
 #
 # Environment knobs:
 #   FLEET_STATE_DIR   everything the fleet writes (default ${TMPDIR:-/tmp}/apv-fleet)
