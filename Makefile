@@ -2,6 +2,8 @@
 #   make demo   local Vitess + sample data + the example DAG through Airflow, Delta vs source printed
 #   make test   lint + type-check + unit and integration tests against a real local Vitess
 #   make vitess / make vitess-stop   start (idempotent) / stop the local Vitess cluster
+#   make fleet / make fleet-stop     an Airflow fleet (CeleryExecutor, two workers, S3, PostgreSQL)
+#   make test-fleet  the fleet tests (tests/fleet/; not part of `make test`)
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +15,8 @@ PYSPARK_VERSION ?= 4.2.0
 DELTA_VERSION ?= 4.4.0
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)-$(PYSPARK_VERSION)-$(DELTA_VERSION)
 
-.PHONY: demo test lint unit integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat
+.PHONY: demo test lint unit integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat \
+	fleet fleet-stop test-fleet
 
 demo: $(STAMP) protos vitess
 	$(BIN)/python dev/demo.py
@@ -22,7 +25,8 @@ demo: $(STAMP) protos vitess
 # share tables of the cluster run in one worker (tests/conftest.py, SHARED_TABLES).
 TEST_WORKERS ?= 2
 test: lint vitess
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
+		--ignore=tests/fleet tests
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +54,20 @@ unit: $(STAMP) protos
 
 integration: $(STAMP) protos vitess
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration
+
+# Not part of `test`: an Airflow 3 deployment with the CeleryExecutor and two Celery workers that
+# share no directory, staging and Delta on S3, the checkpoint store on PostgreSQL, merges on Spark
+# Connect (dev/fleet.sh; docs/deployment.md). `make fleet` starts it for a person to look at (the
+# UI's address and password file are printed; `make fleet-stop` stops it); `make test-fleet` runs
+# tests/fleet/ on it, starting and stopping it unless it already runs.
+fleet: $(STAMP) protos vitess
+	dev/fleet.sh start
+
+fleet-stop:
+	dev/fleet.sh stop
+
+test-fleet: $(STAMP) protos vitess
+	$(BIN)/pytest -q -p no:cacheprovider --durations=10 tests/fleet
 
 # Not part of `test`: our snapshot and catch-up window next to Debezium's Vitess connector
 # (builds bench/peers with Maven; see bench/README.md). E.g. BENCH_PEERS_ARGS="--repeat 1".

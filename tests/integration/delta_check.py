@@ -70,17 +70,25 @@ def source_rows(hook: VitessHook, keyspace: str, table: str) -> set[tuple[Any, .
         raw.close()
 
 
-def delta_txns(path: str | Path) -> list[tuple[str, int, int]]:
+def delta_txns(path: str | Path, fs: Any = None) -> list[tuple[str, int, int]]:
     """(app id, txn version, Delta version) of every commit that carried a transaction id,
-    read from the table's ``_delta_log`` (local tables only): shows each window applied once."""
+    read from the table's ``_delta_log`` (a local table, or with ``fs`` an fsspec filesystem and
+    ``path`` its ``bucket/prefix``): shows each window applied once."""
     import json
 
+    if fs is None:
+        commits = [(int(c.stem), c.read_text()) for c in Path(path, "_delta_log").glob("*.json")]
+    else:
+        commits = [
+            (int(c.rsplit("/", 1)[1].removesuffix(".json")), fs.cat_file(c).decode())
+            for c in fs.glob(f"{str(path).rstrip('/')}/_delta_log/*.json")
+        ]
     out = []
-    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
+    for version, text in sorted(commits):
+        for line in text.splitlines():
             action = json.loads(line)
             if "txn" in action:
-                out.append((action["txn"]["appId"], int(action["txn"]["version"]), int(commit.stem)))
+                out.append((action["txn"]["appId"], int(action["txn"]["version"]), version))
     return out
 
 

@@ -39,6 +39,32 @@ def create_orders(hook: VitessHook, table: str, customers: Sequence[int]) -> Non
     execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
 
 
+def shards_of_customers(hook: VitessHook, table: str) -> dict[int, str]:
+    """Each customer's shard in ``table`` (keyspace-qualified, of the 2-shard ``customer``), asked
+    of each shard (``USE customer:<shard>``) through vtgate."""
+    found: dict[int, str] = {}
+    for shard in ("-80", "80-"):
+        with hook.connect_sql() as conn:
+            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
+            rows = conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {table}")).all()
+            conn.execute(sqlalchemy.text("USE customer"))  # pooled: leave no shard target behind
+        found.update({int(c): shard for (c,) in rows})
+    return found
+
+
+def insert_filler(
+    hook: VitessHook, table: str, customers: Sequence[int], start: int, rows: int, note: str
+) -> None:
+    """``rows`` filler orders (ids from ``start``) spread over ``customers`` (every shard) inserted,
+    then updated: hundreds of row events for each group to read."""
+    values = ", ".join(f"({start + i}, {customers[i % len(customers)]}, '{note}')" for i in range(rows))
+    execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
+    execute(
+        hook,
+        f"UPDATE {table} SET note = '{note} updated' WHERE order_id >= {start} AND order_id < {start + rows}",
+    )
+
+
 class Workload:
     """Seeded changes; it knows each order's customer and each customer's shard."""
 

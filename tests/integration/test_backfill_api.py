@@ -34,7 +34,7 @@ from tests.integration.airflow_env import ASSET_CONSUMER_DAG, CONNECT_MERGE, FRE
 from tests.integration.airflow_services import AirflowServices, airflow_services
 from tests.integration.customer_workload import run_workload
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns
-from tests.integration.group_workload import Workload, create_orders
+from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 from tests.integration.group_workload import execute as group_execute
 
 pytestmark = pytest.mark.integration
@@ -269,29 +269,6 @@ def test_backfill_runs_complete_and_target_equals_source(
     print(f"start-up (s): { {k: round(v, 1) for k, v in api.startup_steps.items()} }; phases (s): {phases}")
 
 
-def _shards_of_customers(hook: VitessHook, table: str) -> dict[int, str]:
-    """Each customer's shard, asked of each shard (``USE customer:<shard>``) through vtgate."""
-    found: dict[int, str] = {}
-    for shard in ("-80", "80-"):
-        with hook.connect_sql() as conn:
-            conn.execute(sqlalchemy.text(f"USE `customer:{shard}`"))
-            rows = conn.execute(sqlalchemy.text(f"SELECT DISTINCT customer_id FROM {table}")).all()
-            conn.execute(sqlalchemy.text("USE customer"))  # pooled: leave no shard target behind
-        found.update({int(c): shard for (c,) in rows})
-    return found
-
-
-def _filler(hook: VitessHook, n: int, rows: int) -> None:
-    """``rows`` filler orders spread over every customer (both shards) inserted, then updated
-    (order ids of their own for each ``n``): hundreds of row events for each group to read."""
-    table, start = f"customer.{GROUPED_TABLE}", FILLER_BASE + 10_000 * n
-    values = ", ".join(
-        f"({start + i}, {GROUPED_CUSTOMERS[i % len(GROUPED_CUSTOMERS)]}, 'filler {n}')" for i in range(rows)
-    )
-    group_execute(hook, f"INSERT INTO {table} (order_id, customer_id, note) VALUES {values}")
-    group_execute(hook, f"UPDATE {table} SET note = 'filler {n} updated' WHERE order_id >= {start}")
-
-
 def _when(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
@@ -341,7 +318,7 @@ def test_grouped_sync_reads_its_groups_at_once_in_separate_workers(
     assert int(api.airflow.env["AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG"]) >= 2
     table, delta = f"customer.{GROUPED_TABLE}", lake / "grouped" / "delta"
     create_orders(hook, table, GROUPED_CUSTOMERS)
-    shard_of = _shards_of_customers(hook, table)
+    shard_of = shards_of_customers(hook, table)
     assert sorted(set(shard_of.values())) == ["-80", "80-"] and len(shard_of) == len(GROUPED_CUSTOMERS)
     api.wait_for_dag(GROUPED_DAG_ID)
     api.unpause(GROUPED_DAG_ID)
@@ -357,7 +334,7 @@ def test_grouped_sync_reads_its_groups_at_once_in_separate_workers(
     seqs: list[int] = []
     for n in range(2):
         wl.round(40, f"lx{n}")  # moves in one transaction among them (either half first)
-        _filler(hook, n, 400)
+        insert_filler(hook, table, GROUPED_CUSTOMERS, FILLER_BASE + 10_000 * n, 400, f"filler {n}")
         finish = wl.split_moves(f"lx{n}")  # DELETE-first halves now, INSERT-first ones after the stop
         run = _run_grouped(api, after_plan=finish)
         run_id = run["dag_run_id"]

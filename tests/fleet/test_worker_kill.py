@@ -1,0 +1,152 @@
+"""Issue 41 item 2 on the fleet: a worker SIGKILLed in the middle of a catch-up group.
+
+Every process of the worker (the Celery worker, its pool, the task's supervisor and process, its
+log server) is killed at once while its group reads from vtgate, as when a host dies. Airflow
+fails the task once it stops heartbeating and retries it on the other worker, which reads the
+group again from the committed position and stages its part anew under the group's lock. Then
+Delta == ``SELECT *`` through vtgate, and each window is once in the Delta log. Real Vitess,
+Airflow, Celery, Redis, PostgreSQL, S3 server and Spark Connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script
+from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
+
+pytestmark = pytest.mark.integration
+
+TABLE = "fleet_kill_orders"
+CUSTOMERS = range(1, 13)
+FILLER_BASE = 700_000
+FILLER_ROWS = 24_000  # inserted and updated: ~24,000 row events per group, ~0.5 s of reading
+# The killed try's group lock is taken over once it has had no heartbeat for 2 minutes
+# (capture/run.py's TASK_STALE_AFTER); the fleet fails the try after 20 s without heartbeat
+# ([scheduler] task_instance_heartbeat_timeout), so its retry waits the rest: an earlier retry
+# fails on the lock (what the first run on the fleet did, with a 1 s delay).
+RETRY_DELAY = 115
+
+
+def kill_host(fleet: Fleet, host: str) -> list[int]:
+    """SIGKILL every process of the fleet's ``host``: its Celery worker (the pid dev/fleet.sh
+    recorded, leader of its own session) and every process descended from it or in its session
+    (setproctitle overwrites their environment, so it cannot tell them); their pids."""
+    root = int((fleet.api.state / "pids" / host).read_text())
+    parent, session = {}, {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            parent[int(proc.name)], session[int(proc.name)] = int(fields[1]), int(fields[3])
+    ours = {pid for pid, sid in session.items() if sid == root} | {root}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in ours} - ours
+        ours |= more
+        grew = bool(more)
+    for pid in sorted(ours):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return sorted(ours)
+
+
+@pytest.fixture
+def worker_back(fleet: Fleet) -> Iterator[list[str]]:
+    """The hosts a test killed are started again after it (``dev/fleet.sh worker N``)."""
+    killed: list[str] = []
+    yield killed
+    for host in killed:
+        done = fleet_script("worker", host.removeprefix("worker-"), timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _attempt_log(fleet: Fleet, dag_id: str, run_id: str, host: str, map_index: int, attempt: int) -> Path:
+    logs = fleet.api.state / host / "airflow" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    return logs / "task_id=catch_up" / f"map_index={map_index}" / f"attempt={attempt}.log"
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_a_worker_killed_mid_group_is_retried_on_the_other_and_delta_equals_the_source(
+    fleet: Fleet, hook: VitessHook, spark: SparkSession, tmp_path: Path, worker_back: list[str]
+) -> None:
+    began = time.monotonic()
+    api = fleet.api
+    dag_id = f"fleet_kill_{secrets.token_hex(3)}"
+    table = f"customer.{TABLE}"
+    create_orders(hook, table, CUSTOMERS)
+    shard_of = shards_of_customers(hook, table)
+    source = SYNC_DAG.format(
+        dag_id=dag_id, table=TABLE, bucket=fleet.bucket, store=STORE, retries=1, retry_delay=RETRY_DELAY
+    )
+    api.deploy(dag_id, source, tmp_path)
+    api.wait_for_dag(dag_id)
+    api.unpause(dag_id)
+    first = api.run(dag_id)  # the snapshot
+    assert first["state"] == "success", api.explain_run(dag_id, first["dag_run_id"])
+
+    Workload(hook, 42, shard_of, table, CUSTOMERS).round(40, "kill")
+    for start in range(FILLER_BASE, FILLER_BASE + FILLER_ROWS, 4000):
+        insert_filler(hook, table, CUSTOMERS, start, 4000, "kill filler")
+
+    run_id = api.trigger(dag_id)["dag_run_id"]
+    deadline = time.monotonic() + 240
+    victim = None
+    while victim is None:
+        groups = api.groups(dag_id, run_id)
+        victim = next((ti for ti in groups if ti["state"] == "running" and ti["hostname"]), None)
+        assert time.monotonic() < deadline, f"no group ran within 240 s: {api.task_states(dag_id, run_id)}"
+        time.sleep(0.2)
+    host, index = victim["hostname"], victim["map_index"]
+    # Its read takes about half a second: watch its log on its worker's disk, not the API.
+    log = _attempt_log(fleet, dag_id, run_id, host, index, 1)
+    while "Connecting to vtgate gRPC" not in _text(log):
+        assert time.monotonic() < deadline, f"group {index} never read: {_text(log)[-2000:]}"
+        time.sleep(0.01)
+    worker_back.append(host)
+    killed = kill_host(fleet, host)
+    assert len(killed) >= 3, f"{host}: only {killed} killed"  # worker, pool, supervisor, task, log server
+    assert "staged" not in _text(log), (
+        f"group {index} had staged its part before the kill: {_text(log)[-2000:]}"
+    )
+
+    run = api.wait_for_run(dag_id, run_id, timeout=300)
+    assert run["state"] == "success", api.explain_run(dag_id, run_id)
+    tries = api.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/catch_up/{index}/tries")[
+        "task_instances"
+    ]
+    by_try = {t["try_number"]: (t["hostname"], t["state"]) for t in tries}
+    other = next(h for h in ("worker-1", "worker-2") if h != host)
+    assert by_try[1][0] == host and by_try[2] == (other, "success") and len(by_try) == 2, by_try
+    retry_log = _text(_attempt_log(fleet, dag_id, run_id, other, index, 2))
+    assert f"group {index} (" in retry_log and "staged" in retry_log, retry_log[-3000:]
+
+    # The window the run merged: both groups' parts staged (the killed one's by its retry).
+    store = CheckpointStore(fleet.store_url)
+    merged = api.merged(dag_id, run_id)
+    parts = store.window_groups(dag_id, merged)
+    assert [(g.shards, g.state) for g in parts] == [
+        (("-80",), WindowState.STAGED),
+        (("80-",), WindowState.STAGED),
+    ]
+    assert sum(g.stats["rows"] for g in parts) >= 2 * FILLER_ROWS, [g.stats for g in parts]
+    assert_synced(fleet, spark, hook, dag_id, TABLE, must_hold=merged)
+    api.pause(dag_id)
+    took = time.monotonic() - began
+    print(f"kill test: {took:.1f} s; killed {host} ({len(killed)} processes) mid-group; try 1 {by_try[1]}")
