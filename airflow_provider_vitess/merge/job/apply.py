@@ -82,7 +82,26 @@ def _rewrite_widened(spark: SparkSession, path: str, widen: Sequence[tuple[str, 
         col(f.name).cast(wider[f.name]).alias(f.name, metadata=f.metadata) if f.name in wider else col(f.name)
         for f in old.schema.fields
     ]
-    old.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    rows = plain_strings(old.select(*columns))
+    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+
+def plain_strings(rows: DataFrame) -> DataFrame:
+    """``rows`` with every string column cast to plain ``string``. Over Spark Connect (PySpark
+    4.2), a column cast to a ``StringType()`` object carries the default collation explicitly,
+    and Delta records it in the table's schema as ``string collate UTF8_BINARY``, a type delta-rs
+    (and Polars on it) refuse: "Unsupported Delta table type". A cast by the type's name does not."""
+    fields = rows.schema.fields
+    if not any(isinstance(f.dataType, T.StringType) for f in fields):
+        return rows
+    return rows.select(
+        *[
+            col(f.name).cast("string").alias(f.name, metadata=f.metadata)
+            if isinstance(f.dataType, T.StringType)
+            else col(f.name)
+            for f in fields
+        ]
+    )
 
 
 def _sql_string(text: str) -> str:
@@ -104,7 +123,7 @@ def write_replace(
     MERGE's key ranges skip most files), as one commit carrying (app id, seq); which one, if
     Delta did not skip it, :func:`.delta_log.last_commit` says."""
     key_cols = [col(k) for k in keys]
-    data = rows.repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
+    data = plain_strings(rows).repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
     writer = (
         data.write.format("delta")
         .mode("overwrite")
@@ -127,7 +146,11 @@ def append(
     that transaction already (:func:`.delta_log.last_commit` then finds no commit). ``create``:
     the table does not exist yet, and is created with these properties."""
     writer = (
-        rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", str(seq))
+        plain_strings(rows)
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(seq))
     )
     if create is not None:
         table_props = {**(COLUMN_MAPPING_PROPERTIES if column_mapping else {}), **create}
