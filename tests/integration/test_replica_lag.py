@@ -185,9 +185,15 @@ def test_as_of_from_a_lagging_replica_is_the_source_time_of_its_stop(
     assert status.committed.seconds_behind >= (now - min(late.values())).total_seconds()
 
     # The replica catches up (its delay lifted: it applies them at once), and the next catch-up
-    # holds them: its time passes their commit.
+    # holds them: its time passes their commit. An idle replica's lag (MariaDB's
+    # Seconds_Behind_Master, whole seconds) counts from the last transaction it applied, so
+    # with rows 4 and 5 the last, "as of" would fall within the 1 s grain before their commit:
+    # a later transaction, 3 s after them, moves it past them.
     cluster.delay(0)
     _wait_replica_rows(cluster, 5, within=60)
+    time.sleep(max(0.0, 3 - (_now() - max(late.values())).total_seconds()))
+    execute(primary, f"INSERT INTO commerce.{TABLE} VALUES (6, NOW(6))")
+    _wait_replica_rows(cluster, 6, within=60)
     capture.catch_up()
     caught_up = merged()
     assert_delta_equals_source(primary, "commerce", [TABLE], delta)
