@@ -13,7 +13,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.object_storage import S3Settings
-from airflow_provider_vitess.single_host import refuse_single_host_settings
+from airflow_provider_vitess.single_host import refuse_single_host_settings, runs_on_one_host
 from airflow_provider_vitess.utils.task import airflow_conf, executor_of
 
 
@@ -31,11 +31,15 @@ def refuse_single_host(
     context: Mapping[str, Any], checkpoint_conn_id: str | None, locations: Sequence[tuple[str, str]] = ()
 ) -> None:
     """A task's first step: its store and ``locations`` (``(setting, location)`` pairs) must
-    hold wherever its executor may run it (:mod:`airflow_provider_vitess.single_host`)."""
+    hold wherever its executor may run it (:mod:`airflow_provider_vitess.single_host`). Under a
+    single-host executor nothing is looked up: the task reads its store's connection once, later."""
+    executor = executor_of(context)
+    if runs_on_one_host(executor):
+        return
     ti = context.get("ti") or context.get("task_instance")
     refuse_single_host_settings(
         task=str(getattr(ti, "task_id", "?")),
-        executor=executor_of(context),
+        executor=executor,
         store_url=store_url(checkpoint_conn_id),
         locations=locations,
         shared_filesystem=airflow_conf().getboolean("vitess", "shared_filesystem", fallback=False),

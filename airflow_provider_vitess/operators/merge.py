@@ -234,7 +234,6 @@ class VitessMergeOperator(BaseOperator):
         self.spark_connect_conn_id = spark_connect_conn_id
         self.packages_given = packages is not None
         self.jars_cache_dir = Path(jars_cache_dir) if jars_cache_dir else default_cache_dir()
-        self.spark_conn_id: str = submit.get("conn_id", "spark_default")
         self.submit_binary = binary or "spark-submit"  # None: the provider's, from PATH
         self._merge_backend: SparkSubmitMerge | SparkConnectMerge | None = None
 
