@@ -166,9 +166,7 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
                 continue
             # Appended: the copy's new columns are added to the log first (an append takes the
             # log's columns as they are); a column the copy lacks stays, NULL in its rows.
-            evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
-            if evolution.drop:
-                evolution = keep_dropped(evolution, schema, mapping)
+            evolution = _evolution(table, schema, wc, mapping, shape.mode)
             schema = evolution.result
             mapping = mapping or evolution.column_mapping
             out.append(Step(seq, table, Action.REPLACE, wc, evolution, schema))
@@ -178,9 +176,7 @@ def _table_steps(plan: MergePlan, manifests: Sequence[Manifest], table: str, sta
             mapping = mapping or needs_column_mapping(schema.fieldNames())
             out.append(Step(seq, table, Action.REPLACE, wc, schema=schema, afresh=afresh))
             continue
-        evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
-        if shape.mode in KEEPS_DROPPED and evolution.drop:
-            evolution = keep_dropped(evolution, schema, mapping)
+        evolution = _evolution(table, schema, wc, mapping, shape.mode)
         schema = evolution.result
         mapping = mapping or evolution.column_mapping
         out.append(Step(seq, table, Action.MERGE, wc, evolution, schema))
@@ -213,6 +209,17 @@ def kept_schema(current: T.StructType, copy: WindowColumns, mode: TargetMode) ->
         names = {c.name for c in copy.columns}
         fields += [f for f in current.fields if f.name not in names]
     return T.StructType(fields)
+
+
+def _evolution(
+    table: str, schema: T.StructType, wc: WindowColumns, mapping: bool, mode: TargetMode
+) -> Evolution:
+    """The changes that make ``schema`` take the window's columns; in a mode that keeps the
+    columns the source dropped (:data:`KEEPS_DROPPED`), without the drops."""
+    evolution = evolve(table, schema, wc, column_mapping_enabled=mapping)
+    if mode in KEEPS_DROPPED and evolution.drop:
+        evolution = keep_dropped(evolution, schema, mapping)
+    return evolution
 
 
 def retyped(current: T.StructType, kept: T.StructType) -> bool:
