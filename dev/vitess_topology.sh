@@ -12,6 +12,9 @@
 #   dev/vitess_topology.sh replica KEYSPACE SHARD UID
 #                                    start one more MariaDB + vttablet of type replica, replicating
 #                                    from the shard's primary (a test delays it: MASTER_DELAY)
+#   dev/vitess_topology.sh copy-phase DURATION
+#                                    (shards4) restart the vttablets with another
+#                                    --vreplication-copy-phase-duration, keeping their data
 #   dev/vitess_topology.sh mysql UID ARGS...
 #                                    the mysql client on tablet UID's MariaDB (not through vtgate)
 #   dev/vitess_topology.sh tablet-down UID
@@ -225,7 +228,6 @@ start_tablet() {
         init --init-db-sql-file "$state_dir/config/init_db.sql" >"$state_dir/logs/mysqlctl-$uid.log" 2>&1 \
         || { log "mysqlctl init of tablet $uid failed:"; tail -n 30 "$state_dir/logs/mysqlctl-$uid.log" >&2; exit 1; }
     local extra=()
-    mapfile -t extra < <(tablet_flags)
     if [ "$role" = replica ]; then
         # A replica's replication is ours to set up (start_replication): an unmanaged tablet
         # (v0.23's only way to --disable-active-reparents) leaves it alone. It reaches its MariaDB
@@ -241,15 +243,7 @@ start_tablet() {
         # DDL it runs): else a VStream of a table created since finds "table ... not present".
         extra+=(--watch-replication-stream)
     fi
-    spawn "$name" "$bin/vttablet" "${topo_flags[@]}" --log_dir "$state_dir/logs" \
-        --tablet-path "$alias" --tablet-hostname 127.0.0.1 --bind-address 127.0.0.1 \
-        --init-keyspace "$keyspace" --init-shard "$shard" --init-tablet-type replica \
-        --health-check-interval 1s --heartbeat-on-demand-duration 5s \
-        --port "$web" --grpc-port "$grpc" \
-        --service-map 'grpc-queryservice,grpc-tabletmanager,grpc-updatestream' \
-        --db-charset utf8mb4 --queryserver-config-pool-size 4 --queryserver-config-stream-pool-size 4 \
-        --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore "${extra[@]}"
-    wait_port "$name" "$grpc"
+    spawn_vttablet "$keyspace" "$shard" "$uid" ${extra[@]+"${extra[@]}"}
     if [ "$role" = replica ]; then
         start_replication "$uid" "$keyspace/$shard"
         return
@@ -265,6 +259,69 @@ start_tablet() {
         fi
         sleep 1
     done
+}
+
+# spawn_vttablet KEYSPACE SHARD UID [FLAGS...]: tablet UID's vttablet (its MariaDB runs), with the
+# cluster's tablet flags and FLAGS; waits for its gRPC port.
+spawn_vttablet() {
+    local keyspace="$1" shard="$2" uid="$3" n alias flags=()
+    shift 3
+    n=$((uid / 100 - 1))
+    printf -v alias '%s-%010d' "$cell" "$uid"
+    mapfile -t flags < <(tablet_flags)
+    spawn "vttablet-$uid" "$bin/vttablet" "${topo_flags[@]}" --log_dir "$state_dir/logs" \
+        --tablet-path "$alias" --tablet-hostname 127.0.0.1 --bind-address 127.0.0.1 \
+        --init-keyspace "$keyspace" --init-shard "$shard" --init-tablet-type replica \
+        --health-check-interval 1s --heartbeat-on-demand-duration 5s \
+        --port "$((base + 100 + n))" --grpc-port "$((base + 130 + n))" \
+        --service-map 'grpc-queryservice,grpc-tabletmanager,grpc-updatestream' \
+        --db-charset utf8mb4 --queryserver-config-pool-size 4 --queryserver-config-stream-pool-size 4 \
+        --queryserver-config-transaction-cap 20 --config-file-not-found-handling=ignore \
+        ${flags[@]+"${flags[@]}"} "$@"
+    wait_port "vttablet-$uid" "$((base + 130 + n))"
+}
+
+# copy_phase DURATION: the running shards4 cluster's vttablets restarted with
+# --vreplication-copy-phase-duration DURATION, their MariaDB and data kept (an operator raising
+# the flag, as CopyStalledError's remedy says), and the row streamer's MariaDB bound with it
+# (the knob's note above). The cluster's settings then name the new duration: a `start` asking
+# for another one starts a fresh cluster, so a caller puts the old duration back when done.
+copy_phase() {
+    [ "$layout" = shards4 ] || { log "copy-phase: the shards4 layout only"; exit 2; }
+    ready || { log "copy-phase: the cluster is not running"; exit 1; }
+    copy_phase_duration="$1"
+    local seconds i uid pid alias pids=() failed=0 deadline
+    seconds="$(duration_seconds "$copy_phase_duration")"
+    for i in "${!sharded_shards[@]}"; do
+        uid=$(((i + 1) * 100))
+        mysql_of "$uid" -e "SET sql_log_bin = 0; ALTER USER 'vt_filtered'@'localhost' WITH MAX_STATEMENT_TIME $seconds"
+        # Killed, not stopped: a graceful stop takes a vttablet ~10 s, and its state is in the
+        # topology and its MariaDB, which stays up.
+        pid="$(cat "$state_dir/pids/vttablet-$uid")"
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        pids+=("$pid")
+    done
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    done
+    pids=()
+    for i in "${!sharded_shards[@]}"; do
+        spawn_vttablet "$sharded_keyspace" "${sharded_shards[$i]}" $(((i + 1) * 100)) &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    [ "$failed" = 0 ] || { log "a vttablet of keyspace $sharded_keyspace did not start again"; exit 1; }
+    # The shards' records still name these tablets their primaries: each takes the type back.
+    deadline=$((SECONDS + 60))
+    for i in "${!sharded_shards[@]}"; do
+        printf -v alias '%s-%010d' "$cell" $(((i + 1) * 100))
+        until vtctldclient GetTablet "$alias" 2>/dev/null | tr -d ' \n' | grep -q '"type":"PRIMARY"'; do
+            [ $SECONDS -lt $deadline ] || { log "tablet $alias did not come back as primary"; exit 1; }
+            sleep 0.5
+        done
+    done
+    settings >"$state_dir/settings"
+    log "vttablets of $sharded_keyspace restarted with --vreplication-copy-phase-duration $copy_phase_duration"
 }
 
 # start_replication UID KEYSPACE/SHARD: tablet UID's MariaDB replicates from the shard's primary,
@@ -436,6 +493,7 @@ case "${1:-}" in
     tablet) shift; [ $# = 3 ] || { echo "usage: $0 tablet KEYSPACE SHARD UID" >&2; exit 2; }; start_tablet "$@" ;;
     replica) shift; [ $# = 3 ] || { echo "usage: $0 replica KEYSPACE SHARD UID" >&2; exit 2; }
         start_tablet "$@" replica ;;
+    copy-phase) shift; [ $# = 1 ] || { echo "usage: $0 copy-phase DURATION" >&2; exit 2; }; copy_phase "$1" ;;
     mysql) shift; [ $# -ge 1 ] || { echo "usage: $0 mysql UID ARGS..." >&2; exit 2; }; mysql_of "$@" ;;
     vtctldclient) shift; vtctldclient "$@" ;;
     *) echo "usage: $0 start|stop|status|env|tablet KEYSPACE SHARD UID|replica KEYSPACE SHARD UID|mysql UID ARGS...|tablet-down UID|vtctldclient ARGS..." >&2

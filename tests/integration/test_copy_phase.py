@@ -14,31 +14,33 @@ The copy is made long by the wire, not by the machine: the snapshot's VStream ru
 The tablets' logs show the condition was there: the copy queries carry the flag's value as
 their MAX_EXECUTION_TIME hint, and were killed and started again from their last key.
 
-A copy query that cannot send a row within the duration (a keyless table whose sort outlasts
-it) is started over by Vitess for ever (vitessio/vitess#20039); the snapshot then fails with
-``CopyStalledError`` after ``copy_stall_seconds`` (``tests/unit/test_window_copy.py``). Not
-made here: a sort that outlasts 2 s on every run needs millions of rows on this machine (the
-first row of 1.6 million 230-byte rows sorted with LIMIT 1 took 2 s), more than the suite's
-time budget allows. A keyless table of 400,000 rows did
-copy here, but in 2-second cycles that each sorted the rest again and sent a few thousand rows
-(four minutes): too slow and too variable for the suite.
+A copy query that cannot send a row within the duration (a keyless table, sorted whole before
+its first row) is started over by Vitess for ever (vitessio/vitess#20039); the snapshot then fails
+with ``CopyStalledError`` after ``copy_stall_seconds``. Made here by a keyless table whose sort
+outlasts a duration lowered to 40 ms for that test (``dev/vitess_topology.sh copy-phase``: the
+vttablets restarted with another flag, their data kept), and healed by following the error's
+remedy: the flag raised, ``copy_stall_timeout`` above it, the snapshot run again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pymysql
 import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.exceptions import CopyStalledError
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
@@ -47,7 +49,7 @@ from tests.conftest import connection_uri_env
 from tests.integration import merge_workload as wl
 from tests.integration.delta_check import spark_session
 from tests.integration.faultproxy import FaultProxy
-from tests.integration.topology import FourShardCluster
+from tests.integration.topology import FOUR_SHARD_COPY_PHASE, SCRIPT, FourShardCluster, four_shard_env
 
 pytestmark = pytest.mark.integration
 
@@ -185,3 +187,117 @@ def test_a_copy_longer_than_the_copy_phase_duration_completes_exactly(
     spark = spark_session()
     assert wl.assert_equal_to_source(spark, hook, ks, BIG, target.path, list(key)) == BIG_ROWS + 40
     wl.execute(hook, f"DROP TABLE IF EXISTS {ks}.{BIG}")
+
+
+# ----- a copy that cannot send its first rows within the duration: CopyStalledError's remedy --
+
+STALLED = "copy_stall_keyless"
+STALLED_ROWS = 150_000
+# The duration the stall is made at: a keyless table is copied `order by` every column, sorted
+# whole before its first row, and twice STALLED_ROWS rows of ~140 bytes (past MariaDB's 2 MB sort
+# buffer: a sort on disk) took 0.4 s to sort here (at a load of 3), 10x the duration.
+STALL_COPY_PHASE = "40ms"
+FIRST_STALL_SECONDS = 6.0
+# The remedy: the flag raised above what the copy query needs, copy_stall_timeout above the flag.
+RAISED_COPY_PHASE = "30s"
+RAISED_STALL_SECONDS = 45.0
+
+
+def _copy_phase(duration: str) -> None:
+    """``dev/vitess_topology.sh copy-phase``: the four-shard cluster's vttablets restarted with
+    another --vreplication-copy-phase-duration (data kept), as an operator raises the flag."""
+    proc = subprocess.run(
+        [str(SCRIPT), "copy-phase", duration], env=four_shard_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _fill_on_shard(cluster: FourShardCluster, shard: str, sql: str) -> None:
+    """``sql`` on ``shard``'s MariaDB itself (its socket, as the tablet's DBA): a bulk fill of
+    rows that belong to that shard, in one statement instead of 30 round trips through vtgate."""
+    uid = (cluster.shards.index(shard) + 1) * 100
+    db = pymysql.connect(
+        unix_socket=str(cluster.state_dir / f"vt_{uid:010d}" / "mysql.sock"),
+        user="vt_dba",
+        database=f"vt_{cluster.keyspace}",
+        autocommit=True,
+    )
+    try:
+        with db.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        db.close()
+
+
+def test_a_stalled_copy_fails_with_copy_stalled_error_and_its_remedy_heals_it(
+    hook: VitessHook, four_shard_cluster: FourShardCluster, tmp_path: Path
+) -> None:
+    """A copy query that cannot send its first rows within vttablet's copy-phase duration is
+    killed at it and started again by Vitess for ever (vitessio/vitess#20039): here a keyless
+    table whose sort outlasts a 40 ms duration. The snapshot fails with CopyStalledError naming
+    the shard, the table, the flag and the remedy; the remedy, followed (the flag raised on the
+    keyspace's vttablets above the time the query needs, copy_stall_timeout above the flag, the
+    task run again), completes the snapshot, which resumes its window: Delta == SELECT *."""
+    cluster, ks = four_shard_cluster, four_shard_cluster.keyspace
+    _create(hook, cluster, STALLED, "tenant BIGINT NOT NULL, note VARCHAR(200) NOT NULL")
+    insert = f"INSERT INTO {ks}.{STALLED} (tenant, note) VALUES (:t, :n)"
+    _fill(hook, insert, 40, lambda i: {"t": 100 + i, "n": f"elsewhere {i}"})
+    heavy = _shard_of_tenant(hook, cluster)
+    _fill_on_shard(
+        cluster,
+        heavy,
+        f"INSERT INTO `{STALLED}` (tenant, note) SELECT {TENANT}, CONCAT('row ', seq, ' ', "
+        f"REPEAT('x', 120 + seq % 7)) FROM seq_1_to_{STALLED_ROWS}",
+    )
+    # Keyless: rows are identified by all their columns, as the KeyChoiceError's remedy says.
+    overrides = {STALLED: KeyOverrides(source_unique_key_columns=("tenant", "note"))}
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    spec = SyncSpec("copy-stalled", ks, (STALLED,), str(tmp_path / "stage"), key_overrides=overrides)
+
+    _copy_phase(STALL_COPY_PHASE)
+    try:
+        logs_before = cluster.tablet_log_sizes()
+        with pytest.raises(CopyStalledError) as stalled:
+            CaptureRunner(hook, store, spec, holder="test").snapshot(copy_stall_seconds=FIRST_STALL_SECONDS)
+        message = str(stalled.value)
+        assert f"shard {heavy}: table {STALLED!r}" in message, message
+        assert (
+            "Remedy: raise --vreplication-copy-phase-duration" in message and "copy_stall_timeout" in message
+        )
+        # The condition: the copy query was killed at the duration and started again, no row sent.
+        logs = cluster.tablet_logs(since=logs_before)
+        queries = _copy_queries(logs, STALLED)
+        print(
+            f"\nstalled: {len(queries)} copy queries of {STALLED}, {len(KILLED.findall(logs))} killed: "
+            f"{message[:120]}"
+        )
+        assert len(queries) >= 3 and len(KILLED.findall(logs)) >= 2, logs[-3000:]
+        assert all("MAX_EXECUTION_TIME(40)" in q for q in queries), queries[:3]
+        [failed] = store.open_windows(spec.sync_id)  # the snapshot's window, nothing staged
+        assert failed.state is WindowState.PLANNED, failed
+
+        # The remedy: the flag raised on the keyspace's vttablets, copy_stall_timeout above it.
+        _copy_phase(RAISED_COPY_PHASE)
+        logs_before = cluster.tablet_log_sizes()
+        outcome = CaptureRunner(hook, store, spec, holder="test").snapshot(
+            copy_stall_seconds=RAISED_STALL_SECONDS
+        )
+        queries = _copy_queries(cluster.tablet_logs(since=logs_before), STALLED)
+    finally:
+        _copy_phase(FOUR_SHARD_COPY_PHASE)
+    # The rerun went on with the failed run's window (resumed, not a second snapshot).
+    assert outcome.seq == failed.seq and [w.seq for w in store.open_windows(spec.sync_id)] == [failed.seq]
+    assert queries and all("MAX_EXECUTION_TIME(30000)" in q for q in queries), queries[:3]
+
+    staged = read_table(outcome.manifest, STALLED).to_pylist()
+    assert len(staged) == STALLED_ROWS + 40 and len({(r["tenant"], r["note"]) for r in staged}) == len(staged)
+    key = outcome.manifest.tables[STALLED].key_columns
+    target = TableTarget(STALLED, str(tmp_path / "delta" / STALLED), tuple(key), tuple(key))
+    window = WindowToMerge(outcome.seq, outcome.manifest.path, (STALLED,))
+    report = merge(spark_session(), MergePlan(spec.sync_id, (window,), {STALLED: target}))
+    assert report.statuses() == {(outcome.seq, STALLED): TableStatus.WRITTEN}
+    assert (
+        wl.assert_equal_to_source(spark_session(), hook, ks, STALLED, target.path, list(key))
+        == STALLED_ROWS + 40
+    )
+    wl.execute(hook, f"DROP TABLE IF EXISTS {ks}.{STALLED}")

@@ -36,7 +36,7 @@ from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.plugins import documents
 from tests.conftest import connection_uri_env
 from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
-from tests.integration.topology import SCRIPT, FourShardCluster, _four_shard_env
+from tests.integration.topology import SCRIPT, FourShardCluster, four_shard_env
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ NEW: dict[str, str] = {}
 
 def _topo(*args: str, timeout: float = 300) -> str:
     proc = subprocess.run(
-        [str(SCRIPT), *args], env=_four_shard_env(), capture_output=True, text=True, timeout=timeout
+        [str(SCRIPT), *args], env=four_shard_env(), capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -74,7 +74,7 @@ def _free_uids(state_dir: Path, n: int) -> list[str]:
 def _side_by_side(*commands: tuple[str, ...]) -> list[str]:
     """The script's ``commands`` run at once (a tablet's start or stop is mostly waiting:
     mysqld's start and shutdown, vttablet's drain); the stderr of each that failed."""
-    env = _four_shard_env()
+    env = four_shard_env()
     procs = [
         subprocess.Popen(
             [str(SCRIPT), *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -98,7 +98,7 @@ def _teardown(uids: list[str]) -> None:
     _side_by_side(*[("tablet-down", uid) for uid in uids])
     subprocess.run(
         [str(SCRIPT), "vtctldclient", "DeleteKeyspace", "--recursive", "--force", KEYSPACE],
-        env=_four_shard_env(),
+        env=four_shard_env(),
         capture_output=True,
     )
 

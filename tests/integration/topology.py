@@ -172,7 +172,7 @@ class FourShardCluster:
         return "\n".join(texts)
 
 
-def _four_shard_env() -> dict[str, str]:
+def four_shard_env() -> dict[str, str]:
     tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()
     return {
         **os.environ,
@@ -191,7 +191,7 @@ def four_shard_cluster_running() -> Iterator[FourShardCluster]:
     settings), and stopped when the last session using it ends. The xdist workers of a run share
     it: each holds a shared lock on a file while it uses it; the one that ends holding it alone
     stops the cluster (``VITESS_TOPO_KEEP`` keeps it, to look at)."""
-    env = _four_shard_env()
+    env = four_shard_env()
     users = Path(tempfile.gettempdir()) / "airflow-provider-vitess-tests.shards4.users"
     with open(users, "a") as held:
         with machine_lock("shards4"):
