@@ -3,8 +3,9 @@
 On a small machine the local vttestserver (vtcombo and MariaDB, ~1.2-1.3 cores at full speed
 on the 2-core development VM) and the benchmark share the cores, so every cycle the client
 spends is a cycle the server may have wanted: a client that takes 0.8 µs of CPU per event
-slows the server by ~10% whatever it does with it (``bench/README.md``, busy-loop drains). In
-a deployment the Airflow worker does not run on the vtgate/vttablet hosts.
+slows the server by ~10% whatever it does with it (busy-loop drains:
+``bench/results/2026-11-22-bench_window-cpu-layout.md``). In a deployment the Airflow worker
+does not run on the vtgate/vttablet hosts.
 
 ``split`` pins every thread of the cluster's processes to one half of the cores and every thread
 of this process to the other half, for both sides of a measurement alike: the server's speed
