@@ -24,21 +24,11 @@ from airflow_provider_vitess.merge.job import history, order, shapes, window_row
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction
 from airflow_provider_vitess.vstream.spill import SpillableEvents
-from tests.integration.delta_check import spark_session
+from tests.support.delta_check import spark_session
+from tests.support.staged_frames import SCHEMA
 
 SHARDS = ("-40", "40-80", "80-c0", "c0-")
 LAYOUT = (("-40", "40-80"), ("80-c0", "c0-"))  # two groups of two shards
-SCHEMA = T.StructType(
-    [
-        T.StructField("_op", T.StringType()),
-        T.StructField("_shard", T.StringType()),
-        T.StructField("_commit_ts", T.LongType()),
-        T.StructField("_seq", T.LongType()),
-        T.StructField("id", T.LongType()),
-        T.StructField("v", T.StringType()),
-        T.StructField("_before_id", T.LongType()),
-    ]
-)
 Row = tuple[str, str, int, int | None, str | None, int | None]  # op, shard, ts, id, v, before id
 
 

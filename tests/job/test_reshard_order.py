@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
-from tests.integration.delta_check import spark_session
-from tests.unit.test_group_order import SCHEMA
+from tests.support.delta_check import spark_session
+from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
 
 T0 = 1_800_000_000
 KEYS, DATA = ["id"], ["id", "v"]
-SCHEMA_OUT = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
 
 # (old shards, new shards): a split whose first half sorts before the old shard, a merge whose
 # new shard sorts before an old one, and a split whose halves sort after it.

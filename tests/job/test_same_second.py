@@ -6,7 +6,7 @@ between the two transactions, the earlier window merges the insert as a current 
 next one brings the delete, with the insert in its look-back context. Counted as one group (one
 shard, one second) the two made a group that ends with the key gone and had no key before it, so
 nothing closed the version the earlier window wrote: the delete was lost. Also in one window, and
-staged by shard groups. Local Spark, no Delta (``tests/integration/test_same_second.py`` runs the
+staged by shard groups. Local Spark, no Delta (``tests/integration/merge/test_same_second.py`` runs the
 same shapes through the real cluster and Delta).
 """
 
@@ -21,9 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
-from tests.integration.delta_check import spark_session
-from tests.unit.test_group_order import SCHEMA
-from tests.unit.test_reshard_order import SCHEMA_OUT
+from tests.support.delta_check import spark_session
+from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
 
 T0 = 1_800_000_000
 KEYS, DATA = ["id"], ["id", "v"]

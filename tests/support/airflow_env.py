@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.merge.job.connect import split_token
-from tests.conftest import REPO, LocalVitess, connection_uri_env, machine_lock
+from tests.support.local import REPO, LocalVitess, connection_uri_env, machine_lock
 
 BIN = Path(sys.executable).parent
 IVY_CACHE = Path(
@@ -88,7 +88,7 @@ class AirflowEnv:
         again, the others kept (``run_dag``)."""
         with tempfile.TemporaryDirectory(dir=self.home) as tmp:
             result_file = Path(tmp) / "result.json"
-            args = [sys.executable, "-m", "tests.integration.run_dag", str(result_file), dag_id]
+            args = [sys.executable, "-m", "tests.support.run_dag", str(result_file), dag_id]
             args.append(json.dumps(dict(conf or {})))
             if logical_date:
                 args.append(logical_date)

@@ -4,7 +4,7 @@ the public REST API the way a user's UI or script drives them.
 
 - Executor: ``LocalExecutor`` (tasks run as children of the scheduler and talk to the
   api-server's Execution API, as in a one-machine deployment).
-- Metadata database: a throwaway PostgreSQL (``tests.integration.databases``) by default.
+- Metadata database: a throwaway PostgreSQL (``tests.support.databases``) by default.
   Airflow 3.3 accepts SQLite with the LocalExecutor (``database="sqlite"`` works, and starts
   ~7 s faster), but then five processes write one SQLite file, and Airflow's own backfill route
   maps a lock error to ``503 Database is locked. Backfill creation is not supported on SQLite
@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from tests.integration.airflow_env import BIN, AirflowEnv
-from tests.integration.databases import DatabaseServer, free_port, start_postgres
+from tests.support.airflow_env import BIN, AirflowEnv
+from tests.support.databases import DatabaseServer, free_port, start_postgres
 
 SERVICES = ("scheduler", "dag-processor", "triggerer")
 USER = "tester"

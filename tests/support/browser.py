@@ -16,7 +16,7 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from tests.conftest import REPO
+from tests.support.local import REPO
 
 # Screenshots and page dumps of browser tests; git-ignored, kept by CI as artifacts.
 ARTIFACTS = Path(os.environ.get("VITESS_TEST_ARTIFACTS", REPO / ".artifacts"))

@@ -1,6 +1,6 @@
 """Runs one capture (snapshot or catch-up window) in a process of its own, so tests can SIGKILL it.
 
-Usage: python -m tests.integration.capture_child snapshot|catchup|group|group_snapshot <spec json>
+Usage: python -m tests.support.capture_child snapshot|catchup|group|group_snapshot <spec json>
 The spec JSON holds the sync spec, the store URL and the Airflow connection (as env).
 Prints one JSON line with the outcome when it finishes. With ``"kill_after_journal": true`` it
 SIGKILLs itself at the first row of a new shard staged after a reshard's journal (printing
@@ -37,7 +37,7 @@ from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.copy_state import CopiedTables
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
-from tests.conftest import REPO
+from tests.support.local import REPO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ class ChildSpec:
     def command(self, kind: str) -> list[str]:
         """The child's command line: ``kind`` is ``snapshot`` or ``catchup``."""
         spec = json.dumps(dataclasses.asdict(self))
-        return [sys.executable, "-m", "tests.integration.capture_child", kind, spec]
+        return [sys.executable, "-m", "tests.support.capture_child", kind, spec]
 
     @classmethod
     def in_dir(

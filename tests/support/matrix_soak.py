@@ -40,8 +40,8 @@ from airflow_provider_vitess.consistent_reads import consistent_cut
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.connect import remote_sessions
 from airflow_provider_vitess.staging.hashing import hasher
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv
-from tests.integration.mode_oracles import (
+from tests.support.airflow_env import CONNECT_MERGE, AirflowEnv
+from tests.support.mode_oracles import (
     as_target,
     assert_changelog,
     assert_cut_consistent,
@@ -53,7 +53,7 @@ from tests.integration.mode_oracles import (
     delta_dicts,
     source_dicts,
 )
-from tests.integration.modes_workload import ModesWorkload, create_tables
+from tests.support.modes_workload import ModesWorkload, create_tables
 
 TABLES = ("mx_0", "mx_1", "mx_2")
 MODES = ("mirror", "soft_delete", "history", "changelog")

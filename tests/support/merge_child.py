@@ -1,6 +1,6 @@
 """Runs one merge task's work in a process of its own, so the soak can SIGKILL it.
 
-Usage: python -m tests.integration.merge_child <spec json>
+Usage: python -m tests.support.merge_child <spec json>
 The spec JSON holds the store URL, sync id, Delta root and lock staleness. It does what
 ``VitessMergeOperator.execute`` does below Airflow: ``MergeRunner.run`` under the sync's lock,
 with the plan handed to ``spark-submit`` of the provider's job file (``merge/job/main.py``, the file
@@ -25,7 +25,7 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.merge.spark_conf import QUICK_JIT, spark_submit_args
-from tests.conftest import pyspark_home, spark_env
+from tests.support.local import pyspark_home, spark_env
 
 SPARK_HOME = pyspark_home()
 

@@ -35,9 +35,9 @@ from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToM
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import capture_stop_position
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.test_type_matrix import COLUMNS as TYPE_COLUMNS
-from tests.integration.test_type_matrix import ROWS as TYPE_ROWS
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.type_matrix import COLUMNS as TYPE_COLUMNS
+from tests.support.type_matrix import ROWS as TYPE_ROWS
 
 ORDERS = "merge_orders"
 TYPES = "merge_types"

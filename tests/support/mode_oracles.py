@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.integration.delta_check import _plain, delta_txns, spark_session
-from tests.integration.modes_workload import Record, State
+from tests.support.delta_check import _plain, delta_txns, spark_session
+from tests.support.modes_workload import Record, State
 
 P = "_vitess_"
 KEY = "id"

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.integration.delta_check import _plain, spark_session
+from tests.support.delta_check import _plain, spark_session
 
 
 def _value(value: Any) -> Any:

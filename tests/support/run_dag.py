@@ -1,6 +1,6 @@
 """Runs one DAG run with ``dag.test()`` in this process (started by ``AirflowEnv.run_dag``).
 
-Usage: python -m tests.integration.run_dag RESULT_FILE DAG_ID CONF_JSON [LOGICAL_DATE [resume]]
+Usage: python -m tests.support.run_dag RESULT_FILE DAG_ID CONF_JSON [LOGICAL_DATE [resume]]
 Writes ``{"state": ..., "tasks": {task_id: state}, ...}`` to RESULT_FILE at the end: a file, not
 stdout, where a log line of another thread (OpenLineage's client at exit) can land on the same
 line (CI, session 20).
@@ -71,7 +71,7 @@ def _resume(dag: Any, logical_date: datetime) -> Any:
 
 def main(argv: list[str]) -> None:
     from airflow_provider_vitess.utils.airflow_compat import dag_bag
-    from tests.integration.capture_child import install_faults
+    from tests.support.capture_child import install_faults
 
     result_file, dag_id, conf = Path(argv[0]), argv[1], json.loads(argv[2])
     logical_date = datetime.fromisoformat(argv[3]) if len(argv) > 3 else None

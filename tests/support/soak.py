@@ -53,12 +53,12 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.report import PROGRESS_PREFIX, MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
-from tests.conftest import REPO, LocalVitess, connection_uri_env
-from tests.integration import capture_child
-from tests.integration import merge_workload as wl
-from tests.integration.capture_child import ChildSpec
-from tests.integration.delta_check import delta_txns, spark_session
-from tests.integration.faultproxy import FaultProxy
+from tests.support import capture_child
+from tests.support import merge_workload as wl
+from tests.support.capture_child import ChildSpec
+from tests.support.delta_check import delta_txns, spark_session
+from tests.support.faultproxy import FaultProxy
+from tests.support.local import REPO, LocalVitess, connection_uri_env
 
 PHASES = ("snapshot", "catchup", "merge")
 KEYSPACE, KEY = "customer", ("order_id",)
@@ -468,7 +468,7 @@ class Soak:
         }
         log = open(self.root / "merge-child.log", "a")  # noqa: SIM115 (closed below)
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.merge_child", json.dumps(spec)],
+            [sys.executable, "-m", "tests.support.merge_child", json.dumps(spec)],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pymysql
 import pymysql.cursors
 
-from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
+from tests.support.local import REPO, LocalVitess, cluster_from_env, machine_lock
 
 SCRIPT = REPO / "dev" / "vitess_topology.sh"
 SCHEMA = REPO / "dev" / "vitess" / "schema"

@@ -26,10 +26,10 @@ from airflow_provider_vitess.exceptions import (
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import Manifest, load_manifest, read_table, verify
 from airflow_provider_vitess.vstream.window import WindowReader
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration import capture_child
-from tests.integration.capture_child import ChildSpec
-from tests.integration.replay import ListStager, Replay, StagedChange
+from tests.support import capture_child
+from tests.support.capture_child import ChildSpec
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.replay import ListStager, Replay, StagedChange
 
 pytestmark = pytest.mark.integration
 

@@ -36,10 +36,10 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import read_table
 from spark_jobs.merge_cdc import merge
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.airflow_env import assert_succeeded, make_airflow_env
-from tests.integration.delta_check import spark_session
+from tests.support import merge_workload as wl
+from tests.support.airflow_env import assert_succeeded, make_airflow_env
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

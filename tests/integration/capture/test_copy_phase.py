@@ -16,7 +16,7 @@ their MAX_EXECUTION_TIME hint, and were killed and started again from their last
 
 A copy query that cannot send a row within the duration (a keyless table whose sort outlasts
 it) is started over by Vitess for ever (vitessio/vitess#20039); the snapshot then fails with
-``CopyStalledError`` after ``copy_stall_seconds`` (``tests/unit/test_window_copy.py``). Not
+``CopyStalledError`` after ``copy_stall_seconds`` (``tests/unit/vstream/test_window_copy.py``). Not
 made here: a sort that outlasts 2 s on every run needs millions of rows on this machine (the
 first row of 1.6 million 230-byte rows sorted with LIMIT 1 took 2 s), more than the suite's
 time budget allows. A keyless table of 400,000 rows did
@@ -43,11 +43,11 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from airflow_provider_vitess.staging import read_table
-from tests.conftest import connection_uri_env
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
-from tests.integration.faultproxy import FaultProxy
-from tests.integration.topology import FourShardCluster
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.faultproxy import FaultProxy
+from tests.support.local import connection_uri_env
+from tests.support.topology import FourShardCluster
 
 pytestmark = pytest.mark.integration
 

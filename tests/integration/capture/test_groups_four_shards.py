@@ -46,12 +46,12 @@ from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.staging import Manifest, load_manifest
 from airflow_provider_vitess.vstream.window import ReadBounds
-from tests.conftest import connection_uri_env
-from tests.integration import capture_child
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns, source_rows, spark_session
-from tests.integration.group_workload import Workload, create_orders, execute
-from tests.integration.topology import FourShardCluster
+from tests.support import capture_child
+from tests.support.airflow_env import CONNECT_MERGE, AirflowEnv, assert_succeeded, make_airflow_env
+from tests.support.delta_check import assert_delta_equals_source, delta_txns, source_rows, spark_session
+from tests.support.group_workload import Workload, create_orders, execute
+from tests.support.local import connection_uri_env
+from tests.support.topology import FourShardCluster
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from airflow_provider_vitess.capture.columns import TableColumns
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.staging import read_table
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
+from tests.support import merge_workload as wl
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import sqlalchemy
 from airflow_provider_vitess.exceptions import KeyChoiceError, UnknownTableError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.keys import Column, Index, KeyOverrides, choose_key, table_shape
-from tests.conftest import LocalVitess, connection_uri_env
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ import sqlalchemy
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vstream.window import capture_stop_position
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
-from tests.integration.delta_check import assert_delta_equals_source
+from tests.support.airflow_env import CONNECT_MERGE, make_airflow_env
+from tests.support.delta_check import assert_delta_equals_source
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

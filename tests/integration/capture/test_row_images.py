@@ -32,10 +32,10 @@ from airflow_provider_vitess.exceptions import BinlogSettingsError, PartialRowIm
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.staging import Manifest, read_table
-from tests.conftest import REPO, LocalVitess, cluster_from_env, machine_lock
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
-from tests.integration.mode_oracles import assert_history, delta_dicts, source_dicts
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.local import REPO, LocalVitess, cluster_from_env, machine_lock
+from tests.support.mode_oracles import assert_history, delta_dicts, source_dicts
 
 pytestmark = pytest.mark.integration
 

@@ -33,10 +33,10 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.staging import read_table
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration import capture_child
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
-from tests.integration.group_workload import Workload, create_orders
+from tests.support import capture_child
+from tests.support.delta_check import assert_delta_equals_source, delta_txns, spark_session
+from tests.support.group_workload import Workload, create_orders
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy
@@ -22,93 +21,12 @@ from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from airflow_provider_vitess.staging import Manifest, read_table
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration import capture_child
-from tests.integration.capture_child import ChildSpec
+from tests.support import capture_child
+from tests.support.big_table import BIG_ROWS, copied_rows, select_all, staged_rows
+from tests.support.capture_child import ChildSpec
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
-
-BIG_ROWS = 200_000
-
-
-@pytest.fixture(scope="module")
-def big_table(vitess: LocalVitess) -> str:
-    """commerce.big with exactly 200,000 rows, built by doubling with INSERT ... SELECT."""
-    name, value = connection_uri_env("vitess_big", vitess)
-    os.environ[name] = value
-    hook = VitessHook("vitess_big")
-    with hook.connect_sql() as conn, conn.begin():
-        conn.execute(
-            sqlalchemy.text(
-                "CREATE TABLE IF NOT EXISTS commerce.big (id BIGINT NOT NULL PRIMARY KEY, "
-                "name VARCHAR(64), amount DECIMAL(12,2), created DATETIME(6))"
-            )
-        )
-    with hook.connect_sql() as conn:
-        products = conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM commerce.product")).scalar_one()
-    if products < 20_000:  # product must take long enough to copy to be killed mid-way
-        for batch in range(20):
-            with hook.connect_sql() as conn, conn.begin():
-                conn.execute(
-                    sqlalchemy.text(
-                        "INSERT IGNORE INTO commerce.product (sku, description, price) VALUES (:sku, :d, :p)"
-                    ),
-                    [
-                        {"sku": f"bulk-{batch}-{i}".encode(), "d": f"bulk product {i} " + "x" * 80, "p": i}
-                        for i in range(1000)
-                    ],
-                )
-    with hook.connect_sql() as conn:
-        count = conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM commerce.big")).scalar_one()
-    if count != BIG_ROWS:
-        with hook.connect_sql() as conn, conn.begin():
-            conn.execute(sqlalchemy.text("DELETE FROM commerce.big"))
-            conn.execute(
-                sqlalchemy.text(
-                    "INSERT INTO commerce.big VALUES (1, 'row 1', 0.01, '2026-01-01 00:00:00.000001')"
-                )
-            )
-        size = 1
-        while size < BIG_ROWS:
-            with hook.connect_sql() as conn, conn.begin():
-                conn.execute(
-                    sqlalchemy.text(
-                        "INSERT INTO commerce.big SELECT id + :n, CONCAT('row ', id + :n), amount + 1.25, "
-                        "created + INTERVAL 1 SECOND FROM commerce.big WHERE id + :n <= :max"
-                    ),
-                    {"n": size, "max": BIG_ROWS},
-                )
-            size *= 2
-    return "vitess_big"
-
-
-def _select(hook: VitessHook, keyspace: str, table: str) -> dict[Any, tuple[Any, ...]]:
-    raw = hook.engine.raw_connection()
-    try:
-        cur = raw.cursor()
-        # OLAP streams the result: vttablet caps OLTP results at 10,000 rows.
-        cur.execute("SET workload = 'olap'")
-        cur.execute(f"SELECT * FROM `{keyspace}`.`{table}`")
-        return {row[0]: tuple(row) for row in cur.fetchall()}
-    finally:
-        raw.close()
-
-
-def _staged(manifest: Manifest, table: str) -> tuple[dict[Any, tuple[Any, ...]], int]:
-    """Staged rows of a snapshot (inserts only) by key, and how many rows were staged."""
-    data = read_table(manifest, table).to_pylist()
-    columns = [c for c in data[0] if not c.startswith("_")] if data else []
-    rows = {r[columns[0]]: tuple(r[c] for c in columns) for r in data if r["_op"] != "delete"}
-    return rows, len(data)
-
-
-def _copied(store: CheckpointStore, sync_id: str) -> int:
-    """Rows copied so far over all tables, as the running snapshot last recorded them."""
-    try:
-        return sum(p.rows_copied or 0 for p in store.progress(sync_id, 1))
-    except Exception:  # the child has not created the store's tables yet
-        return 0
 
 
 def test_snapshot_of_three_tables_in_two_keyspaces_with_progress(
@@ -139,17 +57,17 @@ def test_snapshot_of_three_tables_in_two_keyspaces_with_progress(
         outcomes[sync_id] = outcome
         assert store.window(sync_id, outcome.seq).state is WindowState.STAGED
         for table in tables:
-            staged, n = _staged(outcome.manifest, table)
-            source = _select(hook, keyspace, table)
+            staged, n = staged_rows(outcome.manifest, table)
+            source = select_all(hook, keyspace, table)
             assert staged == source, f"{keyspace}.{table}"
             assert n == len(source)  # nothing copied twice
         progress = {p.table: p for p in store.progress(sync_id, outcome.seq)}
         for table in tables:
-            count = len(_select(hook, keyspace, table))
+            count = len(select_all(hook, keyspace, table))
             assert progress[table].rows_known == count
             assert progress[table].rows_copied == count
             assert progress[table].phase is Phase.COPIED
-    assert len(_select(hook, "commerce", "big")) == BIG_ROWS
+    assert len(select_all(hook, "commerce", "big")) == BIG_ROWS
     assert any("big: 200,000 of 200,000 rows copied (100.0%)" in line for line in lines)
     assert any("%)" in line and "100.0%" not in line for line in lines), "no intermediate percentage logged"
     assert "progress big:" in caplog.text
@@ -166,7 +84,7 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
     # seeded random delay, so kills land mid-batch, mid-table and between checkpoints.
     # Four fall in table big; the last once big is finished and product is being copied, where a
     # resume must not copy big again (Vitess would, unless told which tables remain).
-    product_rows = len(_select(VitessHook("vitess_big"), "commerce", "product"))
+    product_rows = len(select_all(VitessHook("vitess_big"), "commerce", "product"))
     assert product_rows > 10_000, "product must be big enough to be killed while it is copied"
     thresholds = sorted(rng.randint(0, BIG_ROWS - 20_000) for _ in range(4))
     thresholds.append(BIG_ROWS + rng.randint(1_000, product_rows - 6_000))
@@ -176,7 +94,7 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
         child = capture_child.start("snapshot", spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if kills < len(thresholds):
             deadline = time.monotonic() + 120
-            while child.poll() is None and _copied(observer, "snap-kill") < thresholds[kills]:
+            while child.poll() is None and copied_rows(observer, "snap-kill") < thresholds[kills]:
                 assert time.monotonic() < deadline, "snapshot made no progress"
                 time.sleep(0.02)
             time.sleep(rng.uniform(0.0, 0.4))
@@ -201,8 +119,8 @@ def test_snapshot_killed_at_random_points_resumes_without_recopying(
     manifest = load_manifest(spec.staging, "snap-kill", 1)
     assert manifest is not None
     for table in ("big", "product"):
-        staged, n = _staged(manifest, table)
-        source = _select(hook, "commerce", table)
+        staged, n = staged_rows(manifest, table)
+        source = select_all(hook, "commerce", table)
         assert staged == source, table
         # A finished table copied again after a resume would show up as extra staged rows.
         assert n == len(source), f"{table}: {n} staged rows for {len(source)} source rows"
@@ -283,8 +201,8 @@ def test_a_table_one_shard_finished_before_the_other_began_is_copied_on_both_aft
     manifest = load_manifest(spec.staging, "snap-shardkill", 1)
     assert manifest is not None
     for table in SHARDED_TABLES:
-        staged, _ = _staged(manifest, table)
-        source = _select(hook, "customer", table)
+        staged, _ = staged_rows(manifest, table)
+        source = select_all(hook, "customer", table)
         assert len(source) == (400 if table == "snapkill_a" else 4000)
         assert staged == source, f"{table}: {len(source) - len(staged.keys() & source.keys())} rows missing"
     assert progress["snapkill_a"].phase is Phase.COPYING  # at the kill: not copied on 80- yet
@@ -353,6 +271,6 @@ def test_a_kill_right_after_the_checkpoint_that_finished_a_table_does_not_copy_i
     manifest = load_manifest(spec.staging, "snap-gap", 1)
     assert manifest is not None
     for table in GAP_TABLES:
-        staged, n = _staged(manifest, table)
-        assert staged == _select(hook, "commerce", table), table
+        staged, n = staged_rows(manifest, table)
+        assert staged == select_all(hook, "commerce", table), table
         assert n == GAP_ROWS[table], f"{table}: {n} rows staged for {GAP_ROWS[table]} source rows"

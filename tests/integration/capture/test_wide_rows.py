@@ -13,7 +13,7 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import WindowStager, read_table
 from airflow_provider_vitess.vstream.spill import MemoryLimits
 from airflow_provider_vitess.vstream.window import WindowReader, capture_stop_position
-from tests.unit.test_spill import spill_fds
+from tests.support.spill import spill_fds
 
 pytestmark = pytest.mark.integration
 

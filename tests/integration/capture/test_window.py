@@ -13,7 +13,7 @@ import sqlalchemy
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import ReadBounds, ReadResult, WindowReader, capture_stop_position
-from tests.integration.replay import ListStager, Replay, replay
+from tests.support.replay import ListStager, Replay, replay
 
 pytestmark = pytest.mark.integration
 

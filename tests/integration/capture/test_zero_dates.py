@@ -30,7 +30,7 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
-from tests.integration.delta_check import spark_session
+from tests.support.delta_check import spark_session
 
 pytestmark = pytest.mark.integration
 

@@ -36,8 +36,8 @@ from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.models import VERSION_TABLE, Base, SyncRow
 from airflow_provider_vitess.exceptions import CheckpointError, SyncLockedError
 from airflow_provider_vitess.vgtid import ShardGtid, TableLastPK, Vgtid
-from tests.conftest import REPO
-from tests.integration.databases import DatabaseServer, start_mariadb, start_postgres
+from tests.support.databases import DatabaseServer, start_mariadb, start_postgres
+from tests.support.local import REPO
 
 pytestmark = pytest.mark.integration
 

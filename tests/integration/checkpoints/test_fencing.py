@@ -26,10 +26,10 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import load_manifest
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration import capture_child
-from tests.integration.capture_child import ChildSpec
-from tests.integration.test_snapshot import BIG_ROWS, _copied, _select, _staged, big_table  # noqa: F401
+from tests.support import capture_child
+from tests.support.big_table import BIG_ROWS, copied_rows, select_all, staged_rows
+from tests.support.capture_child import ChildSpec
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def _wait(what: str, done: object, timeout: float = 120) -> None:
 
 def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
     vitess: LocalVitess,
-    big_table: str,  # noqa: F811
+    big_table: str,
     tmp_path: Path,
 ) -> None:
     connection = connection_uri_env("vitess_fenced", vitess)
@@ -84,11 +84,11 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
     observer = CheckpointStore(spec.store_url)
     stalled = _start(spec)
     try:
-        _wait("the first run to record some copied rows", lambda: _copied(observer, SYNC) >= 20_000)
+        _wait("the first run to record some copied rows", lambda: copied_rows(observer, SYNC) >= 20_000)
         _freeze_outside_a_store_transaction(stalled, db)  # a frozen worker: no heartbeat, no progress
         first = observer.lock_holder(SYNC)
         assert first is not None and first.holder == f"pid {stalled.pid}"
-        copied_before = _copied(observer, SYNC)
+        copied_before = copied_rows(observer, SYNC)
         time.sleep(4)  # past the lock's expiry
 
         # The new holder stops itself after copying 12,000 rows (two checkpoints): it is held
@@ -98,7 +98,7 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
         _freeze_outside_a_store_transaction(taker, db)  # its heartbeat thread may have been mid-write
         holder = observer.lock_holder(SYNC)
         assert holder is not None and holder.holder == f"pid {taker.pid}"
-        assert _copied(observer, SYNC) > copied_before  # it copied on from the checkpoint
+        assert copied_rows(observer, SYNC) > copied_before  # it copied on from the checkpoint
         stalled.send_signal(signal.SIGCONT)  # wakes up mid-copy of the new holder, still "holding"
         out, err = stalled.communicate(timeout=300)
         taker.send_signal(signal.SIGCONT)
@@ -127,7 +127,7 @@ def test_a_stalled_holder_cannot_write_after_another_run_took_the_sync(
     assert window.state is WindowState.STAGED
     manifest = load_manifest(spec.staging, SYNC, 1)
     assert manifest is not None
-    staged, n = _staged(manifest, "big")
-    source = _select(VitessHook("vitess_big"), "commerce", "big")
+    staged, n = staged_rows(manifest, "big")
+    source = select_all(VitessHook("vitess_big"), "commerce", "big")
     assert staged == source
     assert n == len(source) == BIG_ROWS  # no row staged twice, none lost

@@ -36,10 +36,10 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vstream.window import ReadBounds
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.delta_check import assert_delta_equals_source, spark_session
-from tests.integration.faultproxy import FaultProxy
-from tests.integration.merge_workload import execute
+from tests.support.delta_check import assert_delta_equals_source, spark_session
+from tests.support.faultproxy import FaultProxy
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

@@ -37,10 +37,10 @@ from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.source_clock import STOP_LAG_SECONDS, STOP_TABLET_TYPE, SourceClock
-from tests.conftest import connection_uri_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_rows, spark_session
-from tests.integration.merge_workload import execute
-from tests.integration.topology import ReplicaCluster, replica_cluster_running
+from tests.support.delta_check import assert_delta_equals_source, delta_rows, spark_session
+from tests.support.local import connection_uri_env
+from tests.support.merge_workload import execute
+from tests.support.topology import ReplicaCluster, replica_cluster_running
 
 pytestmark = pytest.mark.integration
 

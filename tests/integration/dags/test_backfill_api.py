@@ -29,13 +29,13 @@ import sqlalchemy
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import ASSET_CONSUMER_DAG, CONNECT_MERGE, FRESHNESS_DAG, make_airflow_env
-from tests.integration.airflow_services import AirflowServices, airflow_services
-from tests.integration.customer_workload import run_workload
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns
-from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
-from tests.integration.group_workload import execute as group_execute
+from tests.support.airflow_env import ASSET_CONSUMER_DAG, CONNECT_MERGE, FRESHNESS_DAG, make_airflow_env
+from tests.support.airflow_services import AirflowServices, airflow_services
+from tests.support.customer_workload import run_workload
+from tests.support.delta_check import assert_delta_equals_source, delta_txns
+from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
+from tests.support.group_workload import execute as group_execute
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

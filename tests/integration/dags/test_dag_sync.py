@@ -13,10 +13,10 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
-from tests.integration.customer_workload import run_workload
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns
+from tests.support.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
+from tests.support.customer_workload import run_workload
+from tests.support.delta_check import assert_delta_equals_source, delta_txns
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

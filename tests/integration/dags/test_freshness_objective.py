@@ -29,15 +29,15 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.plugins import documents
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import (
+from tests.support.airflow_env import (
     ASSET_CONSUMER_DAG,
     CONNECT_MERGE,
     FRESHNESS_DAG,
     AirflowEnv,
     make_airflow_env,
 )
-from tests.integration.merge_workload import execute
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

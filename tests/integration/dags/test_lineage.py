@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
+from tests.support.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

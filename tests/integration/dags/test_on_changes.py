@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
-from tests.integration.airflow_services import AirflowServices, airflow_services
-from tests.integration.delta_check import assert_delta_equals_source
-from tests.integration.merge_workload import execute
+from tests.support.airflow_env import CONNECT_MERGE, make_airflow_env
+from tests.support.airflow_services import AirflowServices, airflow_services
+from tests.support.delta_check import assert_delta_equals_source
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LocalVitess
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
+from tests.support.airflow_env import AirflowEnv, make_airflow_env
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,10 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging.files import open_location
-from tests.conftest import REPO, LocalS3, LocalVitess, connection_uri_env
-from tests.integration.airflow_env import IVY_CACHE, AirflowEnv, make_airflow_env
-from tests.integration.customer_workload import run_workload
-from tests.integration.delta_check import assert_delta_equals_source
+from tests.support.airflow_env import IVY_CACHE, AirflowEnv, make_airflow_env
+from tests.support.customer_workload import run_workload
+from tests.support.delta_check import assert_delta_equals_source
+from tests.support.local import REPO, LocalS3, LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ import pytest
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import AirflowEnv, make_airflow_env
-from tests.integration.airflow_services import AirflowServices, airflow_services
-from tests.integration.merge_workload import execute
+from tests.support.airflow_env import AirflowEnv, make_airflow_env
+from tests.support.airflow_services import AirflowServices, airflow_services
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, history
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
-from tests.integration.airflow_services import AirflowServices, airflow_services
-from tests.integration.browser import ARTIFACTS, chromium
-from tests.integration.customer_workload import run_workload
+from tests.support.airflow_env import CONNECT_MERGE, AirflowEnv, make_airflow_env
+from tests.support.airflow_services import AirflowServices, airflow_services
+from tests.support.browser import ARTIFACTS, chromium
+from tests.support.customer_workload import run_workload
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

@@ -22,10 +22,10 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.staging import Manifest, read_table
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import source_rows, spark_session
-from tests.integration.group_workload import create_orders
+from tests.support import merge_workload as wl
+from tests.support.delta_check import source_rows, spark_session
+from tests.support.group_workload import create_orders
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -39,9 +39,9 @@ from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, WindowStager
 from airflow_provider_vitess.staging.manifest import COLUMN_CHOICE_CHANGED
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -36,15 +36,15 @@ from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.staging import read_table
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.airflow_env import (
+from tests.support import merge_workload as wl
+from tests.support.airflow_env import (
     CONNECT_MERGE,
     AirflowEnv,
     assert_succeeded,
     make_airflow_env,
 )
-from tests.integration.delta_check import spark_session
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

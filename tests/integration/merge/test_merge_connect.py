@@ -30,9 +30,9 @@ from airflow_provider_vitess.merge.job.steps import TableSize
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
 from airflow_provider_vitess.merge.runner import MergeRunner, build_plan
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns
-from tests.integration.merge_workload import execute
+from tests.support.delta_check import assert_delta_equals_source, delta_txns
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

@@ -54,9 +54,9 @@ from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, s
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
 from spark_jobs.merge_cdc import main, merge
-from tests.conftest import REPO, LocalVitess, pyspark_home, spark_env
-from tests.integration import merge_workload as wl
-from tests.integration.replay import Replay, StagedChange
+from tests.support import merge_workload as wl
+from tests.support.local import REPO, LocalVitess, pyspark_home, spark_env
+from tests.support.replay import Replay, StagedChange
 
 pytestmark = pytest.mark.integration
 
@@ -392,7 +392,7 @@ def _shard_merged(changes: list[StagedChange]) -> list[StagedChange]:
 def test_last_event_per_key_matches_the_reference_applier(spark: SparkSession, tmp_path: Path) -> None:
     """Random windows with keys moving between two shards (halves in either order, in the same
     or the next second, and halves split across two windows), key changes and deletes: the Delta
-    table equals tests/integration/replay.py's result after every window."""
+    table equals tests/support/replay.py's result after every window."""
     rng = random.Random(SEED)
     fields = [
         query_pb2.Field(name="k", type=query_pb2.INT64, column_type="bigint", flags=1),

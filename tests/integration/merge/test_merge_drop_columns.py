@@ -21,9 +21,9 @@ from airflow_provider_vitess.merge.job import apply
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from spark_jobs.merge_cdc import merge
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import delta_history, spark_session
+from tests.support import merge_workload as wl
+from tests.support.delta_check import delta_history, spark_session
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table, writer
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,10 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import DELETION_VECTORS, TYPE_WIDENING, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
-from tests.integration.readers import assert_readers_see_what_spark_sees, delta_rs_rows, polars_rows
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
+from tests.support.readers import assert_readers_see_what_spark_sees, delta_rs_rows, polars_rows
 
 pytestmark = pytest.mark.integration
 

@@ -31,10 +31,10 @@ from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import spark_session
-from tests.integration.mode_oracles import replay_changelog
+from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
+from tests.support.local import LocalVitess
+from tests.support.mode_oracles import replay_changelog
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,10 @@ from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.vstream.window import capture_stop_position
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.delta_check import delta_txns, source_rows, spark_session
-from tests.integration.group_workload import create_orders
+from tests.support import merge_workload as wl
+from tests.support.delta_check import delta_txns, source_rows, spark_session
+from tests.support.group_workload import create_orders
+from tests.support.local import LocalVitess
 
 pytestmark = pytest.mark.integration
 

@@ -34,15 +34,15 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import load_manifest
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import (
+from tests.support.airflow_env import (
     CONNECT_UNLESS_SUBMIT,
     AirflowEnv,
     assert_succeeded,
     make_airflow_env,
 )
-from tests.integration.delta_check import delta_txns, source_rows, spark_session
-from tests.integration.mode_oracles import (
+from tests.support.delta_check import delta_txns, source_rows, spark_session
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.mode_oracles import (
     P,
     assert_changelog_changes,
     assert_history_states,
@@ -51,8 +51,8 @@ from tests.integration.mode_oracles import (
     delta_dicts,
     source_dicts,
 )
-from tests.integration.modes_workload import ModesWorkload, Record, create_tables
-from tests.integration.readers import assert_readers_see_what_spark_sees
+from tests.support.modes_workload import ModesWorkload, Record, create_tables
+from tests.support.readers import assert_readers_see_what_spark_sees
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_provider_vitess._proto import binlogdata_pb2, topodata_pb2, vtgate_pb2
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -28,13 +27,13 @@ from airflow_provider_vitess.exceptions import VStreamError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import ReadResult, WindowReader, capture_stop_position
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.faultproxy import FaultProxy
-from tests.integration.replay import ListStager, StagedChange, replay
+from tests.support.fault_rows import TABLE, execute, insert_rows, setup_table
+from tests.support.faultproxy import FaultProxy
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.replay import ListStager, StagedChange, replay
 
 pytestmark = pytest.mark.integration
 
-TABLE = "fault_rows"
 ONE_SHARD_CUSTOMER = 1  # every row of the big transaction on one shard: one shard transaction
 
 
@@ -52,41 +51,6 @@ def _hook(
     env, value = connection_uri_env(name, dataclasses.replace(vitess, grpc_port=grpc_port), **extra)
     monkeypatch.setenv(env, value)
     return VitessHook(name)
-
-
-def _execute(hook: VitessHook, *statements: str, params: list[dict[str, Any]] | None = None) -> None:
-    with hook.connect_sql() as conn:
-        for sql in statements:
-            conn.execute(sqlalchemy.text(sql), params or {})
-            conn.commit()
-
-
-def _setup(hook: VitessHook) -> None:
-    _execute(
-        hook,
-        f"DROP TABLE IF EXISTS customer.{TABLE}",
-        f"CREATE TABLE customer.{TABLE} (id BIGINT NOT NULL, customer_id BIGINT NOT NULL, "
-        "payload VARBINARY(255), PRIMARY KEY (id))",
-    )
-    try:  # the vschema outlives a dropped table
-        _execute(hook, f"ALTER VSCHEMA ON customer.{TABLE} ADD VINDEX hash(customer_id) USING hash")
-    except sqlalchemy.exc.DBAPIError as exc:
-        if "already" not in str(exc):
-            raise
-
-
-def _insert(hook: VitessHook, rng: random.Random, ids: range, customer: int | None = None) -> None:
-    """One transaction inserting ``ids`` (on one shard when ``customer`` is given)."""
-    rows = [
-        {"i": i, "c": customer if customer is not None else rng.randint(1, 1000), "p": rng.randbytes(200)}
-        for i in ids
-    ]
-    with hook.connect_sql() as conn:
-        conn.execute(
-            sqlalchemy.text(f"INSERT INTO customer.{TABLE} (id, customer_id, payload) VALUES (:i, :c, :p)"),
-            rows,
-        )
-        conn.commit()
 
 
 def _source(hook: VitessHook) -> dict[tuple[Any, ...], tuple[Any, ...]]:
@@ -132,13 +96,13 @@ def _no_duplicates(changes: list[StagedChange]) -> None:
 def _catch_up_backlog(hook: VitessHook, seed: int) -> tuple[Vgtid, Vgtid]:
     """Small transactions on both shards around one large one-shard transaction (~1.3 MB)."""
     rng = random.Random(seed)
-    _setup(hook)
+    setup_table(hook)
     start = capture_stop_position(hook.open_vstream_raw, "customer")
-    _insert(hook, rng, range(1, 21))
-    _insert(hook, rng, range(100_000, 106_000), customer=ONE_SHARD_CUSTOMER)
-    _insert(hook, rng, range(21, 41))
-    _execute(hook, f"UPDATE customer.{TABLE} SET payload = 'x' WHERE id < 30")
-    _execute(hook, f"DELETE FROM customer.{TABLE} WHERE id BETWEEN 35 AND 38")
+    insert_rows(hook, rng, range(1, 21))
+    insert_rows(hook, rng, range(100_000, 106_000), customer=ONE_SHARD_CUSTOMER)
+    insert_rows(hook, rng, range(21, 41))
+    execute(hook, f"UPDATE customer.{TABLE} SET payload = 'x' WHERE id < 30")
+    execute(hook, f"DELETE FROM customer.{TABLE} WHERE id BETWEEN 35 AND 38")
     return start, capture_stop_position(hook.open_vstream_raw, "customer")
 
 
@@ -182,9 +146,9 @@ def test_cut_mid_copy_resumes_the_copy_without_duplicates(
 ) -> None:
     hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
     rng = random.Random(3)
-    _setup(hook)
+    setup_table(hook)
     for first in range(1, 12_001, 3000):
-        _insert(hook, rng, range(first, first + 3000))
+        insert_rows(hook, rng, range(first, first + 3000))
     shards = capture_stop_position(hook.open_vstream_raw, "customer")
     start = Vgtid.from_json(
         "["
@@ -237,10 +201,10 @@ def test_cut_after_one_shard_finished_its_copy_still_ends_the_snapshot(
     call alive. The read must end when the other shard's copy does."""
     hook = _hook(vitess, monkeypatch, "vitess_faults", proxy.port)
     rng = random.Random(6)
-    _setup(hook)
-    _insert(hook, rng, range(1, 41))  # both shards: one of them holds only these few rows
+    setup_table(hook)
+    insert_rows(hook, rng, range(1, 41))  # both shards: one of them holds only these few rows
     for first in range(100_000, 112_000, 3000):  # the other one a copy of seconds on a slow link
-        _insert(hook, rng, range(first, first + 3000), customer=ONE_SHARD_CUSTOMER)
+        insert_rows(hook, rng, range(first, first + 3000), customer=ONE_SHARD_CUSTOMER)
     shards = capture_stop_position(hook.open_vstream_raw, "customer")
     start = Vgtid.from_proto(
         binlogdata_pb2.VGtid(

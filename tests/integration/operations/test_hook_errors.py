@@ -17,7 +17,7 @@ from airflow_provider_vitess.exceptions import InvalidVgtidError, VitessConnecti
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.reader import VStreamReader
-from tests.conftest import LocalVitess, connection_uri_env
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ killed task's rerun waits 2 minutes for its lock to go stale). ``make soak-matri
 runs seeds 0-49 with full scripts (every event drawn) and prints a line per seed and the
 tally; ``MATRIX_FIRST=n`` starts at seed n, ``MATRIX_LOG=file`` appends each seed's result (a
 JSON line) there.
-Reproduce one seed: ``MATRIX_FULL=1 pytest -m soak 'tests/integration/test_matrix_soak.py::test_matrix[7]'``.
+Reproduce one seed:
+``MATRIX_FULL=1 pytest -m soak 'tests/integration/operations/test_matrix_soak.py::test_matrix[7]'``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import pytest
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging.hashing import hasher
-from tests.conftest import LocalVitess, connection_uri_env, print_past_capture
-from tests.integration.airflow_env import make_airflow_env
-from tests.integration.matrix_soak import MODES, WIDENED, MatrixSoak, Tally, draw
-from tests.integration.mode_oracles import (
+from tests.support.airflow_env import make_airflow_env
+from tests.support.local import LocalVitess, connection_uri_env, print_past_capture
+from tests.support.matrix_soak import MODES, WIDENED, MatrixSoak, Tally, draw
+from tests.support.mode_oracles import (
     as_target,
     assert_changelog,
     assert_cut_consistent,
@@ -110,7 +111,7 @@ def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
         False,
     }
     events = {e for p in plans for s in p.steps for e in s.events}
-    from tests.integration.modes_workload import EVENTS
+    from tests.support.modes_workload import EVENTS
 
     assert events == set(EVENTS)
     steps = [(p, s) for p in plans for s in p.steps]

@@ -41,9 +41,9 @@ from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies, ZeroDatePolicy
 from airflow_provider_vitess.vstream.position import capture_stop_position
 from spark_jobs.merge_cdc import merge
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_history, spark_session
-from tests.integration.merge_workload import execute
+from tests.support.delta_check import assert_delta_equals_source, delta_history, spark_session
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.merge_workload import execute
 
 pytestmark = pytest.mark.integration
 

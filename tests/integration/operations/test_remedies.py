@@ -33,9 +33,9 @@ from airflow_provider_vitess.merge.job import connect, delta_features
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
-from tests.conftest import LocalVitess
-from tests.integration import merge_workload as wl
-from tests.integration.mode_oracles import assert_history, delta_dicts, source_dicts
+from tests.support import merge_workload as wl
+from tests.support.local import LocalVitess
+from tests.support.mode_oracles import assert_history, delta_dicts, source_dicts
 
 pytestmark = pytest.mark.integration
 

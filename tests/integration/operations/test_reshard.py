@@ -65,13 +65,13 @@ from airflow_provider_vitess.triggers import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 from airflow_provider_vitess.vstream.changes import JOURNAL
 from airflow_provider_vitess.vstream.moves import parse_journal
-from tests.conftest import connection_uri_env
-from tests.integration import capture_child
-from tests.integration import merge_workload as wl
-from tests.integration.capture_child import ChildSpec
-from tests.integration.delta_check import delta_txns, spark_session
-from tests.integration.replay import Key, Replay, Row, StagedChange
-from tests.integration.topology import Topology, start_topology, stop_topology
+from tests.support import capture_child
+from tests.support import merge_workload as wl
+from tests.support.capture_child import ChildSpec
+from tests.support.delta_check import delta_txns, spark_session
+from tests.support.local import connection_uri_env
+from tests.support.replay import Key, Replay, Row, StagedChange
+from tests.support.topology import Topology, start_topology, stop_topology
 
 pytestmark = pytest.mark.integration
 

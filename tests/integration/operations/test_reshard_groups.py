@@ -34,9 +34,9 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.runner import MergeRunner
 from airflow_provider_vitess.plugins import documents
-from tests.conftest import connection_uri_env
-from tests.integration.delta_check import assert_delta_equals_source, delta_txns, spark_session
-from tests.integration.topology import SCRIPT, FourShardCluster, _four_shard_env
+from tests.support.delta_check import assert_delta_equals_source, delta_txns, spark_session
+from tests.support.local import connection_uri_env
+from tests.support.topology import SCRIPT, FourShardCluster, _four_shard_env
 
 pytestmark = pytest.mark.integration
 

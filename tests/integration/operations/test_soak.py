@@ -6,7 +6,7 @@ seed 1 with the 100,000-row transaction). ``make soak SEEDS=50`` runs seeds 0-49
 (every phase faulted, several times, the big transaction in every seed) and prints the tally;
 ``SOAK_FIRST=n`` starts at seed n; ``SOAK_LOG=file`` also appends each seed's result (a JSON
 line) there as it finishes.
-Reproduce one seed: ``SOAK_FULL=1 pytest -m soak 'tests/integration/test_soak.py::test_soak[7]'``.
+Reproduce one seed: ``SOAK_FULL=1 pytest -m soak 'tests/integration/operations/test_soak.py::test_soak[7]'``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LocalVitess, print_past_capture
-from tests.integration.faultproxy import FaultProxy
-from tests.integration.soak import PHASES, SeedPlan, Soak, Tally
+from tests.support.faultproxy import FaultProxy
+from tests.support.local import LocalVitess, print_past_capture
+from tests.support.soak import PHASES, SeedPlan, Soak, Tally
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 

@@ -20,16 +20,16 @@ from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging import read_table
 from airflow_provider_vitess.staging.manifest import Manifest
 from airflow_provider_vitess.vstream.window import ReadBounds
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration import test_faults as faults
+from tests.support import fault_rows
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 
 
 def _changes(manifest: Manifest) -> list[tuple[Any, ...]]:
-    if faults.TABLE not in manifest.tables:
+    if fault_rows.TABLE not in manifest.tables:
         return []  # a window that read only other tables' transactions
-    rows = read_table(manifest, faults.TABLE).to_pylist()
+    rows = read_table(manifest, fault_rows.TABLE).to_pylist()
     return sorted((r["_op"], r["id"], r["payload"]) for r in rows)
 
 
@@ -40,10 +40,10 @@ def _snapshotted(
     env, value = connection_uri_env("vitess_recovery", vitess)
     monkeypatch.setenv(env, value)
     hook = VitessHook("vitess_recovery")
-    faults._setup(hook)
-    faults._insert(hook, rng, range(1, 11))
+    fault_rows.setup_table(hook)
+    fault_rows.insert_rows(hook, rng, range(1, 11))
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
-    spec = SyncSpec(sync_id, "customer", (faults.TABLE,), str(tmp_path / "staging"))
+    spec = SyncSpec(sync_id, "customer", (fault_rows.TABLE,), str(tmp_path / "staging"))
     runner = CaptureRunner(hook, store, spec, holder="test")
     snap = runner.snapshot()
     store.mark_merged(spec.sync_id, snap.seq)
@@ -59,12 +59,12 @@ def test_lost_or_corrupt_staged_window_is_discarded_and_read_again(
     hook, store, runner = _snapshotted(vitess, monkeypatch, tmp_path, "recover", rng)
     spec = runner.spec
 
-    faults._insert(hook, rng, range(11, 31))
+    fault_rows.insert_rows(hook, rng, range(11, 31))
     first = runner.catch_up()
     expected = _changes(first.manifest)
     assert len(expected) == 20
     wdir = tmp_path / "staging" / "recover" / f"window={first.seq:010d}"
-    part = next(wdir.glob(f"{faults.TABLE}/part-*.parquet"))
+    part = next(wdir.glob(f"{fault_rows.TABLE}/part-*.parquet"))
     if loss == "part corrupt":
         part.write_bytes(part.read_bytes()[:-10] + b"0123456789")
     elif loss == "part missing":
@@ -89,7 +89,7 @@ def test_a_backlog_is_staged_as_a_chain_and_a_lost_window_in_it_is_read_again_wi
     hook, store, runner = _snapshotted(vitess, monkeypatch, tmp_path, "chain", rng)
     spec = runner.spec
     for first in range(101, 161, 10):  # 6 transactions of 10 rows, in different commit seconds
-        faults._insert(hook, rng, range(first, first + 10))
+        fault_rows.insert_rows(hook, rng, range(first, first + 10))
         time.sleep(1.1)  # (units of one second may be released together, past max_events)
 
     chain = runner.backlog(ReadBounds(max_events=10))

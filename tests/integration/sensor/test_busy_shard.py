@@ -33,9 +33,9 @@ from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.window import capture_stop_position
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env
-from tests.integration.delta_check import assert_delta_equals_source
+from tests.support.airflow_env import CONNECT_MERGE, make_airflow_env
+from tests.support.delta_check import assert_delta_equals_source
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 

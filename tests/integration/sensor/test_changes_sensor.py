@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,54 +29,18 @@ import pytest
 import sqlalchemy
 from airflow.sdk import PokeReturnValue
 
-from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks import aio
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.sensors import VitessChangesSensor
 from airflow_provider_vitess.triggers.changes import VitessChangesTrigger
 from airflow_provider_vitess.vgtid import Vgtid
-from airflow_provider_vitess.vstream.window import capture_stop_position
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import BIN, make_airflow_env
+from tests.support.airflow_env import BIN, make_airflow_env
+from tests.support.changes_sensor import CONN_ID, DRIVER, OTHER, SYNC_ID, WATCHED, commit_position, current
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 
-CONN_ID = "vitess_changes"
-WATCHED = "chgsensor_watch"
-OTHER = "chgsensor_other"
 DAG_ID = "vitess_changes_sensor_test"
-SYNC_ID = "chgsensor"
-
-
-@pytest.fixture(scope="module")
-def conn_env(vitess: LocalVitess) -> Iterator[tuple[str, str]]:
-    name, value = connection_uri_env(CONN_ID, vitess)
-    old = os.environ.get(name)
-    os.environ[name] = value
-    yield name, value
-    if old is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = old
-
-
-@pytest.fixture(scope="module")
-def hook(conn_env: tuple[str, str]) -> Iterator[VitessHook]:
-    """The tables exist (created once, kept: their vschema entries outlive a DROP anyway)."""
-    hook = VitessHook(CONN_ID)
-    body = "(id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(64))"
-    with hook.connect_sql() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE TABLE IF NOT EXISTS commerce.{OTHER} {body}"))
-        for table in (WATCHED, OTHER):
-            conn.execute(sqlalchemy.text(f"CREATE TABLE IF NOT EXISTS customer.{table} {body}"))
-            try:
-                conn.execute(sqlalchemy.text(f"SHOW VSCHEMA VINDEXES ON customer.{table}"))
-            except sqlalchemy.exc.DBAPIError:  # not in the vschema yet
-                conn.execute(
-                    sqlalchemy.text(f"ALTER VSCHEMA ON customer.{table} ADD VINDEX hash(id) USING hash")
-                )
-    yield hook
-    hook.close()
 
 
 _next_id = [int(time.time() * 1000)]
@@ -104,10 +68,6 @@ def shard_of(hook: VitessHook, row_id: int) -> str:
             if here:
                 return shard
     raise AssertionError(f"row {row_id} is on no shard")
-
-
-def current(hook: VitessHook, keyspace: str = "customer") -> Vgtid:
-    return capture_stop_position(hook.open_vstream, keyspace, timeout=30)
 
 
 def trigger_for(start: Vgtid, **kwargs: Any) -> VitessChangesTrigger:
@@ -330,31 +290,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2025, 1, 1), catchup=Fal
     )
 """
 
-# Runs the DAG once with dag.test(). "triggerer" mode leaves deferred tasks to a real triggerer
-# process (dag.test() would run the trigger inline): its loop then waits, reading task states
-# from the database, until the triggerer has scheduled the task again, and resumes it.
-DRIVER = """
-import json, sys
-
-import runpy
-
-import airflow.sdk.definitions.dag as dag_module
-from airflow.sdk import DAG
-
-if sys.argv[1] == "triggerer":
-    run_task = dag_module._run_task
-
-    def without_inline_trigger(*, ti, task, run_triggerer=False):
-        return run_task(ti=ti, task=task, run_triggerer=False)
-
-    dag_module._run_task = without_inline_trigger
-
-found = runpy.run_path(sys.argv[2])
-dag = next(v for v in found.values() if isinstance(v, DAG) and v.dag_id == sys.argv[3])
-run = dag.test()
-print("RESULT " + json.dumps({"state": str(run.state)}), flush=True)
-"""
-
 
 @pytest.fixture(scope="module")
 def airflow_home(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
@@ -367,24 +302,6 @@ def airflow_home(vitess: LocalVitess, tmp_path_factory: pytest.TempPathFactory) 
     )
     (airflow.home / "driver.py").write_text(textwrap.dedent(DRIVER))
     return {**airflow.env, "STORE_URL": store_url}
-
-
-def commit_position(store_url: str, position: Vgtid) -> None:
-    """Makes ``position`` the sync's committed VGTID, the way a merged window does."""
-    store = CheckpointStore(store_url)
-    try:
-        store.migrate()
-        store.ensure_sync(SYNC_ID, "customer", [WATCHED], {})
-        committed, _ = store.committed(SYNC_ID)
-        if committed is None:
-            seq = store.plan_window(SYNC_ID, "snapshot", Vgtid.for_keyspace("customer", ""))
-        else:
-            seq = store.plan_window(SYNC_ID, "catchup", committed, position)
-        store.mark_staged(SYNC_ID, seq, position, f"/nowhere/{seq}/manifest.json")
-        store.mark_merged(SYNC_ID, seq)
-        store.commit(SYNC_ID, seq)
-    finally:
-        store.close()
 
 
 def metadata(env: dict[str, str], sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -22,18 +22,10 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.conftest import LocalVitess, connection_uri_env
-from tests.integration.airflow_env import BIN, AirflowEnv, make_airflow_env
-from tests.integration.databases import free_port
-from tests.integration.test_changes_sensor import (
-    DRIVER,
-    SYNC_ID,
-    WATCHED,
-    commit_position,
-    conn_env,  # noqa: F401
-    current,
-    hook,  # noqa: F401  (the fixture: creates the watched tables)
-)
+from tests.support.airflow_env import BIN, AirflowEnv, make_airflow_env
+from tests.support.changes_sensor import DRIVER, SYNC_ID, WATCHED, commit_position, current
+from tests.support.databases import free_port
+from tests.support.local import LocalVitess, connection_uri_env
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +140,7 @@ def run_case(airflow: AirflowEnv, source: VitessHook, case: str) -> tuple[str | 
 @pytest.mark.usefixtures("conn_env")
 def test_wrong_credentials_fail_the_sensor_and_never_reach_the_logs(
     triggered: AirflowEnv,
-    hook: VitessHook,  # noqa: F811
+    hook: VitessHook,
 ) -> None:
     state, logs = run_case(triggered, hook, "bad_password")
     assert state == "failed", logs[-4000:]
@@ -159,7 +151,7 @@ def test_wrong_credentials_fail_the_sensor_and_never_reach_the_logs(
 
 
 @pytest.mark.usefixtures("conn_env")
-def test_an_unreachable_vtgate_fails_the_sensor(triggered: AirflowEnv, hook: VitessHook) -> None:  # noqa: F811
+def test_an_unreachable_vtgate_fails_the_sensor(triggered: AirflowEnv, hook: VitessHook) -> None:
     state, logs = run_case(triggered, hook, "unreachable")
     assert state == "failed", logs[-4000:]
     # Not answering within the connection's timeout, or still connecting at the sensor's deadline
@@ -170,7 +162,7 @@ def test_an_unreachable_vtgate_fails_the_sensor(triggered: AirflowEnv, hook: Vit
 
 
 @pytest.mark.usefixtures("conn_env")
-def test_no_change_within_the_timeout_skips(triggered: AirflowEnv, hook: VitessHook) -> None:  # noqa: F811
+def test_no_change_within_the_timeout_skips(triggered: AirflowEnv, hook: VitessHook) -> None:
     state, logs = run_case(triggered, hook, "idle")
     assert state == "skipped", logs[-4000:]
     assert "nothing to do, the rest of this run is skipped" in logs

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from airflow_provider_vitess.utils.airflow_compat import dag_bag
+from tests.support.local import REPO
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "dags_examples"
+EXAMPLES = REPO / "dags_examples"
 
 
 def test_every_example_dag_loads() -> None:

@@ -55,9 +55,9 @@ def test_no_objective_no_deadline_and_the_caller_s_own_deadline_or_callback_wins
     assert not _dag().deadline
     own = deadline_alert(timedelta(minutes=7), "airflow_provider_vitess.deadlines.freshness_deadline_missed")
     assert _alert(_dag(freshness_sla=60, deadline=own)).interval == timedelta(minutes=7)
-    mine = async_callback("tests.unit.test_freshness_deadline.page_someone", kwargs={"team": "data"})
+    mine = async_callback(f"{__name__}.page_someone", kwargs={"team": "data"})
     alert = _alert(_dag(freshness_sla=60, freshness_callback=mine))
-    assert alert.callback.path == "tests.unit.test_freshness_deadline.page_someone"
+    assert alert.callback.path == f"{__name__}.page_someone"
     assert alert.callback.kwargs == {"team": "data"}
 
 

@@ -15,7 +15,7 @@ from airflow_provider_vitess.staging.manifest import read_table
 from airflow_provider_vitess.staging.writer import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.reader import VStreamReader
-from tests.unit.test_reader import KS, E, ev, ev_field, ev_row, ev_vgtid, qrow, resp, vgtid
+from tests.support.vevents import KS, E, ev, ev_field, ev_row, ev_vgtid, qrow, resp, vgtid
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -30,7 +30,7 @@ from airflow_provider_vitess.versions import (
     newest_spark_line,
     spark_line,
 )
-from tests.conftest import REPO
+from tests.support.local import REPO
 
 
 def _requirement(name: str, extra: str | None = None) -> Requirement:

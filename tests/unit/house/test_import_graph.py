@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.local import REPO
+
 PACKAGE = "airflow_provider_vitess"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 # The package as imported: the checkout's, or the installed wheel's (make test-compat runs the
 # tests from a copy of the repo without the package).
 SOURCE = Path(importlib.util.find_spec(PACKAGE).origin or "").parent  # type: ignore[union-attr]

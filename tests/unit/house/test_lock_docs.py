@@ -5,12 +5,12 @@ from __future__ import annotations
 import inspect
 import re
 from datetime import timedelta
-from pathlib import Path
 
 from airflow_provider_vitess.capture.runner import CaptureRunner
 from airflow_provider_vitess.merge.runner import MergeRunner
+from tests.support.local import REPO
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = REPO / "docs"
 
 
 def _minutes(text: str) -> set[int]:

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.support.local import REPO
 
 # Spelled in pieces so this file does not match itself.
 OUTSIDE = ("../" + "shared", "/work" + "/", "DESIGN" + ".md")

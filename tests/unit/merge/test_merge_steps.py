@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
-from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.merge.job.schema import MergeSchemaError
 from airflow_provider_vitess.merge.job.steps import Action, TableState, plan_steps
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
@@ -16,49 +15,13 @@ from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableT
 from airflow_provider_vitess.staging.manifest import (
     COLUMN_CHOICE_CHANGED,
     ColumnSchema,
-    Manifest,
-    PartInfo,
-    TableManifest,
-    TableSchema,
 )
-from airflow_provider_vitess.vgtid import Vgtid
-
-Q = query_pb2.Type
-
-
-def col(name: str, type_: query_pb2.Type, column_type: str) -> ColumnSchema:
-    return ColumnSchema.from_field(
-        query_pb2.Field(name=name, type=type_, column_type=column_type, charset=255)
-    )
-
-
-ID = col("id", Q.INT32, "int")
-ID64 = col("id", Q.INT64, "bigint")
-NAME = col("name", Q.VARCHAR, "varchar(9)")
-NAME_INT = col("name", Q.INT32, "int")
-EXTRA = col("extra", Q.DATE, "date")
-
-
-def table(name: str, *schemas: tuple[ColumnSchema, ...], rows: bool = True) -> TableManifest:
-    ts = tuple(TableSchema(cols, ("id",)) for cols in schemas)
-    parts = tuple(
-        PartInfo(name, f"{name}/part-{i:05d}.parquet", 1, 1, "0" * 64, s.to_json()) for i, s in enumerate(ts)
-    )
-    return TableManifest(name, ("ks",), ("id",), ts, parts if rows else (), {})
-
-
-def manifest(seq: int, *tables: TableManifest) -> Manifest:
-    v = Vgtid.for_keyspace("ks", "")
-    return Manifest("s", seq, v, v, v, {t.table: t for t in tables}, location="/stage")
+from tests.support.manifests import EXTRA, ID, ID64, NAME, NAME_INT, Q, col, manifest, table, w
 
 
 def plan(*windows: WindowToMerge) -> MergePlan:
     targets = {t: TableTarget(t, f"/delta/{t}", ("id",), ("id",)) for t in ("a", "b")}
     return MergePlan("s", windows, targets)
-
-
-def w(seq: int, *replace: str) -> WindowToMerge:
-    return WindowToMerge(seq, f"/stage/s/window={seq:010d}/_manifest.json", replace)
 
 
 NEW = TableState(exists=False)

@@ -22,7 +22,7 @@ from airflow_provider_vitess.merge.modes import (
     shape_marker,
 )
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
-from tests.unit.test_merge_steps import ID, NAME, manifest, table, w
+from tests.support.manifests import ID, NAME, manifest, table, w
 
 
 def test_defaults_and_overrides_per_table() -> None:

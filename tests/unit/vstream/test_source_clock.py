@@ -1,7 +1,7 @@
 """The source time a stop read from REPLICA/RDONLY tablets stands for (``vstream/source_clock.py``):
 the worker's time before the lag was read, lowered by the largest lag of the stop's shards' tablets
 and the lag's one-second grain; no time at all when a lag is not known. (Read on the real cluster:
-``tests/integration/test_replica_lag.py``.)"""
+``tests/integration/checkpoints/test_replica_lag.py``.)"""
 
 from __future__ import annotations
 

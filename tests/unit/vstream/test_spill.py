@@ -24,25 +24,13 @@ from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.ordering import ShardMerger, ShardTransaction, TransactionAssembler
 from airflow_provider_vitess.vstream.spill import MemoryLimits, SpillableEvents, spill_directory
 from airflow_provider_vitess.vstream.window import ReadBounds, WindowReader
+from tests.support.local import REPO
+from tests.support.spill import spill_fds
 
 E = binlogdata_pb2.VEventType
 KS = "ks"
 A, B = "-80", "80-"
 WIDE = 100_000  # bytes of one row's value: "wide" against the limits the tests set
-
-
-def spill_fds(directory: Path) -> list[str]:
-    """This process's open files in ``directory`` (an anonymous spill file reads
-    ``<dir>/#<inode> (deleted)`` in /proc)."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(f"{directory}/"):
-            out.append(target)
-    return out
 
 
 # -- scripted VStream ------------------------------------------------------------------------
@@ -377,7 +365,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from tests.unit import test_spill as t
+from tests.unit.vstream import test_spill as t
 directory = Path({directory!r})
 def stall():
     print(json.dumps(t.spill_fds(directory)), flush=True)
@@ -390,7 +378,7 @@ window.run()
 
 
 def test_sigterm_mid_read_leaves_nothing_in_the_spill_directory(tmp_path: Path) -> None:
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(REPO)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD.format(repo=repo, directory=str(tmp_path))],
         stdout=subprocess.PIPE,
