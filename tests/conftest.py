@@ -7,9 +7,9 @@ connection (an ``AIRFLOW_CONN_*`` environment variable), the way a user's DAG wo
 ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadscope``): most of the suite waits
 on servers (vtgate, Airflow's scheduler, Spark), so a second worker uses the idle core. Each
 module is one unit of work (its module fixtures are set up once), and modules that share tables
-of the cluster run in one worker, one after another (``tests/support/scheduling.py``). The
-helpers these fixtures stand on are in ``tests/support/``; this file keeps the fixtures and the
-pytest hooks.
+of the cluster run in one worker, one after another, and the longest units start first
+(``tests/support/scheduling.py``). The helpers these fixtures stand on are in ``tests/support/``;
+this file keeps the fixtures and the pytest hooks.
 """
 
 from __future__ import annotations
@@ -34,9 +34,32 @@ from tests.support.local import (
     spark_env,
     start_cluster,
 )
-from tests.support.scheduling import SHARED_TABLES
+from tests.support.scheduling import LONG_FIRST, SHARED_TABLES
 
 _GROUP_OF = {module: group for group, modules in SHARED_TABLES.items() for module in modules}
+
+
+def _integration(path: Path) -> bool:
+    """Whether ``path`` (absolute, or a node id's, relative to the repo) is an integration module."""
+    return (REPO / path).resolve().is_relative_to(REPO / "tests" / "integration")
+
+
+def _group_key(path: Path) -> str | None:
+    """The SHARED_TABLES group of an integration module (unit modules share no tables: a unit
+    module named like an integration one, ``test_lineage``, is not in its group)."""
+    return _GROUP_OF.get(path.stem) if _integration(path) else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration modules of :data:`LONG_FIRST` first, in its order; the rest in path order."""
+    rank = {stem: i for i, stem in enumerate(LONG_FIRST)}
+
+    def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int]:
+        index, item = indexed
+        long = item.path.stem in rank and _integration(item.path)
+        return (rank[item.path.stem] if long else len(rank), index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -49,7 +72,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class SharedTablesScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return _GROUP_OF.get(Path(path).stem, path)
+            return _group_key(Path(path)) or path
 
     return SharedTablesScheduling(config, log)
 

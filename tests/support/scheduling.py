@@ -42,3 +42,21 @@ SHARED_TABLES: dict[str, tuple[str, ...]] = {
     # fetch error"), so the other modules on that cluster failed beside it (a full run, session 22).
     "four_shard_cluster": ("test_copy_phase", "test_groups_four_shards", "test_reshard_groups"),
 }
+
+# The longest units of work, first: with ``--no-loadscope-reorder`` the workers take units in
+# collection order (rooms alphabetically, then the job tier, then the unit tier's seconds-long
+# modules), and a long unit taken last would be the run's tail. A module of a SHARED_TABLES group
+# brings its whole group forward. Longest first, by a full run's times (session 23): the customer
+# tables' group (~1,050 s), test_target_modes (~420 s), the changes sensor's group (~410 s),
+# test_merge_delta (~330 s), the four-shard cluster's group (~250 s), then ~230-180 s each.
+LONG_FIRST = (
+    "test_backfill_api",
+    "test_dag_sync",
+    "test_target_modes",
+    "test_busy_shard",
+    "test_merge_delta",
+    "test_groups_four_shards",
+    "test_reshard",
+    "test_sync_changes",
+    "test_operations",
+)
