@@ -1,6 +1,8 @@
 # Everything a newcomer needs runs from here; each target installs what it uses.
 #   make demo   local Vitess + sample data + the example DAG through Airflow, Delta vs source printed
-#   make test   lint + type-check + unit and integration tests against a real local Vitess
+#   make test   lint + type-check + every tier below (tests/README.md) against a real local Vitess
+#   make unit / make job / make integration   one tier: pure logic (seconds); the merge job on
+#               local Spark from synthetic windows (a minute); the real cluster, Airflow, Spark, Delta
 #   make vitess / make vitess-stop   start (idempotent) / stop the local Vitess cluster
 #   make fleet / make fleet-stop     an Airflow fleet (CeleryExecutor, two workers, S3, PostgreSQL)
 #   make test-fleet  the fleet tests (tests/fleet/; not part of `make test`)
@@ -9,13 +11,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The releases `make test` runs on: the newest of airflow_provider_vitess/versions.py (which
-# `make test-compat` runs all of; tests/unit/test_versions.py keeps the two equal).
+# `make test-compat` runs all of; tests/unit/floor/test_versions.py keeps the two equal).
 AIRFLOW_VERSION ?= 3.3.2
 PYSPARK_VERSION ?= 4.2.0
 DELTA_VERSION ?= 4.4.0
 STAMP := $(VENV)/.installed-$(AIRFLOW_VERSION)-$(PYSPARK_VERSION)-$(DELTA_VERSION)
 
-.PHONY: demo test lint unit integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat \
+.PHONY: demo test lint unit job integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat \
 	fleet fleet-stop test-fleet
 
 demo: $(STAMP) protos vitess
@@ -52,6 +54,10 @@ lint: $(STAMP) protos
 unit: $(STAMP) protos
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
+# The merge job's rows and order on local Spark from synthetic staged windows: no Vitess, no Airflow.
+job: $(STAMP) protos
+	$(BIN)/pytest -q -p no:cacheprovider tests/job
+
 integration: $(STAMP) protos vitess
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration
 
@@ -79,7 +85,7 @@ bench-peers: $(STAMP) protos vitess
 # `make test` runs its five small seeds. Prints the tally at the end; SOAK_LOG=file keeps each seed's.
 SEEDS ?= 50
 soak: $(STAMP) protos vitess
-	SOAK_FULL=1 SOAK_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_soak.py
+	SOAK_FULL=1 SOAK_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/operations/test_soak.py
 
 # The matrix soak (bench/README.md): per seed a drawn configuration (target modes, shard groups,
 # column choice, max_events, sensor) and script (moves, same-second deletes, key changes, long
@@ -87,7 +93,7 @@ soak: $(STAMP) protos vitess
 # run; `make test` runs its fixed seed. A line per seed and the tally at the end; MATRIX_FIRST=n
 # starts at seed n, MATRIX_LOG=file keeps each seed's result.
 soak-matrix: $(STAMP) protos vitess
-	MATRIX_FULL=1 MATRIX_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/test_matrix_soak.py
+	MATRIX_FULL=1 MATRIX_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/operations/test_matrix_soak.py
 
 # Not part of `test`: every Airflow minor and every Spark/Delta pair of
 # airflow_provider_vitess/versions.py, each from the repo's wheel in a venv of its own (kept in

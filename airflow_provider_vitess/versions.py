@@ -1,7 +1,7 @@
 """The Airflow and Spark/Delta releases the provider is tested on: one list for everything.
 
 ``make test-compat`` (dev/test_compat.py) installs exactly these, ``pyproject.toml``'s ranges
-are derived from them (tests/unit/test_versions.py fails when the two drift apart), and the
+are derived from them (tests/unit/floor/test_versions.py fails when the two drift apart), and the
 merge job's Delta package follows the Spark line of the cluster it runs on
 (:func:`spark_line`). Plain data and no imports beyond the standard library: the compat script
 loads this file before any venv exists.

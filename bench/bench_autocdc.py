@@ -11,7 +11,7 @@ compares each target with ``SELECT *`` through vtgate.
 It starts (or reuses) the cluster of ``dev/local_vitess.sh`` and connects as the other benches
 do (``bench_window.connect``). Then:
 
-1. **Workload and capture** (``tests/integration/merge_workload.py``, seeded): ``customer.
+1. **Workload and capture** (``tests/support/merge_workload.py``, seeded): ``customer.
    merge_orders`` (sharded by ``customer_id``) gets ``--orders`` rows and a snapshot window, then
    ``--rounds`` rounds of ``--transactions`` transactions (inserts, updates, deletes, primary key
    changes, moves between shards: DELETE + INSERT in one transaction), each captured by our
@@ -86,7 +86,7 @@ from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge  # noqa:
 from airflow_provider_vitess.merge.spark_conf import SCALA_BINARY_VERSION, SPARK_VERSION, spark_conf  # noqa: E402
 from airflow_provider_vitess.staging import Manifest, read_table  # noqa: E402
 from airflow_provider_vitess.staging import arrow_types as A  # noqa: E402
-from tests.integration import merge_workload as wl  # noqa: E402
+from tests.support import merge_workload as wl  # noqa: E402
 
 KEYSPACE = "customer"
 TABLE = wl.ORDERS

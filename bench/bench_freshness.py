@@ -42,11 +42,11 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 import sqlalchemy  # noqa: E402
 
 from airflow_provider_vitess.hooks.vitess import VitessHook  # noqa: E402
-from tests.conftest import _start_cluster, connection_uri_env  # noqa: E402
-from tests.integration.airflow_env import CONNECT_MERGE, make_airflow_env  # noqa: E402
-from tests.integration.airflow_services import AirflowServices, airflow_services  # noqa: E402
-from tests.integration.delta_check import spark_session  # noqa: E402
-from tests.integration.merge_workload import execute  # noqa: E402
+from tests.support.airflow_env import CONNECT_MERGE, make_airflow_env  # noqa: E402
+from tests.support.airflow_services import AirflowServices, airflow_services  # noqa: E402
+from tests.support.delta_check import spark_session  # noqa: E402
+from tests.support.local import connection_uri_env, start_cluster  # noqa: E402
+from tests.support.merge_workload import execute  # noqa: E402
 
 TABLE = "bench_fresh"
 DAG_FILE = """
@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("--modes", default="on_changes,1,5")
     parser.add_argument("--connect-url", help="a running Spark Connect server (default: start one)")
     args = parser.parse_args()
-    cluster = _start_cluster()
+    cluster = start_cluster()
     name, value = connection_uri_env("vitess_bench_fresh", cluster)
     os.environ[name] = value
     hook = VitessHook("vitess_bench_fresh")
@@ -235,7 +235,7 @@ def _connect_server(given: str | None) -> Iterator[str]:
     import subprocess
     from urllib.parse import quote
 
-    from tests.integration.databases import free_port
+    from tests.support.databases import free_port
 
     token = secrets.token_hex(12)
     with tempfile.TemporaryDirectory(prefix="bench-fresh-connect-") as state:

@@ -5,7 +5,7 @@ test; prints figures). Issue 31.
 
 1. **Cluster.** The four-shard cluster of ``dev/vitess_topology.sh`` (layout ``shards4``:
    keyspace ``sharded``, shards -40,40-80,80-c0,c0-, one primary each; started or reused as the
-   tests do, ``tests/integration/topology.py``). ``sharded.bench_groups`` (id BIGINT PK, a INT,
+   tests do, ``tests/support/topology.py``). ``sharded.bench_groups`` (id BIGINT PK, a INT,
    b VARCHAR(32), c DECIMAL(10,2), d DATETIME(6); hash vindex on id) is created afresh.
 2. **Syncs.** For each group count N (1, 2, 4), one sync of the table (its own SQLite checkpoint
    store and staging directory) is snapshotted while the table is empty (its window recorded
@@ -158,8 +158,8 @@ def _mib(n: float) -> str:
 
 
 def run(rows: int, chunk: int) -> None:
-    from tests.conftest import connection_uri_env
-    from tests.integration.topology import four_shard_cluster_running
+    from tests.support.local import connection_uri_env
+    from tests.support.topology import four_shard_cluster_running
 
     with four_shard_cluster_running() as cluster, tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

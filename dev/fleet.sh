@@ -190,7 +190,7 @@ write_common_env() {
         assignment AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS "$user:admin"
         assignment AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS False
         assignment AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT $trigger_log_port
-        # Quick enough for tests on 2 cores (as tests/integration/airflow_services.py).
+        # Quick enough for tests on 2 cores (as tests/support/airflow_services.py).
         assignment AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL 3
         assignment AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL 30
         assignment AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL 2

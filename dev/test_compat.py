@@ -1,7 +1,7 @@
 """``make test-compat``: the provider on every Airflow minor and every Spark/Delta pair it claims.
 
 The releases come from airflow_provider_vitess/versions.py, the one list that pyproject.toml's
-ranges are checked against (tests/unit/test_versions.py). The cells are each Airflow minor with
+ranges are checked against (tests/unit/floor/test_versions.py). The cells are each Airflow minor with
 the newest Spark line, and each other Spark line with the newest Airflow (not the full cross
 product: what differs between Airflow minors is on the Airflow worker, what differs between
 Spark lines is in the merge job). Each cell runs, as a user installs the provider: the repo
@@ -9,11 +9,12 @@ built into a wheel, installed into a venv of its own (kept in --cache-dir and re
 is reinstalled every run), then from a copy of the repo WITHOUT the package source (so every
 import is the installed wheel's):
 
-* unit     tests/unit (but the repository checks of test_repo_standalone.py, which need git)
+* unit     tests/unit and tests/job (but the repository checks of test_repo_standalone.py,
+           which need git)
 * dag-sync the DAG factory's sync through dag.test(): snapshot, workload, catch-up, merge,
-           Delta == SELECT * (tests/integration/test_dag_sync.py)
+           Delta == SELECT * (tests/integration/dags/test_dag_sync.py)
 * merge    the merge tests whose behaviour depends on the Spark/Delta line
-           (tests/integration/test_merge_delta.py but the kill and standalone-cluster tests,
+           (tests/integration/merge/test_merge_delta.py but the kill and standalone-cluster tests,
            test_merge_drop_columns.py)
 
 Prints the matrix (pass/fail with versions and times); exits non-zero unless every cell that
@@ -37,17 +38,17 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
-UNIT = ["tests/unit", "--deselect", "tests/unit/test_repo_standalone.py"]
+UNIT = ["tests/unit", "tests/job", "--deselect", "tests/unit/house/test_repo_standalone.py"]
 DAG_SYNC = [
-    "tests/integration/test_dag_sync.py::test_first_run_snapshots_and_later_runs_catch_up_to_the_source"
+    "tests/integration/dags/test_dag_sync.py::test_first_run_snapshots_and_later_runs_catch_up_to_the_source"
 ]
 # The merge tests whose behaviour depends on the Spark line and its Delta (types, MERGE and replace
 # commits, transaction ids, deletion vectors, column mapping, a widening by rewrite on Delta 3).
 # Left out: killing spark-submit at random points and the standalone cluster, which test the
 # job's process and cluster handling (the same on every line) and took most of the ~7 minutes.
 MERGE = [
-    "tests/integration/test_merge_delta.py",
-    "tests/integration/test_merge_drop_columns.py",
+    "tests/integration/merge/test_merge_delta.py",
+    "tests/integration/merge/test_merge_drop_columns.py",
     "-k",
     "not killed_at_random_points and not standalone_spark_cluster",
 ]

@@ -27,13 +27,13 @@
 #   commerce  (default) keyspace `commerce`, unsharded: one primary tablet, uid 100, holding the
 #             tables of dev/vitess/schema. The workflows (MoveTables, Reshard) are run by the caller
 #             through `tablet` and `vtctldclient`, as in Vitess's own examples/local
-#             (tests/integration/topology.py).
+#             (tests/support/topology.py).
 #   shards4   keyspace `sharded` of four shards -40,40-80,80-c0,c0- (one primary each, uids
 #             100..400, started side by side), empty, its vschema dev/vitess/topology/
 #             vschema_sharded.json (a `hash` vindex, no tables: tests add theirs by DDL through
 #             vtgate). Its own ports and state dir (below), so it runs beside a commerce cluster.
 # Tablets are primaries (durability policy `none`: MoveTables and Reshard need no replicas), but
-# those `replica` adds (tests/integration/topology.py, replica_cluster_running).
+# those `replica` adds (tests/support/topology.py, replica_cluster_running).
 #
 # Environment knobs:
 #   VITESS_TOPO_LAYOUT     commerce (default) or shards4, as above; give the same one to every

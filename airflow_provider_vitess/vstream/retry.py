@@ -6,7 +6,7 @@ Both loops that reopen a VStream from their last position, the capture reader
 gRPC error to one :class:`Reconnects`: it classifies the error (:func:`is_transient`), paces the
 reconnects (:class:`Backoff`), and names a final error with its remedy (:func:`stream_error`).
 
-Transient (``tests/integration/test_faults.py`` cuts and stalls the real vtgate's connection
+Transient (``tests/integration/operations/test_faults.py`` cuts and stalls the real vtgate's connection
 through a proxy; what it saw is marked *seen*):
 
 * ``UNAVAILABLE``: the connection died. *Seen*: "Stream removed (Socket closed)" on a cut,

@@ -3,7 +3,7 @@
 One fleet per test session: started by the first test that needs it (or found running, e.g. a
 ``make fleet`` a person looks at) and stopped at the end if this session started it. The tests
 drive it as a user does: DAG files deployed to each host, runs through the api-server's REST API
-(:class:`tests.integration.airflow_services.AirflowServices`' client), objects read from S3,
+(:class:`tests.support.airflow_services.AirflowServices`' client), objects read from S3,
 checkpoints from the PostgreSQL store.
 """
 
@@ -28,11 +28,11 @@ from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging.files import open_location
-from tests.conftest import REPO, LocalVitess, connection_uri_env, machine_lock
-from tests.integration.airflow_env import AirflowEnv
-from tests.integration.airflow_services import AirflowServiceError, AirflowServices
-from tests.integration.delta_check import delta_txns
-from tests.integration.merge_workload import assert_equal_to_source
+from tests.support.airflow_env import AirflowEnv
+from tests.support.airflow_services import AirflowServiceError, AirflowServices
+from tests.support.delta_check import delta_txns
+from tests.support.local import REPO, LocalVitess, connection_uri_env, machine_lock
+from tests.support.merge_workload import assert_equal_to_source
 
 SCRIPT = REPO / "dev" / "fleet.sh"
 _LOG_TAIL = 3000

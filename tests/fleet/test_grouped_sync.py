@@ -23,7 +23,7 @@ from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging.files import open_location
 from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, select_count
-from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
+from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
 

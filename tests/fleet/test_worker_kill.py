@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script
-from tests.integration.group_workload import Workload, create_orders, insert_filler, shards_of_customers
+from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
 

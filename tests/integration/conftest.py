@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.topology import FourShardCluster, four_shard_cluster_running
+from tests.support.big_table import make_big_table
+from tests.support.local import LocalVitess
+from tests.support.topology import FourShardCluster, four_shard_cluster_running
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +19,10 @@ def four_shard_cluster() -> Iterator[FourShardCluster]:
     session and shared by the xdist workers (``topology.four_shard_cluster_running``)."""
     with four_shard_cluster_running() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def big_table(vitess: LocalVitess) -> str:
+    """``commerce.big`` with exactly 200,000 rows (``tests/support/big_table.py``), for the snapshot
+    tests that kill a long copy: the Airflow connection id that reaches it."""
+    return make_big_table(vitess)

@@ -4,7 +4,7 @@ A window read by one process has one ``_seq`` over all its shards (the k-way mer
 ``vstream/ordering.py``); a window read by shard groups (``capture/groups.py``) has one ``_seq``
 per group, each from 1. Both keep every shard's binlog order, and that is all this order takes
 from ``_seq``; across shards it takes each event's commit second and shard. docs/design.md,
-"Shard groups", has the proof; ``tests/unit/test_group_order.py`` checks it.
+"Shard groups", has the proof; ``tests/job/test_group_order.py`` checks it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ table state then comes from :mod:`.connect`, which needs no JVM); executors need
 PySpark (the one Python function shipped to them, for DECIMAL(p > 38) text, has no imports of
 this provider).
 
-The rule per key (the same as ``tests/integration/replay.py`` and the README): a staged row is an
+The rule per key (the same as ``tests/support/replay.py`` and the README): a staged row is an
 event at its after-image key (an upsert; not for deletes) and, for updates and deletes, at its
 before-image key (a delete; skipped for an update that keeps its key). Within a shard, events are
 in binlog order (``_seq``; a before-image delete precedes its own row's upsert), so each shard's

@@ -1,0 +1,142 @@
+"""A column dropped or renamed at the source, through vtgate and the capture path, into real Delta.
+
+After the first merged window without the column, no row of the Delta table has it, whether the
+window touched the row or not (``merge.schema``'s docstring); a rename is a drop of the old name
+and an add of the new one; a merge killed between the DROP's commit and the MERGE's, then rerun,
+gives the table an uninterrupted merge gives; later windows drop nothing again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.merge.job import apply
+from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
+from airflow_provider_vitess.merge.report import TableStatus
+from spark_jobs.merge_cdc import merge
+from tests.support import merge_workload as wl
+from tests.support.delta_check import delta_history, spark_session
+from tests.support.local import LocalVitess
+
+pytestmark = pytest.mark.integration
+
+DRIFT = "merge_drift"
+
+
+class Killed(Exception):
+    """Stands for the merge process dying after its schema commits, before the MERGE commit."""
+
+
+def rows_of(session: SparkSession, path: Path) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+    df = session.read.format("delta").load(str(path))
+    return df.schema.fieldNames(), {r["id"]: tuple(r) for r in df.collect()}
+
+
+def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_the_same_table(
+    vitess: LocalVitess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spark = spark_session()
+    hook = wl.hook_for(vitess, "vitess_merge_drift")
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{DRIFT}",
+        f"CREATE TABLE commerce.{DRIFT} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), gone INT, "
+        "old_label VARCHAR(10))",
+        f"INSERT INTO commerce.{DRIFT} VALUES "
+        + ", ".join(f"({i}, 'n{i}', {i * 10}, 'l{i}')" for i in range(1, 7)),
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    sync = wl.new_sync(hook, store, tmp_path / "stage", f"drift-{uuid.uuid4().hex[:8]}", "commerce", [DRIFT])
+    target, clean = tmp_path / "delta", tmp_path / "delta-clean"
+    sync.capture(snapshot=True)
+    merge(spark, sync.plan(target, 0, 1))
+    shutil.copytree(target, clean)  # the same table, for a merge nobody interrupts
+
+    # The DDL, then a window that touches rows 1 and 7 only: rows 2..6 keep their old files.
+    wl.execute(
+        hook,
+        f"ALTER TABLE commerce.{DRIFT} DROP COLUMN gone, RENAME COLUMN old_label TO label",
+        f"UPDATE commerce.{DRIFT} SET name = 'one', label = 'L1' WHERE id = 1",
+        f"INSERT INTO commerce.{DRIFT} VALUES (7, 'n7', 'L7')",
+        f"DELETE FROM commerce.{DRIFT} WHERE id = 6",
+    )
+    window = sync.capture()
+    assert [s.names for s in window.tables[DRIFT].schemas] == [("id", "name", "label")]
+
+    # Killed after the schema's commits, before the window's MERGE commit: nothing of the window
+    # is in the table, the columns are already gone (the DROP is its own commit).
+    def killed(*_: object, **__: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(apply, "run_merge", killed)
+        with pytest.raises(Killed):
+            merge(spark, sync.plan(target, 1, 2))
+    names, rows = rows_of(spark, target / DRIFT)
+    assert names == ["id", "name", "label"]
+    assert rows[6] == (6, "n6", None) and 7 not in rows
+
+    rerun = merge(spark, sync.plan(target, 1, 2)).windows[0].table(DRIFT)
+    assert rerun.status is TableStatus.WRITTEN and rerun.schema_changes == ()
+    uninterrupted = merge(spark, sync.plan(clean, 1, 2)).windows[0].table(DRIFT)
+    assert uninterrupted.status is TableStatus.WRITTEN
+    assert uninterrupted.schema_changes == (
+        "map columns by name",
+        "drop column gone",
+        "drop column old_label",
+        "add column label string",
+    )
+    expected = {
+        1: (1, "one", "L1"),
+        2: (2, "n2", None),  # untouched: no "gone", no "old_label"; "label" as any added column
+        3: (3, "n3", None),
+        4: (4, "n4", None),
+        5: (5, "n5", None),
+        7: (7, "n7", "L7"),
+    }
+    assert rows_of(spark, clean / DRIFT) == (["id", "name", "label"], expected)
+    assert rows_of(spark, target / DRIFT) == (["id", "name", "label"], expected)
+
+    # The same window again: already applied, nothing committed.
+    version = delta_history(target / DRIFT)[-1]["version"]
+    again = merge(spark, sync.plan(target, 1, 2)).windows[0].table(DRIFT)
+    assert again.status is TableStatus.ALREADY_APPLIED
+    assert delta_history(target / DRIFT)[-1]["version"] == version
+    assert rows_of(spark, target / DRIFT) == (["id", "name", "label"], expected)
+
+    # A later window drops nothing again; a column added back under an old name is a new column:
+    # the dropped values do not come back.
+    wl.execute(
+        hook,
+        f"ALTER TABLE commerce.{DRIFT} ADD COLUMN gone VARCHAR(5)",
+        f"UPDATE commerce.{DRIFT} SET name = 'two', gone = 'g2' WHERE id = 2",
+    )
+    sync.capture()
+    later = merge(spark, sync.plan(target, 2, 3)).windows[0].table(DRIFT)
+    assert later.status is TableStatus.WRITTEN and later.schema_changes == ("add column gone string",)
+    names, rows = rows_of(spark, target / DRIFT)
+    assert names == ["id", "name", "label", "gone"]
+    assert rows == {k: (*v, None) for k, v in expected.items()} | {2: (2, "two", "l2", "g2")}
+
+    # A re-snapshot fills the renamed column everywhere: the table (column mapping on since the
+    # drop) is replaced and equals the source, value for value.
+    resnapshot = sync.capture(snapshot=True)
+    merge(
+        spark,
+        MergePlan(
+            sync.sync_id,
+            (WindowToMerge(resnapshot.window_seq, resnapshot.path, (DRIFT,)),),
+            sync.targets(target),
+        ),
+    )
+    assert wl.assert_equal_to_source(spark, hook, "commerce", DRIFT, str(target / DRIFT), ("id",)) == 6
+    wl.execute(hook, f"DROP TABLE commerce.{DRIFT}")

@@ -1,0 +1,267 @@
+"""Remedies the product names, followed from the error to a Delta table equal to ``SELECT *``.
+
+Each case makes the condition on the real cluster (vtgate, the sharded ``customer`` keyspace),
+asserts that the error names its remedy, does exactly what the text says, and ends with the
+target equal to ``SELECT *`` through vtgate. The capture and merge run through the runners the
+operators drive (``CaptureRunner``, ``GroupedSnapshot``, ``MergeRunner``), the merges on the
+session's Spark Connect server: no DAG per case, none of these remedies is about Airflow.
+
+* a snapshot copied by shard groups, resumed by one process (``capture_parallelism`` removed);
+* a catch-up while a snapshot window is unmerged, and a re-snapshot while a catch-up window is
+  merged but not committed ("finish it before a ...");
+* a table whose target mode changed (``TargetModeChangedError``): a new target location and a
+  re-snapshot;
+* a widened column on a Delta without type widening (``DeltaFeatureError``): a re-snapshot.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.exceptions import CheckpointError, DeltaFeatureError, TargetModeChangedError
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.job import connect, delta_features
+from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.report import MergeReport
+from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
+from tests.support import merge_workload as wl
+from tests.support.local import LocalVitess
+from tests.support.mode_oracles import assert_history, delta_dicts, source_dicts
+
+pytestmark = pytest.mark.integration
+
+GROUPED, STAGED, MODE, SIDE = "rem2_grouped", "rem2_staged", "rem2_mode", "rem2_side"
+
+
+def _create(hook: VitessHook, table: str, rows: int = 40) -> None:
+    """``table`` sharded by hash(id) (rows on both shards), ``rows`` rows."""
+    wl.create_sharded_table(hook, table, "(id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(32))", "id")
+    values = ", ".join(f"({i}, 'row {i}')" for i in range(1, rows + 1))
+    wl.execute(hook, f"INSERT INTO customer.{table} (id, note) VALUES {values}")
+
+
+def _change(hook: VitessHook, table: str, tag: str) -> None:
+    """An update, a delete and an insert of ``table``."""
+    wl.execute(
+        hook,
+        f"UPDATE customer.{table} SET note = '{tag}' WHERE id IN (2, 3)",
+        f"DELETE FROM customer.{table} WHERE id = 5",
+        f"INSERT INTO customer.{table} (id, note) VALUES ({1000 + len(tag)}, '{tag} new')",
+    )
+
+
+@pytest.fixture(scope="module")
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    hook = wl.hook_for(vitess, "vitess_rem2")
+    yield hook
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN):
+        wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
+
+
+@dataclass
+class Sync:
+    """One sync of ``tables``: its store, staging and Delta root, run as the operators run it."""
+
+    hook: VitessHook
+    spark_connect: str
+    root: Path
+    tables: tuple[str, ...]
+    sync_id: str = ""
+
+    def __post_init__(self) -> None:
+        self.sync_id = self.sync_id or f"rem2-{uuid.uuid4().hex[:8]}"
+        self.store = CheckpointStore(f"sqlite:///{self.root}/store.db")
+        self.store.migrate()
+        self.delta = self.root / "delta"
+
+    def spec(self) -> SyncSpec:
+        return SyncSpec(self.sync_id, "customer", self.tables, str(self.root / "stage"))
+
+    def runner(self) -> CaptureRunner:
+        return CaptureRunner(self.hook, self.store, self.spec(), holder="test-rem2")
+
+    def grouped(self) -> GroupedSnapshot:
+        return GroupedSnapshot(self.hook, self.store, self.spec(), holder="test-rem2-groups")
+
+    def snapshot_task(self, resnapshot_tables: tuple[str, ...] = ()) -> int:
+        """What the snapshot task does (``resnapshot_tables``: the DAG run's conf)."""
+        run = self.runner()
+        need = run.snapshot_need(resnapshot_tables)
+        return run.snapshot(tables=need.tables, need=need).seq
+
+    def submit(self, plan: MergePlan) -> MergeReport:
+        return connect.run_merge(self.spark_connect, plan)
+
+    def merge(self, targets: Mapping[str, Mapping[str, Any]] | None = None) -> MergeOutcome:
+        """What a merge task does: its targets (``targets`` as the DAG gives them)."""
+        runner = MergeRunner(self.store, self.sync_id, str(self.delta), targets, holder="test-rem2-merge")
+        return runner.run(self.submit)
+
+    def assert_exact(self, table: str, path: Path | None = None) -> int:
+        with connect.remote_sessions(self.spark_connect) as new_session:
+            spark = new_session()
+            where = str(path or self.delta / table)
+            return wl.assert_equal_to_source(spark, self.hook, "customer", table, where, ["id"])
+
+
+@pytest.fixture
+def sync_of(hook: VitessHook, spark_connect: str, tmp_path: Path) -> Any:
+    return lambda *tables: Sync(hook, spark_connect, tmp_path, tables)
+
+
+def test_a_grouped_snapshot_resumed_by_one_process_heals_with_capture_parallelism_back(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """``plan_snapshot`` with ``capture_parallelism=2`` and one group copied; then the DAG loses
+    its ``capture_parallelism`` and the one-process snapshot task is refused. The remedy: the
+    parallelism back until the snapshot is merged (the groups resume), removed afterwards."""
+    _create(hook, GROUPED)
+    sync = sync_of(GROUPED)
+    assert sync.grouped().plan_snapshot(2) == [0, 1]
+    sync.grouped().copy_group(0)
+    _change(hook, GROUPED, "during")  # between the two groups' copies
+
+    with pytest.raises(CheckpointError) as refused:
+        sync.snapshot_task()
+    text = str(refused.value)
+    assert f"sync {sync.sync_id!r} snapshot window 1 is copied by shard groups" in text, text
+    assert "give the DAG its capture_parallelism back until this snapshot is merged" in text, text
+    assert [p.state for p in sync.store.window_groups(sync.sync_id, 1)] == [
+        WindowState.STAGED,
+        WindowState.PLANNED,
+    ]
+
+    # capture_parallelism=2 back: plan_snapshot, every group mapped, merge_snapshot.
+    groups = sync.grouped().plan_snapshot(2)
+    assert groups == [0, 1]
+    assert [sync.grouped().copy_group(g)["status"] for g in groups] == ["already staged", "staged"]
+    assert sync.merge().seq == 1  # each group's shards as of its own copy
+    # Removed afterwards: one process streams on, from each group's copy end.
+    _change(hook, GROUPED, "after the snapshot")
+    sync.runner().catch_up()
+    assert sync.merge().seq == 2
+    assert sync.assert_exact(GROUPED) == 41  # 40, one deleted, two inserted
+
+
+def test_a_catch_up_before_its_snapshot_is_merged_and_a_resnapshot_before_a_commit_heal_as_the_errors_say(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """Windows never interleave. A catch-up while the snapshot window is STAGED (its merge failed
+    or has not run) is refused naming the task that finishes it (before, it named the snapshot
+    task, whose rerun hands the same window back: refused again). Then a merge killed after its
+    Delta commit and its MERGED mark, before the checkpoint's commit: a re-snapshot is refused
+    naming the merge task. Doing what each says, the refused task runs, exact."""
+    _create(hook, STAGED)
+    sync = sync_of(STAGED)
+    sync.snapshot_task()
+    _change(hook, STAGED, "before the merge")
+    with pytest.raises(CheckpointError) as refused:
+        sync.runner().catch_up()
+    text = str(refused.value)
+    assert f"sync {sync.sync_id!r} has an unfinished snapshot window 1 (STAGED)" in text, text
+    assert "finish it before a catchup: its merge task (merge_snapshot) commits it" in text, text
+    assert sync.merge().seq == 1  # what it says
+    seq = sync.runner().catch_up().seq
+
+    sync.submit(build_plan(sync.store, sync.sync_id, sync.store.window(sync.sync_id, seq), str(sync.delta)))
+    sync.store.mark_merged(sync.sync_id, seq)  # killed here, before the commit
+    _change(hook, STAGED, "and then")
+    with pytest.raises(CheckpointError) as refused:
+        sync.snapshot_task((STAGED,))
+    text = str(refused.value)
+    assert f"has an unfinished catchup window {seq} (MERGED)" in text, text
+    assert "finish it before a snapshot: its merge task (merge) commits it" in text, text
+    assert sync.merge().seq == seq  # what it says: the merge task, rerun
+    assert sync.snapshot_task((STAGED,)) == seq + 1
+    assert sync.merge().seq == seq + 1
+    assert sync.assert_exact(STAGED) == 41  # 40, one deleted, two inserted
+
+
+def test_a_target_mode_change_heals_with_a_new_target_location_and_a_resnapshot(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """A table built in ``soft_delete`` whose DAG now asks ``mirror``: refused, nothing written.
+    The remedy the error names: a new target location for the table and a re-snapshot of it;
+    the other table of the sync loses none of the refused window's changes."""
+    _create(hook, MODE)
+    _create(hook, SIDE, rows=10)
+    sync = sync_of(MODE, SIDE)
+    built = {MODE: {"mode": "soft_delete"}}
+    sync.snapshot_task()
+    sync.merge(built)
+    _change(hook, MODE, "refused")
+    _change(hook, SIDE, "side")
+    sync.runner().catch_up()
+    asked = {MODE: {"mode": "mirror"}}
+    with pytest.raises(TargetModeChangedError) as refused:
+        sync.merge(asked)
+    text = str(refused.value)
+    assert "was built in mode 'soft_delete'" in text and "asks for mode 'mirror'" in text, text
+    assert "give the table a new target location (its entry in targets, or target_location)" in text, text
+    assert f'{{"resnapshot_tables": ["{MODE}"]}}' in text, text
+
+    moved = sync.root / "elsewhere" / MODE
+    asked = {MODE: {"mode": "mirror", "path": str(moved)}}
+    sync.snapshot_task((MODE,))
+    sync.merge(asked)
+    _change(hook, MODE, "after the remedy")
+    sync.runner().catch_up()
+    sync.merge(asked)
+    assert sync.assert_exact(MODE, moved) == 41  # 40, one deleted, two inserted
+    assert sync.assert_exact(SIDE) == 10
+
+
+WIDEN = "rem2_widen"
+
+
+def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
+    hook: VitessHook, sync_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DeltaFeatureError`` on a Delta without type widening (Delta 3, Spark 3.5; the session's
+    Delta line is read as 3 here, the server runs Delta 4) for a table given ``type_widening``
+    (without it the merge rewrites the table with the wider type): the remedy it names, a
+    re-snapshot of the table, rewrites it with the new type without widening a column in place,
+    and the sync streams on. In ``history``, whose re-snapshot keeps the past (cast to the new type): the
+    mode where the rewrite could have needed the widening the error is about."""
+    _create(hook, WIDEN, rows=6)
+    wl.execute(hook, f"ALTER TABLE customer.{WIDEN} ADD COLUMN qty INT")
+    sync = sync_of(WIDEN)
+    targets = {WIDEN: {"mode": "history", "table_features": ["type_widening"]}}
+    sync.snapshot_task()
+    sync.merge(targets)
+    wl.execute(
+        hook,
+        f"UPDATE customer.{WIDEN} SET qty = 1 WHERE id = 1",
+        f"ALTER TABLE customer.{WIDEN} MODIFY qty BIGINT",
+        f"UPDATE customer.{WIDEN} SET qty = 5000000000 WHERE id = 2",
+    )
+    sync.runner().catch_up()
+    monkeypatch.setattr(delta_features, "delta_major", lambda _spark: 3)
+    widening = r"qty int -> bigint.*needs Delta Lake type widening"
+    with pytest.raises(DeltaFeatureError, match=widening) as refused:
+        sync.merge(targets)
+    assert f're-snapshot the table (trigger the DAG with {{"resnapshot_tables": ["{WIDEN}"]}})' in str(
+        refused.value
+    )
+
+    sync.snapshot_task((WIDEN,))  # what it says: a run with resnapshot_tables
+    sync.merge(targets)
+    _change(hook, WIDEN, "after the remedy")
+    sync.runner().catch_up()
+    sync.merge(targets)
+    with connect.remote_sessions(sync.spark_connect) as new_session:
+        spark = new_session()
+        schema = spark.read.format("delta").load(str(sync.delta / WIDEN)).schema
+        assert schema["qty"].dataType.simpleString() == "bigint", schema
+        rows = delta_dicts(sync.delta / WIDEN, spark)
+    assert_history(WIDEN, rows, source_dicts(hook, "customer", WIDEN))
+    assert any(not r["_vitess_current"] for r in rows), "the past was kept"
