@@ -18,15 +18,18 @@ sync's tables); that run copies those tables again and replaces their Delta tabl
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param
+from pydantic import ValidationError
 
 from airflow_provider_vitess.capture.group_layout import group_split
+from airflow_provider_vitess.capture.sync import VitessSync, domain_error, retitled
+from airflow_provider_vitess.capture.sync_keywords import KEYWORDS, sync_from_keywords
 from airflow_provider_vitess.deadlines import freshness_deadline
-from airflow_provider_vitess.operators._sync import as_tables
+from airflow_provider_vitess.exceptions import SyncSettingsError
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 from airflow_provider_vitess.operators.capture_groups import (
     VitessCatchUpGroupOperator,
@@ -77,48 +80,24 @@ def default_max_seconds(schedule: Any) -> float | None:
 
 def vitess_sync_dag(
     dag_id: str,
+    sync: VitessSync | Mapping[str, Any] | None = None,
     *,
-    keyspace: str,
-    tables: str | Sequence[str],
-    staging_location: str,
-    target_location: str,
-    sync_id: str | None = None,
-    vitess_conn_id: str = "vitess_default",
-    spark_conn_id: str = "spark_default",
-    checkpoint_conn_id: str | None = None,
-    aws_conn_id: str | None = None,
     schedule: str | timedelta | None = "*/5 * * * *",
     start_date: datetime | None = None,
-    key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
-    key_columns: Mapping[str, Sequence[str]] | None = None,
-    zero_date_policy: str = "null",
-    zero_date_policies: Mapping[str, str] | None = None,
-    include_columns: Mapping[str, Sequence[str]] | None = None,
-    exclude_columns: Mapping[str, Sequence[str]] | None = None,
-    hash_columns: Mapping[str, Sequence[str]] | None = None,
-    hash_salt_conn_id: str | None = None,
-    max_events: int | None = None,
-    max_seconds: float | None = None,
-    wait_for_changes: bool = True,
-    sensor_timeout: float | None = None,
-    sensor_deferrable: bool = True,
-    on_changes: bool = False,
-    lag_threshold: int | None = None,
-    spark_conf: Mapping[str, Any] | None = None,
-    merge_kwargs: Mapping[str, Any] | None = None,
-    freshness_sla: float | None = None,
-    freshness_callback: Any = None,
-    target_mode: str = "mirror",
-    metadata_columns: bool | None = None,
-    metadata_prefix: str = "_vitess_",
-    change_data_feed: bool = False,
-    table_features: Sequence[str] = (),
-    targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
-    capture_parallelism: int | Sequence[str] = 1,
-    **dag_kwargs: Any,
+    freshness_callback: Any = None,
+    **kwargs: Any,
 ) -> DAG:
-    """A DAG mirroring ``keyspace.tables`` into Delta tables under ``target_location``.
+    """A DAG mirroring the tables of ``sync`` (a :class:`VitessSync`, or its JSON dict) into
+    Delta tables under its ``target_location``; ``kwargs`` go to the DAG.
+
+    The keyword form (``keyspace=``, ``tables=``, ``hash_columns=``, ... instead of ``sync``:
+    the names of :func:`~airflow_provider_vitess.capture.sync_keywords.sync_from_keywords`) is
+    kept, deprecated: it builds the same object and the same DAG.
+
+    ``freshness_callback``: with ``freshness_sla``, the deadline alert's Airflow
+    ``AsyncCallback`` (default: an error in the triggerer's log); a ``deadline`` of the caller's
+    in ``kwargs`` replaces the alert.
 
     ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
     to the tables past the committed position; without one the run ends early (skipped tasks),
@@ -174,62 +153,58 @@ def vitess_sync_dag(
     A run then reads one window, each group to its stop (the parts of a window are one cut):
     ``max_events`` and ``max_seconds`` bound a window read by one process only.
     """
+    keywords = {k: kwargs.pop(k) for k in list(kwargs) if k in KEYWORDS}
+    if sync is None:
+        sync = _from_keywords(dag_id, keywords)
+    elif keywords:
+        raise TypeError(
+            f"DAG {dag_id!r}: give the sync as sync= or as keywords, not both: {sorted(keywords)} "
+            "belong in the VitessSync"
+        )
+    elif not isinstance(sync, VitessSync):
+        sync = VitessSync.model_validate(sync)
+    return _sync_dag(dag_id, sync, schedule, start_date, default_args, freshness_callback, kwargs)
+
+
+def _from_keywords(dag_id: str, keywords: dict[str, Any]) -> VitessSync:
+    """The keyword form's object; a refusal is the rule's own error (as before the object)."""
     try:
-        split = group_split(capture_parallelism)
-    except ValueError as exc:
-        raise ValueError(f"DAG {dag_id!r}: {exc}") from None
-    # One name is one table, not its characters: "customer" or "customer, corder" as the
-    # operators read text (a JSON list too).
-    table_list = list(as_tables(tables))
-    if not table_list:
-        raise ValueError(f"DAG {dag_id!r}: no tables given")
-    if on_changes:
-        if not (wait_for_changes and sensor_deferrable):
-            raise ValueError(
-                f"DAG {dag_id!r}: on_changes=True waits for changes with the deferrable sensor; "
-                "drop wait_for_changes=False / sensor_deferrable=False (or on_changes)"
-            )
+        return sync_from_keywords(**keywords)
+    except ValidationError as exc:
+        error = domain_error(exc)
+        raise (retitled(error, f"DAG {dag_id!r}: {error}") if error is not exc else exc) from None
+    except SyncSettingsError as exc:
+        raise retitled(exc, f"DAG {dag_id!r}: {exc}") from None
+    except TypeError as exc:  # a required keyword missing
+        raise TypeError(f"vitess_sync_dag({dag_id!r}, ...): {exc}") from None
+
+
+def _sync_dag(
+    dag_id: str,
+    sync: VitessSync,
+    schedule: Any,
+    start_date: datetime | None,
+    default_args: Mapping[str, Any] | None,
+    freshness_callback: Any,
+    dag_kwargs: dict[str, Any],
+) -> DAG:
+    """The DAG of ``sync``: every task's arguments from the object."""
+    split = group_split(sync.capture_parallelism)
+    table_list = sync.table_names
+    wait = sync.wait
+    if wait.on_changes:
         schedule = "@continuous"
+    sensor_timeout = wait.sensor_timeout
     if sensor_timeout is None:
-        sensor_timeout = ON_CHANGES_SENSOR_TIMEOUT if on_changes else 60.0
-    sync = sync_id or dag_id
-    common: dict[str, Any] = {
-        "sync_id": sync,
-        "keyspace": keyspace,
-        "tables": table_list,
-        "staging_location": staging_location,
-        "vitess_conn_id": vitess_conn_id,
-        "checkpoint_conn_id": checkpoint_conn_id,
-        "aws_conn_id": aws_conn_id,
-        "key_overrides": dict(key_overrides or {}),
-        "key_columns": dict(key_columns or {}),
-        "zero_date_policy": zero_date_policy,
-        "zero_date_policies": dict(zero_date_policies or {}),
-        "include_columns": dict(include_columns or {}),
-        "exclude_columns": dict(exclude_columns or {}),
-        "hash_columns": dict(hash_columns or {}),
-        "hash_salt_conn_id": hash_salt_conn_id,
-    }
-    merge: dict[str, Any] = {
-        "sync_id": sync,
-        "target_location": target_location,
-        "checkpoint_conn_id": checkpoint_conn_id,
-        "aws_conn_id": aws_conn_id,
-        "conn_id": spark_conn_id,
-        "conf": dict(spark_conf or {}),
-        "tables": table_list,  # each Delta table an outlet Asset
-        "freshness_sla": freshness_sla,
-        "target_mode": target_mode,
-        "metadata_columns": metadata_columns,
-        "metadata_prefix": metadata_prefix,
-        "change_data_feed": change_data_feed,
-        "table_features": list(table_features),
-        **({"targets": dict(targets)} if targets is not None else {}),
-        **dict(merge_kwargs or {}),
-    }
+        sensor_timeout = ON_CHANGES_SENSOR_TIMEOUT if wait.on_changes else 60.0
+    sync_id = sync.sync_id or dag_id
+    common = sync.capture_arguments(sync_id)
+    snapshot = sync.snapshot_arguments()
+    merge = sync.merge_arguments(sync_id)
+    freshness_sla = sync.freshness_sla
     if freshness_sla is not None and "deadline" not in dag_kwargs:
-        sensor_wait = sensor_timeout if wait_for_changes else None
-        dag_kwargs["deadline"] = freshness_deadline(sync, freshness_sla, sensor_wait, freshness_callback)
+        sensor_wait = sensor_timeout if wait.wait_for_changes else None
+        dag_kwargs["deadline"] = freshness_deadline(sync_id, freshness_sla, sensor_wait, freshness_callback)
     # DeadlineSafeDAG: ``airflow dags test`` of a DAG with a deadline works (see the class).
     dag = DeadlineSafeDAG(
         dag_id,
@@ -248,7 +223,7 @@ def vitess_sync_dag(
                 description="Copy these tables again and replace their Delta tables (others untouched).",
             )
         },
-        tags=["vitess", keyspace],
+        tags=["vitess", sync.keyspace],
         doc_md=__doc__,
         **dag_kwargs,
     )
@@ -262,11 +237,10 @@ def vitess_sync_dag(
                 task_id="plan_snapshot",
                 capture_parallelism=split,
                 resnapshot_tables=resnapshot,
-                target_location=target_location,
-                targets=merge.get("targets"),
+                **snapshot,
                 **common,
             )
-            copies = VitessSnapshotGroupOperator.partial(task_id="snapshot", **common).expand(
+            copies = VitessSnapshotGroupOperator.partial(task_id="snapshot", **snapshot, **common).expand(
                 group=plan_snapshot.output
             )
             plan_snapshot >> copies
@@ -278,41 +252,50 @@ def vitess_sync_dag(
             copied = VitessSnapshotOperator(
                 task_id="snapshot",
                 resnapshot_tables=resnapshot,
-                target_location=target_location,
-                targets=merge.get("targets"),
+                **snapshot,
                 **common,
             )
             merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
+        max_events, max_seconds = sync.budget.max_events, sync.budget.max_seconds
         read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
+        minimize_skew = sync.capture.minimize_skew
         catch_up: Any
         read: Any
         if split != 1:
             plan = VitessCatchUpPlanOperator(task_id="plan_catch_up", capture_parallelism=split, **common)
             groups = VitessCatchUpGroupOperator.partial(
-                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+                task_id="catch_up",
+                max_events=max_events,
+                max_seconds=read_for,
+                minimize_skew=minimize_skew,
+                **common,
             ).expand(group=plan.output)
             plan >> groups
             catch_up, read = plan, groups
         else:
             catch_up = read = VitessCatchUpOperator(
-                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+                task_id="catch_up",
+                max_events=max_events,
+                max_seconds=read_for,
+                minimize_skew=minimize_skew,
+                **common,
             )
         merge_changes = VitessMergeOperator(task_id="merge", **merge)
-        if wait_for_changes:
+        if wait.wait_for_changes:
             sense = VitessChangesSensor(
                 task_id="wait_for_changes",
-                vitess_conn_id=vitess_conn_id,
-                sync_id=sync,
-                keyspace=keyspace,
+                vitess_conn_id=sync.vitess_conn_id,
+                sync_id=sync_id,
+                keyspace=sync.keyspace,
                 tables=table_list,
-                checkpoint_conn_id=checkpoint_conn_id,
+                checkpoint_conn_id=sync.checkpoint_conn_id,
                 timeout=sensor_timeout,
                 poke_interval=5,
                 # Only "no change" skips the rest of the run; errors fail (soft_fail would
                 # turn every failure into a skip).
                 skip_on_timeout=True,
-                deferrable=sensor_deferrable,
-                lag_threshold=lag_threshold,
+                deferrable=wait.deferrable,
+                lag_threshold=wait.lag_threshold,
             )
             copied >> merge_snapshot >> sense >> catch_up
         else:

@@ -8,22 +8,20 @@ and the lock holder's name in :mod:`airflow_provider_vitess.utils.task`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_vitess.capture.columns import parse as parse_columns
-from airflow_provider_vitess.capture.spec import SyncSpec
+from airflow_provider_vitess.capture.spec import SyncSpec, as_tables, check_sync_id
 from airflow_provider_vitess.connections import s3_settings, store_url
 from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.keys import KeyOverrides
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vstream.spill import MemoryLimits
 
-# The connection settings were here once; their callers may still import them from here.
+# The connection settings (and ``as_tables``) were here once; their callers may still import
+# them from here.
 __all__ = ["as_tables", "s3_settings", "store_url", "sync_spec"]
-
-_SYNC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def sync_spec(
@@ -43,11 +41,7 @@ def sync_spec(
     """The capture runner's :class:`SyncSpec` from operator arguments (after template rendering):
     the sync id checked, per-table key overrides, zero-date policies and column control parsed
     from the DAG's dicts."""
-    if not _SYNC_ID.match(sync_id):
-        raise VitessProviderError(
-            f"sync_id {sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
-            "with a letter or digit (it names staging directories and Delta transaction ids)"
-        )
+    check_sync_id(sync_id)
     if not tables:
         raise VitessProviderError(f"sync {sync_id!r}: no tables given")
     overrides = {}
@@ -75,17 +69,3 @@ def memory_limits(spill_dir: str | None) -> MemoryLimits:
 
         spill_dir = conf.get("vitess", "spill_dir", fallback="") or None
     return MemoryLimits(spill_dir=spill_dir)
-
-
-def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """Tables given as a list, or as text (a comma-separated or JSON list, from a template)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            import json
-
-            return tuple(str(t) for t in json.loads(text))
-        return tuple(t.strip() for t in text.split(",") if t.strip())
-    return tuple(str(t) for t in value)

@@ -17,13 +17,13 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
 from airflow_provider_vitess.capture.columns import parse as parse_columns
+from airflow_provider_vitess.capture.columns import require_salt
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
 from airflow_provider_vitess.connections import hash_salt, open_store, refuse_single_host, s3_settings
-from airflow_provider_vitess.exceptions import ColumnChoiceError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
@@ -102,11 +102,7 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
             # Column control that cannot apply fails the DAG's import (capture/columns.py); a
             # templated argument is checked when the task runs.
             parse_columns(as_tables(tables), *given)
-        if hash_columns and not hash_salt_conn_id:
-            raise ColumnChoiceError(
-                f"task {kwargs.get('task_id')!r}: hash_columns need hash_salt_conn_id, an Airflow "
-                "connection whose password is the salt (a long random secret)"
-            )
+        require_salt(bool(hash_columns), hash_salt_conn_id, f"task {kwargs.get('task_id')!r}")
         self.sync_id = sync_id
         self.keyspace = keyspace
         self.tables = tables
