@@ -89,69 +89,37 @@ def vitess_sync_dag(
     **kwargs: Any,
 ) -> DAG:
     """A DAG mirroring the tables of ``sync`` (a :class:`VitessSync`, or its JSON dict) into
-    Delta tables under its ``target_location``; ``kwargs`` go to the DAG.
+    Delta tables under its ``target_location``; ``kwargs`` go to the DAG. Every field:
+    ``docs/reference.md`` (generated from the models).
 
-    The keyword form (``keyspace=``, ``tables=``, ``hash_columns=``, ... instead of ``sync``:
-    the names of :func:`~airflow_provider_vitess.capture.sync_keywords.sync_from_keywords`) is
-    kept, deprecated: it builds the same object and the same DAG.
+    The keyword form (``keyspace=``, ``tables=``, ``hash_columns=``, ``merge_kwargs=``, ...
+    instead of ``sync``: the names of
+    :func:`~airflow_provider_vitess.capture.sync_keywords.sync_from_keywords`) is kept,
+    deprecated: it builds the same object, and the same DAG.
 
-    ``freshness_callback``: with ``freshness_sla``, the deadline alert's Airflow
-    ``AsyncCallback`` (default: an error in the triggerer's log); a ``deadline`` of the caller's
-    in ``kwargs`` replaces the alert.
+    ``wait.wait_for_changes``: a deferrable sensor waits up to ``wait.sensor_timeout`` seconds
+    for a change to the tables past the committed position; without one the run ends early
+    (skipped tasks), so frequent schedules cost seconds when nothing changes. A wait whose read
+    the timeout cut before it reached the source's position (other tables' traffic on the
+    shards) is not "no change": the run goes on. ``wait.lag_threshold``: the sensor also lets
+    the run go on when a shard is more than this many transactions past the committed position.
+    ``wait.on_changes``: run on the source's changes instead of a clock (``@continuous``, one run
+    at a time; each run's deferred sensor waits in the triggerer, ``sensor_timeout`` one hour by
+    default then); it replaces ``schedule``.
 
-    ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
-    to the tables past the committed position; without one the run ends early (skipped tasks),
-    so frequent schedules cost seconds when nothing changes. A wait whose read the timeout cut
-    before it reached the source's position (other tables' traffic on the shards) is not "no
-    change": the run goes on. ``lag_threshold``: the sensor also lets the run go on when a shard
-    is more than this many transactions (of any table) past the committed position, so a quiet
-    sync's checkpoint keeps up with the binlogs the server keeps; None (default): never.
+    ``budget.max_events`` bounds one catch-up window (what one Delta commit applies and what a
+    killed read reads again); a run stages window after window until the backlog is read or its
+    ``budget.max_seconds`` are spent, by default half the schedule's interval
+    (:func:`default_max_seconds`), so each run fits its interval; without an interval a run
+    reads it all. With ``capture_parallelism`` (shard groups: ``plan_snapshot``/``snapshot[i]``
+    and ``plan_catch_up``/``catch_up[i]``, mapped over the groups) both bound a window read by
+    one process only: each group reads to the window's stop.
 
-    ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
-    what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
-    ``max_events`` bounds one catch-up window (what one Delta commit applies and what a killed
-    read reads again); a run stages window after window until the backlog is read or its
-    ``max_seconds`` are spent. ``max_seconds`` defaults to half the schedule's interval
-    (:func:`default_max_seconds`), so a run that comes back to hours of changes reads a share
-    of them per run and each run fits its interval; without an interval a run reads it all.
-    ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
-    both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
-    ``on_changes``: run on the source's changes instead of a clock. The DAG runs continuously
-    (``@continuous``, one run at a time): each run's deferred sensor waits in the triggerer,
-    holding no worker slot, until a watched table changes past the committed position (or
-    ``sensor_timeout``, one hour by default then: an idle sync costs one short run an hour), and
-    the run goes on at once to catch up and merge; the next run waits again. It replaces
-    ``schedule`` and needs the deferrable sensor.
-    ``freshness_sla`` (seconds): the data may be at most this old once a run committed; past it
-    the merge task warns and returns ``breached: true`` but succeeds (its asset events must reach
-    the consumers), and the status page shows the sync in red while its data is older (a stalled
-    sync); a quiet source is no breach (docs/design.md, freshness).
-    Each run also gets Airflow's deadline alert (``airflow_provider_vitess.deadlines``): a run
-    not succeeded by its queue time + the sensor's wait + ``freshness_sla`` calls
-    ``freshness_callback`` (an Airflow ``AsyncCallback``; default: an error in the triggerer's
-    log); a ``deadline`` of the caller's in ``dag_kwargs`` replaces it.
-
-    Column control (docs/column-control.md), per table: ``include_columns`` (only these) or
-    ``exclude_columns`` (all but these) are pushed into the VStream filter, so the others never
-    leave vtgate; ``hash_columns`` are staged as ``sha256(salt + value)`` in hex, the salt being
-    the password of the connection ``hash_salt_conn_id``. Key columns are always read in clear.
-
-    ``target_mode`` (``mirror``, ``soft_delete``, ``history`` or ``changelog``), with per table
-    overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
-    ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
-    the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
-    ``table_features`` (``type_widening``, ``deletion_vectors``; none by default, so every Delta
-    reader reads the tables): see ``docs/reading-the-tables.md``.
-
-    ``capture_parallelism`` (default 1: one catch-up task): N splits the keyspace's shards,
-    sorted by key range, into N contiguous groups; a list of key ranges that tile the keyspace
-    (``["-80", "80-"]``) makes a group of the shards inside each range. A ``plan_catch_up`` task
-    plans each window (its stop position and the layout) and the ``catch_up`` task is mapped over
-    the groups, one task instance per group, retried alone (docs/design.md, "Shard groups").
-    Snapshots are copied by the same groups: ``plan_snapshot`` (whether one is needed, and its
-    layout) and the ``snapshot`` task mapped over the groups, each copying its shards.
-    A run then reads one window, each group to its stop (the parts of a window are one cut):
-    ``max_events`` and ``max_seconds`` bound a window read by one process only.
+    ``freshness_sla`` (seconds): past it the merge task warns and returns ``breached: true`` but
+    succeeds, the status page shows the sync in red; each run also gets Airflow's deadline alert
+    (``airflow_provider_vitess.deadlines``): a run not succeeded by its queue time + the
+    sensor's wait + ``freshness_sla`` calls ``freshness_callback`` (an ``AsyncCallback``;
+    default: an error in the triggerer's log); a ``deadline`` in ``kwargs`` replaces it.
     """
     keywords = {k: kwargs.pop(k) for k in list(kwargs) if k in KEYWORDS}
     if sync is None:

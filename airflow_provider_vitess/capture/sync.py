@@ -80,13 +80,19 @@ class TableSpec(FrozenModel):
         "`target_unique_key_columns`, `source_unique_key_target_columns` (renames included)",
     )
     include_columns: Names | None = Field(
-        default=None, description="only these columns are read (pushed into the VStream filter)"
+        default=None,
+        description="only these columns are read, pushed into the VStream filter: the others never "
+        "leave vttablet",
     )
     exclude_columns: Names | None = Field(
-        default=None, description="every column but these is read; not with `include_columns`"
+        default=None,
+        description="every column but these is read (same filter); not with `include_columns`; key "
+        "columns (and the PRIMARY KEY) cannot be left out",
     )
     hash_columns: Names | None = Field(
-        default=None, description="staged and merged as `sha256(salt + value)`; needs `hash_salt_conn_id`"
+        default=None,
+        description="staged, and merged, as `sha256(salt + value)` in hex (NULL stays NULL); not a "
+        "key column; needs `hash_salt_conn_id` ([column control](column-control.md))",
     )
     zero_date_policy: str | None = Field(
         default=None, description="zero or invalid MySQL dates: `null`, `epoch` or `error`"
@@ -202,9 +208,17 @@ class VitessSync(FrozenModel):
     spark_history_url: str | None = Field(
         default=None, description="a Spark history server, for the Spark UI link"
     )
-    freshness_sla: float | None = Field(default=None, description="seconds: the data may be at most this old")
+    freshness_sla: float | None = Field(
+        default=None,
+        description="seconds: a catch-up window committed while the data is older is a breach: "
+        "the merge warns, returns `breached: true` and succeeds; the DAG gets a deadline alert "
+        "([freshness](design.md#freshness-as-of))",
+    )
     capture_parallelism: int | tuple[str, ...] = Field(
-        default=1, description="shard groups: their number, or their key ranges (`['-80', '80-']`)"
+        default=1,
+        description="N > 1: the shards, sorted by key range, split into N groups; or key ranges "
+        "tiling the keyspace (`['-80', '80-']`). Snapshot and catch-up are planned once and "
+        "mapped over the groups, each retried alone ([shard groups](design.md#shard-groups))",
     )
 
     @model_validator(mode="after")

@@ -59,7 +59,9 @@ class ReadBudget(FrozenModel):
 
     max_events: int | None = Field(
         default=None,
-        description="end a catch-up window after about this many row events (at a transaction boundary)",
+        description="end a catch-up window after about this many row events (at a transaction "
+        "boundary); the next window starts there. Not for a group's part of a window "
+        "(`capture_parallelism`): each group reads to the window's stop",
     )
     max_seconds: float | None = Field(
         default=None,
@@ -72,29 +74,45 @@ class ChangeWait(FrozenModel):
 
     wait_for_changes: StrictBool = Field(default=True, description="put the sensor in front of the catch-up")
     sensor_timeout: float | None = Field(
-        default=None, description="seconds to wait for a change (default 60, 3600 with `on_changes`)"
+        default=None,
+        description="seconds to wait for a change (default 60, 3600 with `on_changes`); none: "
+        "the rest of the run is skipped (only if the sensor read up to the position it started at)",
     )
     deferrable: StrictBool = Field(default=True, description="the sensor waits in the triggerer")
     on_changes: StrictBool = Field(
-        default=False, description="run on the source's changes instead of a clock (`@continuous`)"
+        default=False,
+        description="run on the source's changes instead of a clock: `@continuous`, each run's "
+        "deferred sensor waits in the triggerer until a table changes, then the run catches up "
+        "and merges at once. Replaces the schedule; needs the deferrable sensor "
+        "([design](design.md#event-driven-syncs))",
     )
     lag_threshold: int | None = Field(
         default=None,
-        description="also go on when a shard is this many transactions past the committed position",
+        description="also go on when a shard is more than this many transactions (of any table) "
+        "past the committed position: keeps a quiet sync within the binlogs the server keeps",
     )
 
 
 class TargetDefaults(FrozenModel):
     """The Delta tables' shape, unless a table's own settings say otherwise."""
 
-    mode: str = Field(default="mirror", description="`mirror`, `soft_delete`, `history` or `changelog`")
+    mode: str = Field(
+        default="mirror",
+        description="`mirror`, `soft_delete`, `history` or `changelog` "
+        "([target modes](target-modes.md)); a table keeps the mode it was built in",
+    )
     metadata_columns: StrictBool | None = Field(
         default=None,
         description="the `<prefix>*` metadata columns (default: on in the new modes, off in `mirror`)",
     )
     metadata_prefix: str = Field(default=DEFAULT_PREFIX, description="the metadata columns' prefix")
     change_data_feed: StrictBool = Field(default=False, description="turn on Delta's Change Data Feed")
-    table_features: Names = Field(default=(), description="reader-locking Delta features (none by default)")
+    table_features: Names = Field(
+        default=(),
+        description="Delta features that lock out readers: `type_widening`, `deletion_vectors` "
+        "(none by default: every Delta reader reads the tables; [reading the tables]"
+        "(reading-the-tables.md))",
+    )
 
     def options(self) -> ModeOptions:
         return ModeOptions(
@@ -132,7 +150,9 @@ class CaptureSettings(FrozenModel):
 class SparkSubmit(FrozenModel):
     """The merge job runs with spark-submit (one Spark application per merge)."""
 
-    backend: Literal["spark_submit"] = "spark_submit"
+    backend: Literal["spark_submit"] = Field(
+        default="spark_submit", description="names the backend (in JSON: chooses the model)"
+    )
     conn_id: str = Field(default="spark_default", description="the Spark connection (master, deploy mode)")
     conf: dict[str, Any] = Field(default_factory=dict, description="Spark settings (`--conf`)")
     packages: str | None = Field(default=None, description="Maven packages (default: the Delta package)")
@@ -150,9 +170,12 @@ class SparkSubmit(FrozenModel):
 
 
 class SparkConnect(FrozenModel):
-    """The merge runs in the task's process against a Spark Connect server (``sc://``)."""
+    """The merge runs in the task's process against a Spark Connect server (`sc://`): no
+    spark-submit and no JVM per merge."""
 
-    backend: Literal["spark_connect"] = "spark_connect"
+    backend: Literal["spark_connect"] = Field(
+        default="spark_connect", description="names the backend (in JSON: chooses the model)"
+    )
     conn_id: str = Field(default="spark_connect_default", description="a `spark_connect` connection")
     conf: dict[str, Any] = Field(
         default_factory=dict, description="session settings (`spark.sql.*`, `spark.databricks.delta.*`)"
