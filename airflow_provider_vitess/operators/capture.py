@@ -27,7 +27,14 @@ from airflow_provider_vitess.connections import hash_salt, open_store, refuse_si
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
-from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
+from airflow_provider_vitess.operators._sync import (
+    accepts_sync,
+    as_tables,
+    catch_up_parts,
+    memory_limits,
+    snapshot_parts,
+    sync_spec,
+)
 from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
@@ -224,6 +231,7 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "resnapshot_tables")
 
+    @accepts_sync(snapshot_parts)
     def __init__(
         self,
         *,
@@ -308,6 +316,7 @@ class VitessCatchUpOperator(_CaptureOperatorBase[CatchUpRun]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "max_events", "max_seconds")
 
+    @accepts_sync(catch_up_parts)
     def __init__(
         self,
         *,
