@@ -23,15 +23,8 @@ from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 
 __all__ = ["KEYWORDS", "sync_from_keywords"]
 
-# The keyword form's per-table mappings, by the TableSpec field each value goes to.
-_PER_TABLE = {
-    "key_overrides": "key_overrides",
-    "key_columns": "key_columns",
-    "zero_date_policies": "zero_date_policy",
-    "include_columns": "include_columns",
-    "exclude_columns": "exclude_columns",
-    "hash_columns": "hash_columns",
-}
+# The keyword form's per-table mappings are named as the TableSpec fields they go to, but one.
+_FIELD = {"zero_date_policies": "zero_date_policy"}
 
 
 def sync_from_keywords(
@@ -93,7 +86,7 @@ def sync_from_keywords(
                     f"{option} names {[table]}, not among the sync's tables {sorted(names)}: "
                     "fix the name, or add the table to tables"
                 )
-            specs[table][_PER_TABLE[option]] = value
+            specs[table][_FIELD.get(option, option)] = value
     former: list[dict[str, Any]] = []
     for table, entry in dict(targets or {}).items():
         if not isinstance(entry, Mapping):
