@@ -18,15 +18,18 @@ sync's tables); that run copies those tables again and replaces their Delta tabl
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param
+from pydantic import ValidationError
 
 from airflow_provider_vitess.capture.group_layout import group_split
+from airflow_provider_vitess.capture.sync import VitessSync, domain_error, retitled
+from airflow_provider_vitess.capture.sync_keywords import KEYWORDS, sync_from_keywords
 from airflow_provider_vitess.deadlines import freshness_deadline
-from airflow_provider_vitess.operators._sync import as_tables
+from airflow_provider_vitess.exceptions import SyncSettingsError
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 from airflow_provider_vitess.operators.capture_groups import (
     VitessCatchUpGroupOperator,
@@ -77,159 +80,99 @@ def default_max_seconds(schedule: Any) -> float | None:
 
 def vitess_sync_dag(
     dag_id: str,
+    sync: VitessSync | Mapping[str, Any] | None = None,
     *,
-    keyspace: str,
-    tables: str | Sequence[str],
-    staging_location: str,
-    target_location: str,
-    sync_id: str | None = None,
-    vitess_conn_id: str = "vitess_default",
-    spark_conn_id: str = "spark_default",
-    checkpoint_conn_id: str | None = None,
-    aws_conn_id: str | None = None,
     schedule: str | timedelta | None = "*/5 * * * *",
     start_date: datetime | None = None,
-    key_overrides: Mapping[str, Mapping[str, Any]] | None = None,
-    key_columns: Mapping[str, Sequence[str]] | None = None,
-    zero_date_policy: str = "null",
-    zero_date_policies: Mapping[str, str] | None = None,
-    include_columns: Mapping[str, Sequence[str]] | None = None,
-    exclude_columns: Mapping[str, Sequence[str]] | None = None,
-    hash_columns: Mapping[str, Sequence[str]] | None = None,
-    hash_salt_conn_id: str | None = None,
-    max_events: int | None = None,
-    max_seconds: float | None = None,
-    wait_for_changes: bool = True,
-    sensor_timeout: float | None = None,
-    sensor_deferrable: bool = True,
-    on_changes: bool = False,
-    lag_threshold: int | None = None,
-    spark_conf: Mapping[str, Any] | None = None,
-    merge_kwargs: Mapping[str, Any] | None = None,
-    freshness_sla: float | None = None,
-    freshness_callback: Any = None,
-    target_mode: str = "mirror",
-    metadata_columns: bool | None = None,
-    metadata_prefix: str = "_vitess_",
-    change_data_feed: bool = False,
-    table_features: Sequence[str] = (),
-    targets: Mapping[str, Mapping[str, Any]] | None = None,
     default_args: Mapping[str, Any] | None = None,
-    capture_parallelism: int | Sequence[str] = 1,
-    **dag_kwargs: Any,
+    freshness_callback: Any = None,
+    **kwargs: Any,
 ) -> DAG:
-    """A DAG mirroring ``keyspace.tables`` into Delta tables under ``target_location``.
+    """A DAG mirroring the tables of ``sync`` (a :class:`VitessSync`, or its JSON dict) into
+    Delta tables under its ``target_location``; ``kwargs`` go to the DAG. Every field:
+    ``docs/reference.md`` (generated from the models).
 
-    ``wait_for_changes``: a deferrable sensor waits up to ``sensor_timeout`` seconds for a change
-    to the tables past the committed position; without one the run ends early (skipped tasks),
-    so frequent schedules cost seconds when nothing changes. A wait whose read the timeout cut
-    before it reached the source's position (other tables' traffic on the shards) is not "no
-    change": the run goes on. ``lag_threshold``: the sensor also lets the run go on when a shard
-    is more than this many transactions (of any table) past the committed position, so a quiet
-    sync's checkpoint keeps up with the binlogs the server keeps; None (default): never.
+    The keyword form (``keyspace=``, ``tables=``, ``hash_columns=``, ``merge_kwargs=``, ...
+    instead of ``sync``: the names of
+    :func:`~airflow_provider_vitess.capture.sync_keywords.sync_from_keywords`) is kept,
+    deprecated: it builds the same object, and the same DAG.
 
-    ``zero_date_policy`` (``null``, ``epoch`` or ``error``; per table ``zero_date_policies``):
-    what zero or invalid MySQL dates (``0000-00-00``) are staged as, see the README.
-    ``max_events`` bounds one catch-up window (what one Delta commit applies and what a killed
-    read reads again); a run stages window after window until the backlog is read or its
-    ``max_seconds`` are spent. ``max_seconds`` defaults to half the schedule's interval
-    (:func:`default_max_seconds`), so a run that comes back to hours of changes reads a share
-    of them per run and each run fits its interval; without an interval a run reads it all.
-    ``aws_conn_id`` names an Airflow ``aws`` connection (keys, ``endpoint_url``, region) used by
-    both the staging writes and the Delta merge when the locations are ``s3a://`` URLs.
-    ``on_changes``: run on the source's changes instead of a clock. The DAG runs continuously
-    (``@continuous``, one run at a time): each run's deferred sensor waits in the triggerer,
-    holding no worker slot, until a watched table changes past the committed position (or
-    ``sensor_timeout``, one hour by default then: an idle sync costs one short run an hour), and
-    the run goes on at once to catch up and merge; the next run waits again. It replaces
-    ``schedule`` and needs the deferrable sensor.
-    ``freshness_sla`` (seconds): the data may be at most this old once a run committed; past it
-    the merge task warns and returns ``breached: true`` but succeeds (its asset events must reach
-    the consumers), and the status page shows the sync in red while its data is older (a stalled
-    sync); a quiet source is no breach (docs/design.md, freshness).
-    Each run also gets Airflow's deadline alert (``airflow_provider_vitess.deadlines``): a run
-    not succeeded by its queue time + the sensor's wait + ``freshness_sla`` calls
-    ``freshness_callback`` (an Airflow ``AsyncCallback``; default: an error in the triggerer's
-    log); a ``deadline`` of the caller's in ``dag_kwargs`` replaces it.
+    ``wait.wait_for_changes``: a deferrable sensor waits up to ``wait.sensor_timeout`` seconds
+    for a change to the tables past the committed position; without one the run ends early
+    (skipped tasks), so frequent schedules cost seconds when nothing changes. A wait whose read
+    the timeout cut before it reached the source's position (other tables' traffic on the
+    shards) is not "no change": the run goes on. ``wait.lag_threshold``: the sensor also lets
+    the run go on when a shard is more than this many transactions past the committed position.
+    ``wait.on_changes``: run on the source's changes instead of a clock (``@continuous``, one run
+    at a time; each run's deferred sensor waits in the triggerer, ``sensor_timeout`` one hour by
+    default then); it replaces ``schedule``.
 
-    Column control (docs/column-control.md), per table: ``include_columns`` (only these) or
-    ``exclude_columns`` (all but these) are pushed into the VStream filter, so the others never
-    leave vtgate; ``hash_columns`` are staged as ``sha256(salt + value)`` in hex, the salt being
-    the password of the connection ``hash_salt_conn_id``. Key columns are always read in clear.
+    ``budget.max_events`` bounds one catch-up window (what one Delta commit applies and what a
+    killed read reads again); a run stages window after window until the backlog is read or its
+    ``budget.max_seconds`` are spent, by default half the schedule's interval
+    (:func:`default_max_seconds`), so each run fits its interval; without an interval a run
+    reads it all. With ``capture_parallelism`` (shard groups: ``plan_snapshot``/``snapshot[i]``
+    and ``plan_catch_up``/``catch_up[i]``, mapped over the groups) both bound a window read by
+    one process only: each group reads to the window's stop.
 
-    ``target_mode`` (``mirror``, ``soft_delete``, ``history`` or ``changelog``), with per table
-    overrides in ``targets`` (``{"table": {"mode": "history"}}``, next to ``path`` and
-    ``renames``), ``metadata_columns``, ``metadata_prefix`` and ``change_data_feed``: the shape of
-    the Delta tables (``docs/target-modes.md``), checked here, when the DAG is parsed.
-    ``table_features`` (``type_widening``, ``deletion_vectors``; none by default, so every Delta
-    reader reads the tables): see ``docs/reading-the-tables.md``.
-
-    ``capture_parallelism`` (default 1: one catch-up task): N splits the keyspace's shards,
-    sorted by key range, into N contiguous groups; a list of key ranges that tile the keyspace
-    (``["-80", "80-"]``) makes a group of the shards inside each range. A ``plan_catch_up`` task
-    plans each window (its stop position and the layout) and the ``catch_up`` task is mapped over
-    the groups, one task instance per group, retried alone (docs/design.md, "Shard groups").
-    Snapshots are copied by the same groups: ``plan_snapshot`` (whether one is needed, and its
-    layout) and the ``snapshot`` task mapped over the groups, each copying its shards.
-    A run then reads one window, each group to its stop (the parts of a window are one cut):
-    ``max_events`` and ``max_seconds`` bound a window read by one process only.
+    ``freshness_sla`` (seconds): past it the merge task warns and returns ``breached: true`` but
+    succeeds, the status page shows the sync in red; each run also gets Airflow's deadline alert
+    (``airflow_provider_vitess.deadlines``): a run not succeeded by its queue time + the
+    sensor's wait + ``freshness_sla`` calls ``freshness_callback`` (an ``AsyncCallback``;
+    default: an error in the triggerer's log); a ``deadline`` in ``kwargs`` replaces it.
     """
+    keywords = {k: kwargs.pop(k) for k in list(kwargs) if k in KEYWORDS}
+    if sync is None:
+        sync = _from_keywords(dag_id, keywords)
+    elif keywords:
+        raise TypeError(
+            f"DAG {dag_id!r}: give the sync as sync= or as keywords, not both: {sorted(keywords)} "
+            "belong in the VitessSync"
+        )
+    elif not isinstance(sync, VitessSync):
+        sync = VitessSync.model_validate(sync)
+    return _sync_dag(dag_id, sync, schedule, start_date, default_args, freshness_callback, kwargs)
+
+
+def _from_keywords(dag_id: str, keywords: dict[str, Any]) -> VitessSync:
+    """The keyword form's object; a refusal is the rule's own error (as before the object)."""
     try:
-        split = group_split(capture_parallelism)
-    except ValueError as exc:
-        raise ValueError(f"DAG {dag_id!r}: {exc}") from None
-    # One name is one table, not its characters: "customer" or "customer, corder" as the
-    # operators read text (a JSON list too).
-    table_list = list(as_tables(tables))
-    if not table_list:
-        raise ValueError(f"DAG {dag_id!r}: no tables given")
-    if on_changes:
-        if not (wait_for_changes and sensor_deferrable):
-            raise ValueError(
-                f"DAG {dag_id!r}: on_changes=True waits for changes with the deferrable sensor; "
-                "drop wait_for_changes=False / sensor_deferrable=False (or on_changes)"
-            )
+        return sync_from_keywords(**keywords)
+    except ValidationError as exc:
+        error = domain_error(exc)
+        raise (retitled(error, f"DAG {dag_id!r}: {error}") if error is not exc else exc) from None
+    except SyncSettingsError as exc:
+        raise retitled(exc, f"DAG {dag_id!r}: {exc}") from None
+    except TypeError as exc:  # a required keyword missing
+        raise TypeError(f"vitess_sync_dag({dag_id!r}, ...): {exc}") from None
+
+
+def _sync_dag(
+    dag_id: str,
+    sync: VitessSync,
+    schedule: Any,
+    start_date: datetime | None,
+    default_args: Mapping[str, Any] | None,
+    freshness_callback: Any,
+    dag_kwargs: dict[str, Any],
+) -> DAG:
+    """The DAG of ``sync``: every task's arguments from the object."""
+    split = group_split(sync.capture_parallelism)
+    table_list = sync.table_names
+    wait = sync.wait
+    if wait.on_changes:
         schedule = "@continuous"
+    sensor_timeout = wait.sensor_timeout
     if sensor_timeout is None:
-        sensor_timeout = ON_CHANGES_SENSOR_TIMEOUT if on_changes else 60.0
-    sync = sync_id or dag_id
-    common: dict[str, Any] = {
-        "sync_id": sync,
-        "keyspace": keyspace,
-        "tables": table_list,
-        "staging_location": staging_location,
-        "vitess_conn_id": vitess_conn_id,
-        "checkpoint_conn_id": checkpoint_conn_id,
-        "aws_conn_id": aws_conn_id,
-        "key_overrides": dict(key_overrides or {}),
-        "key_columns": dict(key_columns or {}),
-        "zero_date_policy": zero_date_policy,
-        "zero_date_policies": dict(zero_date_policies or {}),
-        "include_columns": dict(include_columns or {}),
-        "exclude_columns": dict(exclude_columns or {}),
-        "hash_columns": dict(hash_columns or {}),
-        "hash_salt_conn_id": hash_salt_conn_id,
-    }
-    merge: dict[str, Any] = {
-        "sync_id": sync,
-        "target_location": target_location,
-        "checkpoint_conn_id": checkpoint_conn_id,
-        "aws_conn_id": aws_conn_id,
-        "conn_id": spark_conn_id,
-        "conf": dict(spark_conf or {}),
-        "tables": table_list,  # each Delta table an outlet Asset
-        "freshness_sla": freshness_sla,
-        "target_mode": target_mode,
-        "metadata_columns": metadata_columns,
-        "metadata_prefix": metadata_prefix,
-        "change_data_feed": change_data_feed,
-        "table_features": list(table_features),
-        **({"targets": dict(targets)} if targets is not None else {}),
-        **dict(merge_kwargs or {}),
-    }
+        sensor_timeout = ON_CHANGES_SENSOR_TIMEOUT if wait.on_changes else 60.0
+    sync_id = sync.sync_id or dag_id
+    common = sync.capture_arguments(sync_id)
+    snapshot = sync.snapshot_arguments()
+    merge = sync.merge_arguments(sync_id)
+    freshness_sla = sync.freshness_sla
     if freshness_sla is not None and "deadline" not in dag_kwargs:
-        sensor_wait = sensor_timeout if wait_for_changes else None
-        dag_kwargs["deadline"] = freshness_deadline(sync, freshness_sla, sensor_wait, freshness_callback)
+        sensor_wait = sensor_timeout if wait.wait_for_changes else None
+        dag_kwargs["deadline"] = freshness_deadline(sync_id, freshness_sla, sensor_wait, freshness_callback)
     # DeadlineSafeDAG: ``airflow dags test`` of a DAG with a deadline works (see the class).
     dag = DeadlineSafeDAG(
         dag_id,
@@ -248,7 +191,7 @@ def vitess_sync_dag(
                 description="Copy these tables again and replace their Delta tables (others untouched).",
             )
         },
-        tags=["vitess", keyspace],
+        tags=["vitess", sync.keyspace],
         doc_md=__doc__,
         **dag_kwargs,
     )
@@ -262,11 +205,10 @@ def vitess_sync_dag(
                 task_id="plan_snapshot",
                 capture_parallelism=split,
                 resnapshot_tables=resnapshot,
-                target_location=target_location,
-                targets=merge.get("targets"),
+                **snapshot,
                 **common,
             )
-            copies = VitessSnapshotGroupOperator.partial(task_id="snapshot", **common).expand(
+            copies = VitessSnapshotGroupOperator.partial(task_id="snapshot", **snapshot, **common).expand(
                 group=plan_snapshot.output
             )
             plan_snapshot >> copies
@@ -278,41 +220,50 @@ def vitess_sync_dag(
             copied = VitessSnapshotOperator(
                 task_id="snapshot",
                 resnapshot_tables=resnapshot,
-                target_location=target_location,
-                targets=merge.get("targets"),
+                **snapshot,
                 **common,
             )
             merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
+        max_events, max_seconds = sync.budget.max_events, sync.budget.max_seconds
         read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
+        minimize_skew = sync.capture.minimize_skew
         catch_up: Any
         read: Any
         if split != 1:
             plan = VitessCatchUpPlanOperator(task_id="plan_catch_up", capture_parallelism=split, **common)
             groups = VitessCatchUpGroupOperator.partial(
-                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+                task_id="catch_up",
+                max_events=max_events,
+                max_seconds=read_for,
+                minimize_skew=minimize_skew,
+                **common,
             ).expand(group=plan.output)
             plan >> groups
             catch_up, read = plan, groups
         else:
             catch_up = read = VitessCatchUpOperator(
-                task_id="catch_up", max_events=max_events, max_seconds=read_for, **common
+                task_id="catch_up",
+                max_events=max_events,
+                max_seconds=read_for,
+                minimize_skew=minimize_skew,
+                **common,
             )
         merge_changes = VitessMergeOperator(task_id="merge", **merge)
-        if wait_for_changes:
+        if wait.wait_for_changes:
             sense = VitessChangesSensor(
                 task_id="wait_for_changes",
-                vitess_conn_id=vitess_conn_id,
-                sync_id=sync,
-                keyspace=keyspace,
+                vitess_conn_id=sync.vitess_conn_id,
+                sync_id=sync_id,
+                keyspace=sync.keyspace,
                 tables=table_list,
-                checkpoint_conn_id=checkpoint_conn_id,
+                checkpoint_conn_id=sync.checkpoint_conn_id,
                 timeout=sensor_timeout,
                 poke_interval=5,
                 # Only "no change" skips the rest of the run; errors fail (soft_fail would
                 # turn every failure into a skip).
                 skip_on_timeout=True,
-                deferrable=sensor_deferrable,
-                lag_threshold=lag_threshold,
+                deferrable=wait.deferrable,
+                lag_threshold=wait.lag_threshold,
             )
             copied >> merge_snapshot >> sense >> catch_up
         else:

@@ -277,3 +277,8 @@ def permanent_by_name(type_name: str) -> bool:
             return True
         pending.extend(cls.__subclasses__())
     return False
+
+
+class SyncSettingsError(VitessProviderError, ValueError):
+    """A sync's description (``capture/sync.VitessSync``) is refused: the message names the
+    setting and the remedy."""

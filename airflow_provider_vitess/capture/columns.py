@@ -34,7 +34,17 @@ from airflow_provider_vitess.checkpoints.states import WINDOW_COLUMNS, WINDOW_KE
 from airflow_provider_vitess.exceptions import ColumnChoiceError, ColumnsChangedError
 from airflow_provider_vitess.keys import KeyChoice, TableShape, best_key
 
-__all__ = ["WINDOW_COLUMNS", "ColumnChoice", "TableColumns", "parse", "reconcile", "resolve"]
+__all__ = ["WINDOW_COLUMNS", "ColumnChoice", "TableColumns", "parse", "reconcile", "require_salt", "resolve"]
+
+
+def require_salt(hashed: bool, hash_salt_conn_id: str | None, where: str) -> None:
+    """Hashed columns need a salt: without ``hash_salt_conn_id`` a hash of a small domain (a
+    phone number) is reversed by trying every value. ``where`` names the setting's owner."""
+    if hashed and not hash_salt_conn_id:
+        raise ColumnChoiceError(
+            f"{where}: hash_columns need hash_salt_conn_id, an Airflow "
+            "connection whose password is the salt (a long random secret)"
+        )
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:

@@ -4,18 +4,46 @@ immutable for a run."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_vitess.capture.columns import ColumnChoice, TableColumns, resolve
+from airflow_provider_vitess.exceptions import VitessProviderError
 from airflow_provider_vitess.hooks.protocol import VitessClient
 from airflow_provider_vitess.keys import KeyChoice, KeyOverrides, choose_key, table_shape
 from airflow_provider_vitess.staging.hashing import ColumnHasher
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vstream.spill import MemoryLimits
 
-__all__ = ["SyncSpec"]
+__all__ = ["SyncSpec", "as_tables", "check_sync_id"]
+
+_SYNC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_sync_id(sync_id: str) -> str:
+    """``sync_id`` if it may name a sync (it names staging directories and Delta transaction
+    ids), else :class:`VitessProviderError` saying what it may hold."""
+    if not isinstance(sync_id, str) or not _SYNC_ID.match(sync_id):
+        raise VitessProviderError(
+            f"sync_id {sync_id!r} must be 1-128 letters, digits, '_', '-' or '.', starting "
+            "with a letter or digit (it names staging directories and Delta transaction ids)"
+        )
+    return sync_id
+
+
+def as_tables(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Tables given as a list, or as text (a comma-separated or JSON list, from a template)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return tuple(str(t) for t in json.loads(text))
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+    return tuple(str(t) for t in value)
 
 
 @dataclass(frozen=True)

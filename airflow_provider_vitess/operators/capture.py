@@ -17,17 +17,24 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.capture.catch_up import CatchUpRun
 from airflow_provider_vitess.capture.columns import parse as parse_columns
+from airflow_provider_vitess.capture.columns import require_salt
 from airflow_provider_vitess.capture.outcome import SnapshotNeed, WindowOutcome, summary, window_metrics
 from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
 from airflow_provider_vitess.connections import hash_salt, open_store, refuse_single_host, s3_settings
-from airflow_provider_vitess.exceptions import ColumnChoiceError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
 from airflow_provider_vitess.merge.plan import target_path
-from airflow_provider_vitess.operators._sync import as_tables, memory_limits, sync_spec
+from airflow_provider_vitess.operators._sync import (
+    accepts_sync,
+    as_tables,
+    catch_up_parts,
+    memory_limits,
+    snapshot_parts,
+    sync_spec,
+)
 from airflow_provider_vitess.plugins.links import VitessSyncStatusLink
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.utils.failures import task_failures
@@ -102,11 +109,7 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
             # Column control that cannot apply fails the DAG's import (capture/columns.py); a
             # templated argument is checked when the task runs.
             parse_columns(as_tables(tables), *given)
-        if hash_columns and not hash_salt_conn_id:
-            raise ColumnChoiceError(
-                f"task {kwargs.get('task_id')!r}: hash_columns need hash_salt_conn_id, an Airflow "
-                "connection whose password is the salt (a long random secret)"
-            )
+        require_salt(bool(hash_columns), hash_salt_conn_id, f"task {kwargs.get('task_id')!r}")
         self.sync_id = sync_id
         self.keyspace = keyspace
         self.tables = tables
@@ -228,6 +231,7 @@ class VitessSnapshotOperator(_CaptureOperatorBase[SnapshotRun]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "resnapshot_tables")
 
+    @accepts_sync(snapshot_parts)
     def __init__(
         self,
         *,
@@ -312,6 +316,7 @@ class VitessCatchUpOperator(_CaptureOperatorBase[CatchUpRun]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "max_events", "max_seconds")
 
+    @accepts_sync(catch_up_parts)
     def __init__(
         self,
         *,

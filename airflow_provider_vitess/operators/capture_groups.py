@@ -21,6 +21,13 @@ from typing import Any, cast
 from airflow_provider_vitess.capture.group_layout import GroupSplit, group_split
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.groups import GroupedCatchUp
+from airflow_provider_vitess.operators._sync import (
+    accepts_sync,
+    capture_parts,
+    catch_up_parts,
+    grouped,
+    snapshot_parts,
+)
 from airflow_provider_vitess.operators.capture import (
     _SYNC_FIELDS,
     VitessSnapshotOperator,
@@ -41,6 +48,7 @@ class VitessCatchUpPlanOperator(_CaptureOperatorBase[GroupedCatchUp]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "capture_parallelism")
 
+    @accepts_sync(grouped(capture_parts))
     def __init__(self, *, capture_parallelism: GroupSplit | str = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.capture_parallelism = capture_parallelism
@@ -62,6 +70,7 @@ class VitessCatchUpGroupOperator(_CaptureOperatorBase[GroupedCatchUp]):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "group", "max_events", "max_seconds")
 
+    @accepts_sync(catch_up_parts)
     def __init__(
         self,
         *,
@@ -104,6 +113,7 @@ class VitessSnapshotPlanOperator(VitessSnapshotOperator):
 
     template_fields: Sequence[str] = (*VitessSnapshotOperator.template_fields, "capture_parallelism")
 
+    @accepts_sync(grouped(snapshot_parts))
     def __init__(self, *, capture_parallelism: GroupSplit | str = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.capture_parallelism = capture_parallelism
@@ -127,6 +137,7 @@ class VitessSnapshotGroupOperator(VitessSnapshotOperator):
 
     template_fields: Sequence[str] = (*_SYNC_FIELDS, "group")
 
+    @accepts_sync(snapshot_parts)
     def __init__(self, *, group: int | str = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.group = group

@@ -36,6 +36,7 @@ from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions, che
 from airflow_provider_vitess.merge.plan import MergePlanError
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
+from airflow_provider_vitess.operators._sync import accepts_sync, merge_parts
 from airflow_provider_vitess.operators.merge_backends import (
     SUBMIT_ARGS,
     TEMPLATED_SUBMIT_ARGS,
@@ -148,11 +149,13 @@ class VitessMergeOperator(BaseOperator):
     operator_extra_links = (VitessSyncStatusLink(), DeltaTableLink(), SparkUILink())
     ui_color = "#e4f0ff"
 
+    @accepts_sync(merge_parts)
     def __init__(
         self,
         *,
-        sync_id: str,
-        target_location: str,
+        # Optional in the signature only so that ``sync=`` may give them (operators/_sync.py).
+        sync_id: str | None = None,
+        target_location: str | None = None,
         targets: Mapping[str, Mapping[str, Any]] | None = None,
         checkpoint_conn_id: str | None = None,
         aws_conn_id: str | None = None,
@@ -173,6 +176,8 @@ class VitessMergeOperator(BaseOperator):
         table_features: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
+        if sync_id is None or target_location is None:
+            raise TypeError("VitessMergeOperator needs sync_id and target_location, or sync= (a VitessSync)")
         submit_only = {
             "application": application,
             "packages": packages,
