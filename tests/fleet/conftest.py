@@ -115,9 +115,10 @@ class FleetServices(AirflowServices):
         """One run triggered through the REST API, once it has finished."""
         return self.wait_for_run(dag_id, self.trigger(dag_id)["dag_run_id"], timeout)
 
-    def groups(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """The run's mapped ``catch_up`` task instances (one per group), by map index."""
-        tis = [ti for ti in self.task_instances(dag_id, run_id) if ti["task_id"] == "catch_up"]
+    def groups(self, dag_id: str, run_id: str, task_id: str = "catch_up") -> list[dict[str, Any]]:
+        """The run's mapped ``task_id`` task instances (one per group: ``catch_up``, or the
+        grouped snapshot's ``snapshot``), by map index."""
+        tis = [ti for ti in self.task_instances(dag_id, run_id) if ti["task_id"] == task_id]
         return sorted(tis, key=lambda ti: ti["map_index"])
 
     def merged(self, dag_id: str, run_id: str) -> int:
