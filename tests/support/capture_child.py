@@ -247,8 +247,9 @@ def _kill_at_merge_phase(phase: str, nth: int) -> None:
 
 
 def _fail_group(group: int) -> None:
-    """Shard group ``group``'s catch-up fails (an exception, the task's failure) once its part is
-    written, before the store records it: the other groups' tasks run on and succeed."""
+    """Shard group ``group``'s catch-up (or its copy of a grouped snapshot) fails (an exception,
+    the task's failure) once its part is written, before the store records it: the other groups'
+    tasks run on and succeed."""
     mark = CheckpointStore.mark_group_staged
 
     def failing(store: CheckpointStore, sync_id: str, seq: int, g: int, *args: Any, **kwargs: Any) -> Any:

@@ -393,19 +393,22 @@ class MatrixSoak:
             self._await_stale_locks()
         elif "fail_group" in faults and result["state"] == "failed":
             group = faults["fail_group"]
-            mapped = {int(g): s for g, s in result["mapped"].get("catch_up", {}).items()}  # JSON keys
-            assert mapped.get(group) == "failed" and all(
-                s == "success" for g, s in mapped.items() if g != group
-            ), f"group {group} failed, the others not successful: {result['mapped']}\n{result['log'][-3000:]}"
+            task = _failed_group_task(result, group)
+            mapped = {int(g): s for g, s in result["mapped"][task].items()}  # JSON keys
+            assert all(s == "success" for g, s in mapped.items() if g != group), (
+                f"{task} group {group} failed, the others not successful: {result['mapped']}\n"
+                f"{result['log'][-3000:]}"
+            )
         else:
             self.faults[f"missed {what}"] = self.faults.get(f"missed {what}", 0) + 1
             return result
         self.faults[f"landed {what}"] = self.faults.get(f"landed {what}", 0) + 1
         resumed = self.airflow.run_dag(self.sync, conf=conf or {}, logical_date=date, resume=True)
         if "fail_group" in faults:
-            others = [int(g) for g in result["mapped"]["catch_up"] if int(g) != faults["fail_group"]]
-            rerun = [g for g in others if f"task_id=catch_up map_index={g}" in resumed["log"]]
-            assert not rerun, f"groups {rerun} ran again with the failed one: {resumed['log'][-3000:]}"
+            task = _failed_group_task(result, faults["fail_group"])
+            others = [int(g) for g in result["mapped"][task] if int(g) != faults["fail_group"]]
+            rerun = [g for g in others if f"task_id={task} map_index={g}" in resumed["log"]]
+            assert not rerun, f"{task} groups {rerun} ran again with the failed one: {resumed['log'][-3000:]}"
         return resumed
 
     def _await_stale_locks(self) -> None:
@@ -476,3 +479,15 @@ class MatrixSoak:
         return as_target(
             rows, dropped=[k for k in (rows[0] if rows else {}) if k not in ("id", "vid", "qty")]
         )
+
+
+def _failed_group_task(result: dict[str, Any], group: int) -> str:
+    """The mapped task whose ``group`` the ``fail_group`` fault failed: a catch-up group, or a
+    snapshot group when the step re-snapshots a table (the fault fails whichever group records
+    its part first, and a grouped snapshot's copies record theirs the same way)."""
+    for task in ("snapshot", "catch_up"):
+        if result["mapped"].get(task, {}).get(str(group)) == "failed":
+            return task
+    raise AssertionError(
+        f"fail_group {group}: no group task failed: {result['mapped']}\n{result['log'][-3000:]}"
+    )
