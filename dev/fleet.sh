@@ -12,6 +12,9 @@
 #   dev/fleet.sh status         exit 0 and print the settings when every part answers, else exit 1
 #   dev/fleet.sh env            print the settings as shell assignments (for `eval` or tests)
 #   dev/fleet.sh worker N       start worker N again unless it runs (after a test killed it)
+#   dev/fleet.sh triggerer N    start triggerer N (1 or 2) again unless it runs
+#   dev/fleet.sh restart-broker stop Redis and start it again, empty (it keeps nothing on disk), as
+#                               a broker host that restarts loses what it held
 #   dev/fleet.sh deploy FILE..  copy DAG files into each host's own dags folder (the control
 #                               host's and each worker's), as a deployment ships DAGs to each host
 #
@@ -21,9 +24,13 @@
 # [core] hostname_callable = tests.fleet.hostname.worker_hostname, which returns the worker's
 # FLEET_WORKER_NAME. Nothing but S3, PostgreSQL, vtgate, Spark Connect and the broker connects them.
 #
+# Two triggerers (on the control host and on `control-2`), as a deployment runs two for a
+# triggerer's death: a trigger of a dead one is taken over by the other.
+#
 # Ports (127.0.0.1 only; 18600-18699): Redis 18601, PostgreSQL 18602, S3 18603, api-server 18610,
-# the workers' log servers 18611 and 18612, the triggerer's 18613, the control host's 18614 (its
-# [logging] worker_log_server_port; nothing serves there under Celery), Spark Connect 18690.
+# the workers' log servers 18611 and 18612, the triggerers' 18613 and 18615, the control hosts'
+# 18614 and 18616 (their [logging] worker_log_server_port; nothing serves there under Celery),
+# Spark Connect 18690.
 #
 # Environment knobs:
 #   FLEET_STATE_DIR   everything the fleet writes (default ${TMPDIR:-/tmp}/apv-fleet)
@@ -45,6 +52,7 @@ pg_port=18602
 s3_port=18603
 api_port=18610
 trigger_log_port=18613
+trigger_log_port_2=18615
 connect_port=18690
 bucket=fleet
 user=fleet
@@ -62,7 +70,7 @@ alive() {
 
 # The parts, in start order; each has a pid file under $state/pids.
 parts() {
-    echo redis postgres api-server scheduler dag-processor triggerer
+    echo redis postgres api-server scheduler dag-processor triggerer triggerer-2
     for n in $(seq "$workers"); do echo "worker-$n"; done
 }
 
@@ -199,6 +207,12 @@ write_common_env() {
         assignment AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME 0.5
         assignment AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL 2
         assignment AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC 2
+        # A dead triggerer's triggers go to the other after this long without its heartbeat
+        # (default 30 s).
+        assignment AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD 10
+        # A task queued to the broker but never started (its message lost with a restarted
+        # broker) is queued again after this long (default 600 s).
+        assignment AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT 60
         # A killed worker's task is failed (and retried on another worker) once it has not
         # heartbeat for this long (default 300 s).
         assignment AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT 20
@@ -328,6 +342,8 @@ start() {
 --conf spark.hadoop.fs.s3a.connection.ssl.enabled=false" connect_env start >/dev/null
     write_common_env
     write_host_env control 18614
+    write_host_env control-2 18616
+    echo "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$trigger_log_port_2" >>"$state/control-2/host.env"
     echo "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$state/secrets/passwords.json" >>"$state/control/host.env"
     for n in $(seq "$workers"); do write_host_env "worker-$n" $((18610 + n)); done
     log "migrating the metadata database"
@@ -339,6 +355,7 @@ start() {
     start_part scheduler control airflow scheduler
     start_part dag-processor control airflow dag-processor
     start_part triggerer control airflow triggerer
+    start_part triggerer-2 control-2 airflow triggerer
     for n in $(seq "$workers"); do
         start_part "worker-$n" "worker-$n" airflow celery worker --celery-hostname "worker-$n@fleet" \
             --concurrency 1 --without-gossip --without-mingle
@@ -386,10 +403,25 @@ start_worker() {
         grep -q "worker-$1@fleet ready" "$state/logs/worker-$1.log"
 }
 
+start_triggerer() {
+    [ -f "$state/ready" ] || { log "the fleet is not running: dev/fleet.sh start"; exit 1; }
+    local name=triggerer host=control
+    [ "$1" = 2 ] && name=triggerer-2 host=control-2
+    local pid_file="$state/pids/$name"
+    running && { log "$name already running"; return; }
+    start_part "$name" "$host" airflow triggerer
+}
+
+restart_broker() {
+    [ -f "$state/ready" ] || { log "the fleet is not running: dev/fleet.sh start"; exit 1; }
+    stop_part redis
+    start_redis
+}
+
 deploy() {
     [ -f "$state/ready" ] || { log "the fleet is not running: dev/fleet.sh start"; exit 1; }
     local host file
-    for host in control $(seq -f 'worker-%g' "$workers"); do
+    for host in control control-2 $(seq -f 'worker-%g' "$workers"); do
         for file in "$@"; do cp "$file" "$state/$host/airflow/dags/"; done
     done
 }
@@ -401,5 +433,7 @@ case "${1:-}" in
     env) print_env ;;
     deploy) shift; deploy "$@" ;;
     worker) start_worker "${2:?usage: $0 worker N}" ;;
-    *) echo "usage: $0 start|stop|status|env|deploy FILE...|worker N" >&2; exit 2 ;;
+    triggerer) start_triggerer "${2:?usage: $0 triggerer N}" ;;
+    restart-broker) restart_broker ;;
+    *) echo "usage: $0 start|stop|status|env|deploy FILE...|worker N|triggerer N|restart-broker" >&2; exit 2 ;;
 esac

@@ -9,8 +9,10 @@ checkpoints from the PostgreSQL store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -36,7 +38,7 @@ from tests.support.merge_workload import assert_equal_to_source
 
 SCRIPT = REPO / "dev" / "fleet.sh"
 _LOG_TAIL = 3000
-CONTROL_PARTS = ("redis", "postgres", "api-server", "scheduler", "dag-processor", "triggerer")
+CONTROL_PARTS = ("redis", "postgres", "api-server", "scheduler", "dag-processor", "triggerer", "triggerer-2")
 
 # A grouped sync on the fleet's S3 and store; a new DAG (sync) id for each test, as the fleet may
 # have run the test before (its store and bucket then hold that sync's windows).
@@ -72,11 +74,14 @@ class FleetServices(AirflowServices):
 
     state: Path
     hosts: tuple[str, ...]
+    # Parts a test killed on purpose (a triggerer's death): not a failure of the fleet.
+    killed: set[str]
 
     def check_alive(self) -> None:
-        """The control host's parts and the servers run (a test may have killed a worker)."""
+        """The control host's parts and the servers run (a test may have killed a worker, or a
+        part named in ``killed``)."""
         down = []
-        for part in CONTROL_PARTS:
+        for part in set(CONTROL_PARTS) - self.killed:
             try:
                 os.kill(int((self.state / "pids" / part).read_text()), 0)
             except (OSError, ValueError):
@@ -174,7 +179,7 @@ def fleet() -> Iterator[Fleet]:
         int(values["FLEET_API_URL"].rsplit(":", 1)[1]),
         state / "logs",
     )
-    api.state, api.hosts = state, tuple(values["FLEET_HOSTS"].split())
+    api.state, api.hosts, api.killed = state, tuple(values["FLEET_HOSTS"].split()), set()
     password = json.loads(Path(values["FLEET_PASSWORD_FILE"]).read_text())[values["FLEET_USER"]]
     response = httpx.post(
         f"{values['FLEET_API_URL']}/auth/token", json={"username": values["FLEET_USER"], "password": password}
@@ -213,6 +218,31 @@ def spark(fleet: Fleet) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+def kill_host(fleet: Fleet, part: str) -> list[int]:
+    """SIGKILL every process of the fleet's ``part`` (a worker, a triggerer): the pid dev/fleet.sh
+    recorded, leader of its own session, and every process descended from it or in its session
+    (setproctitle overwrites their environment, so it cannot tell them); their pids."""
+    root = int((fleet.api.state / "pids" / part).read_text())
+    parent, session = {}, {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            parent[int(proc.name)], session[int(proc.name)] = int(fields[1]), int(fields[3])
+    ours = {pid for pid, sid in session.items() if sid == root} | {root}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in ours} - ours
+        ours |= more
+        grew = bool(more)
+    for pid in sorted(ours):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return sorted(ours)
 
 
 def select_count(hook: VitessHook, table: str) -> int:

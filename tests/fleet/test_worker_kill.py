@@ -13,11 +13,8 @@ and Spark Connect.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script
+from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script, kill_host
 from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
@@ -43,31 +40,6 @@ FILLER_ROWS = 24_000  # inserted and updated: ~24,000 row events per group, ~0.5
 # ([scheduler] task_instance_heartbeat_timeout), so its retry waits the rest: an earlier retry
 # fails on the lock (what the first run on the fleet did, with a 1 s delay).
 RETRY_DELAY = 115
-
-
-def kill_host(fleet: Fleet, host: str) -> list[int]:
-    """SIGKILL every process of the fleet's ``host``: its Celery worker (the pid dev/fleet.sh
-    recorded, leader of its own session) and every process descended from it or in its session
-    (setproctitle overwrites their environment, so it cannot tell them); their pids."""
-    root = int((fleet.api.state / "pids" / host).read_text())
-    parent, session = {}, {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # gone meanwhile
-                continue
-            parent[int(proc.name)], session[int(proc.name)] = int(fields[1]), int(fields[3])
-    ours = {pid for pid, sid in session.items() if sid == root} | {root}
-    grew = True
-    while grew:
-        more = {pid for pid, ppid in parent.items() if ppid in ours} - ours
-        ours |= more
-        grew = bool(more)
-    for pid in sorted(ours):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return sorted(ours)
 
 
 @pytest.fixture
