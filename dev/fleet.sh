@@ -2,8 +2,10 @@
 # An Airflow 3 fleet on one machine, made of real parts: the CeleryExecutor, a Redis broker, a
 # PostgreSQL metadata database (which also holds the syncs' checkpoint store), the scheduler,
 # dag-processor, triggerer and api-server, and two Celery workers that share no directory.
-# Staging and Delta live on the local S3 server (dev/local_s3.sh), merges run on a Spark Connect
-# server with S3A (dev/spark_connect.sh). docs/deployment.md follows what this script does.
+# Staging and Delta live on the local S3 server (dev/local_s3.sh); merges run on a Spark standalone
+# cluster (a master and a worker), through a Spark Connect server with S3A whose executors are the
+# cluster's (dev/spark_connect.sh), or through spark-submit from the Celery worker to the cluster.
+# docs/deployment.md follows what this script does.
 #
 #   dev/fleet.sh start          start every part unless all already run; prints the fleet's
 #                               settings (idempotent; a partly running fleet is stopped and
@@ -30,7 +32,7 @@
 # Ports (127.0.0.1 only; 18600-18699): Redis 18601, PostgreSQL 18602, S3 18603, api-server 18610,
 # the workers' log servers 18611 and 18612, the triggerers' 18613 and 18615, the control hosts'
 # 18614 and 18616 (their [logging] worker_log_server_port; nothing serves there under Celery),
-# Spark Connect 18690.
+# Spark Connect 18690, the Spark master 18691 (its UI 18692), the Spark worker's UI 18693.
 #
 # Environment knobs:
 #   FLEET_STATE_DIR   everything the fleet writes (default ${TMPDIR:-/tmp}/apv-fleet)
@@ -54,6 +56,9 @@ api_port=18610
 trigger_log_port=18613
 trigger_log_port_2=18615
 connect_port=18690
+spark_master_port=18691
+spark_master_ui=18692
+spark_worker_ui=18693
 bucket=fleet
 user=fleet
 
@@ -70,7 +75,7 @@ alive() {
 
 # The parts, in start order; each has a pid file under $state/pids.
 parts() {
-    echo redis postgres api-server scheduler dag-processor triggerer triggerer-2
+    echo redis postgres spark-master spark-worker api-server scheduler dag-processor triggerer triggerer-2
     for n in $(seq "$workers"); do echo "worker-$n"; done
 }
 
@@ -144,6 +149,36 @@ start_postgres() {
     for db in airflow vitess_sync; do
         "$bin/psql" -q -h 127.0.0.1 -p $pg_port -U postgres -c "CREATE DATABASE $db" >/dev/null
     done
+}
+
+# The Spark standalone cluster: a master and a worker (2 cores: the Connect server's application
+# and a spark-submit's each take one, spark.cores.max=1). The worker starts its executors with
+# the S3 keys in their environment, where S3A's default chain finds them for the Connect server's
+# executors (a spark-submit's job sets its own on its session, which reach the executors with
+# each task).
+start_spark_cluster() {
+    local spark_home
+    spark_home="$("$python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+    mkdir -p "$state/spark/work"
+    log "starting a Spark master on 127.0.0.1:$spark_master_port and a worker"
+    SPARK_LOG_DIR="$state/spark" PYSPARK_PYTHON="$python" setsid "$spark_home/bin/spark-class" \
+        org.apache.spark.deploy.master.Master --host 127.0.0.1 --port $spark_master_port \
+        --webui-port $spark_master_ui >"$state/logs/spark-master.log" 2>&1 </dev/null &
+    echo $! >"$state/pids/spark-master"
+    local pid_file="$state/pids/spark-master"
+    wait_until_ready "the Spark master" 120 0.5 "$state/logs/spark-master.log" port_open $spark_master_port
+    AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY_ID" AWS_SECRET_ACCESS_KEY="$(cat "$S3_SECRET_KEY_FILE")" \
+        SPARK_LOG_DIR="$state/spark" SPARK_WORKER_DIR="$state/spark/work" PYSPARK_PYTHON="$python" \
+        setsid "$spark_home/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+        "spark://127.0.0.1:$spark_master_port" --host 127.0.0.1 --webui-port $spark_worker_ui \
+        --cores 2 --memory 3g >"$state/logs/spark-worker.log" 2>&1 </dev/null &
+    echo $! >"$state/pids/spark-worker"
+    pid_file="$state/pids/spark-worker"
+    wait_until_ready "the Spark worker" 120 0.5 "$state/logs/spark-worker.log" spark_worker_registered
+}
+
+spark_worker_registered() {
+    curl -s "http://127.0.0.1:$spark_master_ui/json/" 2>/dev/null | grep -q '"aliveworkers" *: *[1-9]'
 }
 
 start_redis() {
@@ -222,10 +257,11 @@ write_common_env() {
         # the other worker's next task (a window's second group) went to the first one instead.
         assignment AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL 1
         # The connections every host needs (a deployment would keep them in a secrets backend).
-        "$python" - "$s3_key" "$s3_secret" "$S3_ENDPOINT_URL" "$pg_port" "$connect_port" "$vitess_env" <<'EOF'
+        "$python" - "$s3_key" "$s3_secret" "$S3_ENDPOINT_URL" "$pg_port" "$connect_port" "$vitess_env" \
+            "$spark_master_port" <<'EOF'
 import json, shlex, sys
 from pathlib import Path
-s3_key, s3_secret, s3_url, pg_port, connect_port, vitess_env = sys.argv[1:]
+s3_key, s3_secret, s3_url, pg_port, connect_port, vitess_env, master_port = sys.argv[1:]
 v = dict(line.split("=", 1) for line in vitess_env.splitlines() if "=" in line)
 conns = {
     "VITESS_DEFAULT": {"conn_type": "vitess", "host": v["VITESS_HOST"], "port": int(v["VITESS_GRPC_PORT"]),
@@ -236,6 +272,10 @@ conns = {
     "FLEET_STORE": {"conn_type": "postgres", "host": "127.0.0.1", "port": int(pg_port),
         "login": "postgres", "schema": "vitess_sync"},
     "SPARK_CONNECT_DEFAULT": {"conn_type": "spark_connect", "host": f"sc://127.0.0.1:{connect_port}"},
+    # spark-submit from a Celery worker to the standalone cluster (client mode: the driver on
+    # the worker, the executors on the cluster).
+    "SPARK_FLEET": {"conn_type": "spark", "host": "spark://127.0.0.1", "port": int(master_port),
+        "extra": {"deploy-mode": "client"}},
 }
 for name, value in conns.items():
     print(f"AIRFLOW_CONN_{name}={shlex.quote(json.dumps(value))}")
@@ -309,6 +349,8 @@ print_env() {
         "control $(seq -f 'worker-%g' -s ' ' "$workers")" "$(seq -f 'worker-%g' -s ' ' "$workers")" \
         $bucket $connect_port
     printf 'FLEET_STORE_URL=postgresql+psycopg://postgres@127.0.0.1:%s/vitess_sync\n' $pg_port
+    printf 'FLEET_SPARK_MASTER=spark://127.0.0.1:%s\nFLEET_SPARK_MASTER_UI=http://127.0.0.1:%s\n' \
+        $spark_master_port $spark_master_ui
     s3_env env
 }
 
@@ -334,10 +376,13 @@ start() {
     start_redis
     s3_env start >/dev/null
     eval "$(s3_env env)"
+    start_spark_cluster
     # S3A on the Spark Connect server: the endpoint as settings, the keys from its environment
     # (S3A's default credential chain reads them there; never on a command line).
     AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY_ID" AWS_SECRET_ACCESS_KEY="$(cat "$S3_SECRET_KEY_FILE")" \
-        SPARK_CONNECT_S3=1 SPARK_CONNECT_CONF="--conf spark.hadoop.fs.s3a.endpoint=$S3_ENDPOINT_URL \
+        SPARK_CONNECT_MASTER="spark://127.0.0.1:$spark_master_port" \
+        SPARK_CONNECT_S3=1 SPARK_CONNECT_CONF="--conf spark.cores.max=1 --conf spark.executor.memory=1g \
+--conf spark.hadoop.fs.s3a.endpoint=$S3_ENDPOINT_URL \
 --conf spark.hadoop.fs.s3a.path.style.access=true --conf spark.hadoop.fs.s3a.endpoint.region=$S3_REGION \
 --conf spark.hadoop.fs.s3a.connection.ssl.enabled=false" connect_env start >/dev/null
     write_common_env
