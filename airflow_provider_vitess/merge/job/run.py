@@ -136,11 +136,11 @@ def merge(
                 size = None
             if (
                 result.status is TableStatus.ALREADY_APPLIED
-                and result.delta_version is None
+                and result.table_version is None
                 and state is not None
             ):
                 # Held by a commit of an earlier run: the table's version now stands for it.
-                result = dataclasses.replace(result, delta_version=state.version)
+                result = dataclasses.replace(result, table_version=state.version)
             log.info(
                 "window %d table %s in %.2fs: %s",
                 step.seq,

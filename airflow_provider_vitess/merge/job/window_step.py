@@ -266,7 +266,7 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
             rows_inserted=inserted,
             rows_updated=updated,
             rows_deleted=commit.rows_deleted,
-            delta_version=commit.version,
+            table_version=commit.version,
             schema_changes=changes,
             files_touched=commit.files_touched,
         )
@@ -277,5 +277,5 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
         WriteMode.REPLACE,
         rows_upserted=commit.rows_written,
         rows_inserted=commit.rows_written,
-        delta_version=commit.version,
+        table_version=commit.version,
     )
