@@ -1,4 +1,4 @@
-"""Every table of a sync at one source position, read with Delta time travel.
+"""Every table of a sync at one source position, read with the table format's time travel (Delta's).
 
 The merge commits each table of a window on its own (Delta has no multi-table transaction), so
 the latest versions of two tables can stand on two sides of one source transaction. A cut
@@ -42,10 +42,9 @@ def consistent_cut(
 
 def cut_sql(taken: Cut) -> dict[str, str]:
     """Per table, the Spark SQL that reads it at the cut."""
-    return {
-        t.table: f"SELECT * FROM delta.`{t.path.replace('`', '``')}` VERSION AS OF {t.version}"
-        for t in taken.tables.values()
-    }
+    from airflow_provider_vitess.merge.job.formats import sql_at  # no PySpark: the status page's
+
+    return {t.table: sql_at(t.path, t.version) for t in taken.tables.values()}
 
 
 def consistent_tables(
@@ -63,11 +62,14 @@ def consistent_tables(
     Files a ``VACUUM`` removed fail when the DataFrame is read: keep
     ``delta.deletedFileRetentionDuration`` longer than the cuts you read.
     """
+    from airflow_provider_vitess.merge.job.formats import for_session
+
     taken = consistent_cut(store, sync_id, window=window, as_of=as_of)
+    fmt = for_session(spark)
     frames = {}
     for t in taken.tables.values():
         try:
-            frames[t.table] = spark.read.format("delta").option("versionAsOf", t.version).load(t.path)
+            frames[t.table] = fmt.read_at(spark, t.path, t.version)
         except Exception as exc:  # Delta's time-travel errors differ between releases
             if "version" not in str(exc).lower():
                 raise

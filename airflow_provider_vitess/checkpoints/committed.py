@@ -86,10 +86,10 @@ def commit_position(conn: Connection, now: datetime, window: Row[Any], changed: 
 
 
 def record_target(
-    conn: Connection, now: datetime, sync_id: str, table: str, seq: int, delta_version: int | None
+    conn: Connection, now: datetime, sync_id: str, table: str, seq: int, table_version: int | None
 ) -> None:
-    """Table ``table``'s Delta table now holds window ``seq``, committed as ``delta_version``."""
-    values = {"merged_seq": seq, "delta_version": delta_version, "updated_at": now}
+    """Table ``table``'s target now holds window ``seq``, committed as ``table_version``."""
+    values = {"merged_seq": seq, "table_version": table_version, "updated_at": now}
     where = (_TARGET.c.sync_id == sync_id, _TARGET.c.table_name == table)
     if conn.execute(update(_TARGET).where(*where).values(**values)).rowcount == 0:
         conn.execute(insert(_TARGET).values(sync_id=sync_id, table_name=table, **values))
@@ -98,7 +98,7 @@ def record_target(
 def target_versions(conn: Connection, sync_id: str) -> dict[str, TargetVersion]:
     """Per table, the last window merged into its Delta table and that commit's version."""
     rows = conn.execute(select(_TARGET).where(_TARGET.c.sync_id == sync_id))
-    return {r.table_name: TargetVersion(r.table_name, r.merged_seq, r.delta_version) for r in rows}
+    return {r.table_name: TargetVersion(r.table_name, r.merged_seq, r.table_version) for r in rows}
 
 
 COPIED_AT = "copied_at"  # sync config: table -> the VGTID its latest re-snapshot copied it at

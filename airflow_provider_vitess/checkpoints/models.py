@@ -261,8 +261,9 @@ class LockRow(Base):
 
 
 class TargetRow(Base):
-    """The last window merged into a sync's Delta table, and that commit's Delta version
-    (None: the table was covered by a snapshot without rows, so no Delta table was made)."""
+    """The last window merged into a sync's table, and that commit's version in the table's
+    format (None: the table was covered by a snapshot without rows, so no table was made).
+    ``table_version`` was ``delta_version`` before revision 0006."""
 
     __tablename__ = f"{PREFIX}target"
 
@@ -271,7 +272,7 @@ class TargetRow(Base):
     )
     table_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     merged_seq: Mapped[int] = mapped_column(Integer)
-    delta_version: Mapped[int | None] = mapped_column(BigInteger)
+    table_version: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
@@ -287,6 +288,6 @@ class WindowVersionRow(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     table_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
-    delta_version: Mapped[int] = mapped_column(BigInteger)
+    table_version: Mapped[int] = mapped_column(BigInteger)  # delta_version before revision 0006
     path: Mapped[str] = mapped_column(Text)
     merged_at: Mapped[datetime] = mapped_column(UtcDateTime)

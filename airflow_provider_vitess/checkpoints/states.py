@@ -190,12 +190,18 @@ class TableProgress:
 
 @dataclass(frozen=True)
 class TargetVersion:
-    """What the sync last wrote to one Delta table: the window seq (its Delta transaction
-    version) and the table's version after that commit (None: no Delta table was made)."""
+    """What the sync last wrote to one table: the window seq (its exactly-once marker, Delta's
+    transaction version) and the table's version after that commit in its format (None: no
+    table was made)."""
 
     table: str
     merged_seq: int
-    delta_version: int | None
+    table_version: int | None
+
+    @property
+    def delta_version(self) -> int | None:
+        """``table_version`` by its name before table formats (read by existing callers)."""
+        return self.table_version
 
 
 @dataclass(frozen=True)

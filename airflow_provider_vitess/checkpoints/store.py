@@ -298,8 +298,8 @@ class CheckpointStore:
                 stats = self._window_row(conn, sync_id, seq).stats or {}
                 values = {"stats": {**stats, MERGE_REPORT: dict(report)}}
             self._transition(conn, sync_id, seq, WindowState.MERGED, values)
-            for table, delta_version in (targets or {}).items():
-                committed_rows.record_target(conn, self._clock(), sync_id, table, seq, delta_version)
+            for table, version in (targets or {}).items():
+                committed_rows.record_target(conn, self._clock(), sync_id, table, seq, version)
             versions.record(conn, self._clock(), sync_id, seq, targets or {}, paths or {})
 
     def target_versions(self, sync_id: str) -> dict[str, TargetVersion]:

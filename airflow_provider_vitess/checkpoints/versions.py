@@ -74,7 +74,7 @@ def record(
         if version is None or path is None:
             continue
         where = (_VERSION.c.sync_id == sync_id, _VERSION.c.seq == seq, _VERSION.c.table_name == table)
-        values = {"delta_version": version, "path": path, "merged_at": now}
+        values = {"table_version": version, "path": path, "merged_at": now}
         if conn.execute(update(_VERSION).where(*where).values(**values)).rowcount == 0:
             conn.execute(insert(_VERSION).values(sync_id=sync_id, seq=seq, table_name=table, **values))
 
@@ -177,7 +177,7 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
         .where(_VERSION.c.sync_id == sync_id)
     )
     tables = {
-        r.table_name: TableVersion(r.table_name, r.path, int(r.delta_version), int(r.seq)) for r in rows
+        r.table_name: TableVersion(r.table_name, r.path, int(r.table_version), int(r.seq)) for r in rows
     }
     return Cut(sync_id, seq, dict(sorted(tables.items())))
 

@@ -60,7 +60,8 @@ def event_extra(
         "rows_inserted": result.rows_inserted if counted else None,
         "rows_updated": result.rows_updated if counted else None,
         "rows_deleted": result.rows_deleted if counted else None,
-        "delta_version": result.delta_version,
+        "table_version": result.table_version,
+        "delta_version": result.delta_version,  # its name before table formats: kept for consumers
         "as_of": as_of,
     }
 

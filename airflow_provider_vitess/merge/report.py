@@ -44,6 +44,20 @@ class TableResult(JsonDocument):
     files_touched: int | None = None  # files the MERGE rewrote or marked (deletion vectors)
     rows_inserted: int = 0  # a replace inserts every row it writes
     rows_updated: int = 0
+    # ``delta_version`` by its format-neutral name (the version of the table's format that holds
+    # the window): both are written, either read; given one, the other is the same number.
+    table_version: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.table_version is None:
+            object.__setattr__(self, "table_version", self.delta_version)
+        elif self.delta_version is None:
+            object.__setattr__(self, "delta_version", self.table_version)
+        elif self.table_version != self.delta_version:
+            raise ValueError(
+                f"table {self.table}: table_version {self.table_version} and delta_version "
+                f"{self.delta_version} are two names of one version and must agree"
+            )
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def build_plan(
             key_from_source=from_source,
             renames={**renames, **dict(given.get("renames") or {})},
             last_merged_seq=None if last is None else last.merged_seq,
-            last_delta_version=None if last is None else last.delta_version,
+            last_delta_version=None if last is None else last.table_version,
             shape=shapes[table],
         )
     to_merge = []
@@ -194,7 +194,7 @@ def merged_targets(
     found: dict[str, int | None] = {}
     for result in report.window(window.seq).tables:
         if result.status in (TableStatus.WRITTEN, TableStatus.ALREADY_APPLIED):
-            found[result.table] = result.delta_version
+            found[result.table] = result.table_version
         elif result.table in window.replace_tables:
             found[result.table] = None
     return found

@@ -251,9 +251,5 @@ def run_merge(
         spark.catalog.dropTempView(view)
 
 
-def files_for(rows: int, rows_per_file: int) -> int:
-    return max(1, math.ceil(rows / max(1, rows_per_file)))
-
-
 def persist(df: DataFrame) -> DataFrame:
     return df.persist(StorageLevel.MEMORY_AND_DISK)

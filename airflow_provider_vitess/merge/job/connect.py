@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from airflow_provider_vitess.exceptions import MergeInterruptedError
 from airflow_provider_vitess.merge.job import connect_tables, run
+from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ def run_merge(
             new_session=new_session,
             parallelism=parallelism,
             timings=timed,
-            delta=connect_tables,
+            table_format=DeltaFormat(connect_tables),
         )
         stopping = time.monotonic()
     timed["session stop"] = time.monotonic() - stopping

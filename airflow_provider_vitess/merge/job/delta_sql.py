@@ -1,4 +1,5 @@
-"""Delta SQL both kinds of session speak: a quoted identifier, and the RESTOREs in a table's history.
+"""Delta SQL both kinds of session speak: a quoted identifier, a read at a version, and the RESTOREs
+in a table's history.
 
 SQL rather than ``DeltaTable``'s Python API: the same on a classic session and over Spark
 Connect, where that API needs Delta's Connect plugin on the server.
@@ -15,6 +16,12 @@ if TYPE_CHECKING:
 def q(name: str) -> str:
     """A quoted Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def version_sql(path: str, version: int) -> str:
+    """``SELECT`` of the Delta table at ``path`` as of ``version`` (time travel: the consistent
+    cut); text only, so the status page builds it without PySpark."""
+    return f"SELECT * FROM delta.{q(path)} VERSION AS OF {int(version)}"
 
 
 def restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:

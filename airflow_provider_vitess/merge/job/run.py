@@ -1,19 +1,21 @@
 """The merge itself: apply a plan's staged windows to its Delta tables, each window once.
 
 :func:`merge` runs in the Spark driver: spark-submit's (:mod:`.main`, the file the operator
-submits) or, over Spark Connect, the task's own process (:mod:`.connect`). How the Delta tables'
-state is read differs between the two and is chosen once per merge (:mod:`.delta_access`).
+submits) or, over Spark Connect, the task's own process (:mod:`.connect`). The tables are
+reached only through their format (:mod:`.formats`: Delta, whose state is read one way on a
+classic session and another over Spark Connect, chosen inside it), picked once per merge.
 
 Before writing anything: load every window's manifest (a missing one is an error naming it),
 verify each staged part's size and sha256 (a damaged one is an error naming the file), read the
 state of each Delta table the windows write (staged rows, or replaced: a table they do not
-touch is not read), check it is what the sync last wrote (:mod:`.integrity`), and plan every
+touch is not read), check it is what the sync last wrote (:meth:`.formats.TableFormat.check`), and plan every
 (window, table) step (:mod:`.steps`), so an incompatible schema change fails the run before its
 first commit. Then the tables, several at once (:mod:`.sessions`), each window by window in seq
 order, one step each (:mod:`.window_step`, the same path in every target mode): skip what the
 table's transaction version already covers, else write what the table's mode makes of the
-window (:mod:`.strategies`) as one Delta commit carrying txnAppId = ``plan.txn_app_id(table)``
-and txnVersion = the window's seq: a rerun after a crash, at any point, commits nothing twice.
+window (:mod:`.strategies`) as one commit marked with (``plan.txn_app_id(table)``, the window's
+seq), which the format skips when the table holds it (Delta: its transaction id): a rerun after
+a crash, at any point, commits nothing twice.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.merge.job import shapes, window_step
-from airflow_provider_vitess.merge.job.delta_access import DeltaAccess, for_session
-from airflow_provider_vitess.merge.job.integrity import check_targets
+from airflow_provider_vitess.merge.job.formats import TableFormat, for_session
 from airflow_provider_vitess.merge.job.sessions import TableSessions
 from airflow_provider_vitess.merge.job.steps import Step, TableState, plan_steps, touched_tables
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -68,7 +69,7 @@ def merge(
     new_session: Callable[[], SparkSession] | None = None,
     parallelism: int | None = None,
     timings: dict[str, float] | None = None,
-    delta: DeltaAccess | None = None,
+    table_format: TableFormat | None = None,
 ) -> MergeReport:
     """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what.
 
@@ -78,25 +79,25 @@ def merge(
     ``parallelism`` tables at once, each on its own session (:class:`.sessions.TableSessions`;
     ``new_session`` makes them, default ``spark.newSession``). ``timings`` receives the seconds
     of each phase (``manifests``, ``states``, ``table <name>``, ``tables``), for the
-    benchmark's breakdown. ``delta``: how the tables' state is read (:mod:`.delta_access`),
-    chosen here by the kind of ``spark`` unless the caller knows it."""
+    benchmark's breakdown. ``table_format``: the tables' format (:mod:`.formats`), chosen here
+    for the kind of ``spark`` unless the caller gives it."""
     started = time.monotonic()
-    delta = delta or for_session(spark)
+    fmt = table_format or for_session(spark)
     timed = timings if timings is not None else {}
     manifests = load_windows(plan)
     timed["manifests"] = time.monotonic() - started
-    pool = TableSessions(spark, new_session, parallelism, activate=delta.activate)
+    pool = TableSessions(spark, new_session, parallelism, activate=fmt.activate)
 
     def read_state(session: SparkSession, table: str) -> TableState:
         target = plan.targets[table]
-        return delta.table_state(
+        return fmt.state(
             session, target.path, plan.txn_app_id(table), restores_after=target.last_delta_version
         )
 
     # What the sync last wrote is checked for each table before this run writes it; a table
     # the windows do not write is left as it is, and checked when a window writes it.
     states = pool.map(read_state, {t: t for t in touched_tables(plan, manifests)})
-    check_targets(plan, states)
+    fmt.check(plan, states)
     steps = plan_steps(plan, manifests, states)
     timed["states"] = time.monotonic() - started - timed["manifests"]
     by_seq = {m.window_seq: m for m in manifests}
@@ -117,7 +118,7 @@ def merge(
             began = time.monotonic()
             result = window_step.run_step(
                 session,
-                delta,
+                fmt,
                 plan,
                 by_seq[step.seq],
                 step,
@@ -135,11 +136,11 @@ def merge(
                 size = None
             if (
                 result.status is TableStatus.ALREADY_APPLIED
-                and result.delta_version is None
+                and result.table_version is None
                 and state is not None
             ):
                 # Held by a commit of an earlier run: the table's version now stands for it.
-                result = dataclasses.replace(result, delta_version=state.version)
+                result = dataclasses.replace(result, table_version=state.version)
             log.info(
                 "window %d table %s in %.2fs: %s",
                 step.seq,

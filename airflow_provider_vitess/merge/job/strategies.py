@@ -19,14 +19,14 @@ what it had) unless it starts afresh (``Step.afresh``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job import (
-    apply,
     conflicts,
     history,
     lookback,
@@ -35,6 +35,7 @@ from airflow_provider_vitess.merge.job import (
     resnapshot,
     shapes,
 )
+from airflow_provider_vitess.merge.job.formats.base import Statement
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping
 from airflow_provider_vitess.merge.job.steps import Step, TableState
 from airflow_provider_vitess.merge.job.window_rows import OP, UPSERT, col, last_per_key, with_comments
@@ -44,8 +45,6 @@ from airflow_provider_vitess.staging.manifest import Manifest
 
 Retired = Mapping[str, Sequence[str]]
 (TYPE_WIDENING_PROPERTY,) = TABLE_FEATURES[TYPE_WIDENING]  # the property that says a table has it
-# A MERGE's statement from its view's name, the source's columns and the key ranges (or None).
-Statement = Callable[[str, Sequence[str], str | None], str]
 
 
 class WriteKind(str, enum.Enum):
@@ -108,7 +107,7 @@ class StepContext:
             exists=state is not None and state.exists,
             properties={} if state is None else state.properties,
             column_mapping=column_mapping or needs_column_mapping(names),
-            files=apply.files_for(tm.rows if tm is not None else 0, rows_per_file),
+            files=files_for(tm.rows if tm is not None else 0, rows_per_file),
             snapshot=step.table in replace_tables,
         )
 
@@ -119,7 +118,8 @@ class StepContext:
     @property
     def widens_in_place(self) -> bool:
         """A widened column is widened in place: the table has Delta's type widening, or it is
-        chosen for the table (``table_features``); else the table is rewritten (.apply)."""
+        chosen for the table (``table_features``); else the table is rewritten
+        (:meth:`.formats.TableFormat.evolve`)."""
         have = self.properties.get(TYPE_WIDENING_PROPERTY, "false").lower() == "true"
         return have or TYPE_WIDENING in self.target.shape.features
 
@@ -270,6 +270,11 @@ def for_target(target: TableTarget) -> Strategy:
     if shape.mode is TargetMode.CHANGELOG:
         return Changelog()
     return Keyed(meta=not shape.plain)
+
+
+def files_for(rows: int, rows_per_file: int) -> int:
+    """How many files a replace of ``rows`` rows writes."""
+    return max(1, math.ceil(rows / max(1, rows_per_file)))
 
 
 def _create(s: StepContext) -> Mapping[str, str] | None:

@@ -4,18 +4,17 @@
 window's staged rows (and, for a merged window, the earlier windows' events that can still
 decide its keys, :mod:`.lookback`), asks the table's target mode what to write
 (:mod:`.strategies`: its rows, and a replace, an append or a MERGE with its statement), and
-writes it the same way for every mode: the schema changes first (each its own commit, refused
-before the first where the cluster's Delta cannot widen a column: :func:`.apply.evolve_table`),
-the Change Data Feed switch (a mode with metadata), the table's size and the window's key ranges
-(a MERGE), then the write, one Delta commit carrying txnAppId = ``plan.txn_app_id(table)`` and
-txnVersion = the window's seq; the commit it made (or Delta's skip: another run committed the
-window first) is the step's result.
+writes it the same way for every mode, through the table format (:mod:`.formats`): the schema
+changes first (each its own commit, refused before the first where the format cannot widen a
+column: :meth:`.formats.TableFormat.evolve`), the Change Data Feed switch (a mode with
+metadata), then the write, one commit marked with (``plan.txn_app_id(table)``, the window's
+seq); the commit it made (or the format's skip: another run committed the window first) is the
+step's result.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from functools import reduce
 
@@ -24,16 +23,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess import keyrange
-from airflow_provider_vitess.exceptions import UnsupportedDeltaError
-from airflow_provider_vitess.merge.job import apply, conflicts, delta_log, lookback, shapes, strategies
-from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
+from airflow_provider_vitess.merge.job import conflicts, lookback, shapes, strategies
+from airflow_provider_vitess.merge.job.formats import Commit, TableFormat
 from airflow_provider_vitess.merge.job.schema import window_columns, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
 from airflow_provider_vitess.merge.job.strategies import StepContext, Strategy, Write, WriteKind
 from airflow_provider_vitess.merge.job.window_rows import col, read_window
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import TableResult, TableStatus, WriteMode
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE
 from airflow_provider_vitess.staging import arrow_types as A
 from airflow_provider_vitess.staging.manifest import Manifest, load_manifest
 
@@ -43,7 +40,7 @@ Progress = Callable[[int, str, str], None]
 
 def run_step(
     spark: SparkSession,
-    delta: DeltaAccess,
+    fmt: TableFormat,
     plan: MergePlan,
     manifest: Manifest,
     step: Step,
@@ -79,9 +76,8 @@ def run_step(
         window.replace_tables,
     )
     changes: tuple[str, ...] = ()
-    merged = False  # whether Delta says it ran a MERGE (a replace or an append answers nothing)
     if step.action is Action.TRUNCATE:
-        write(delta, s, strategy.truncate(s), size)
+        commit = write(fmt, s, strategy.truncate(s), size)
     else:
         staged, earlier, retired = read_step(spark, plan, manifest, step, known)
         try:
@@ -89,40 +85,31 @@ def run_step(
                 chosen = strategy.replace(s, staged)
                 ev = step.evolution  # a changelog's copy appended: the columns the log lacks first
                 if ev is not None and not ev.empty:
-                    apply.evolve_table(spark, target.path, ev, widen_in_place=s.widens_in_place)
+                    fmt.evolve(spark, target.path, ev, widen_in_place=s.widens_in_place)
                     changes = tuple(ev.changes)
-                write(delta, s, chosen, size)
+                commit = write(fmt, s, chosen, size)
             else:
-                changes, merged = _merge(delta, s, strategy, staged, earlier, retired, size)
+                changes, commit = _merge(fmt, s, strategy, staged, earlier, retired, size)
         except Exception as exc:  # a key two shards hold fails inside Spark: say it plainly
             conflicts.raise_if_conflict(exc)
             raise
-    commit = delta_log.last_commit(spark, target.path, delta.read_log_file)
-    if commit is None and merged:
-        raise UnsupportedDeltaError(
-            f"window {step.seq} table {step.table}: Delta ran the MERGE into {target.path} but the "
-            f"session recorded no commit version ({delta_log.LAST_COMMIT_CONF}), so the job cannot "
-            "tell the commit from a skip. The window's changes are in the table; a rerun finds "
-            "them there. Remedy: run the merge with the Delta Lake the provider pins "
-            f"({DELTA_PACKAGE}), on the Spark Connect server too."
-        )
-    if commit is None:  # Delta skipped the write: another run committed the window first
+    if commit is None:  # the format skipped the write: another run committed the window first
         return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
     progress(step.seq, step.table, "committed")
     return _result(step, target.path, commit, changes)
 
 
 def _merge(
-    delta: DeltaAccess,
+    fmt: TableFormat,
     s: StepContext,
     strategy: Strategy,
     staged: DataFrame,
     earlier: DataFrame | None,
     retired: Mapping[str, tuple[str, ...]] | None,
     size: TableSize | None,
-) -> tuple[tuple[str, ...], bool]:
+) -> tuple[tuple[str, ...], Commit | None]:
     """A merged window: the mode's rows, then the schema changes, then the write; returns the
-    schema changes and whether Delta ran a MERGE."""
+    schema changes and the commit (None: already applied)."""
     step = s.step
     assert step.columns is not None and step.evolution is not None and step.schema is not None
     types = write_types(step.columns, step.schema)
@@ -130,22 +117,22 @@ def _merge(
     ev = step.evolution
     if not ev.empty:
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
-        apply.evolve_table(s.spark, s.target.path, ev, widen_in_place=s.widens_in_place)
+        fmt.evolve(s.spark, s.target.path, ev, widen_in_place=s.widens_in_place)
     if strategy.manages_cdf:
         shapes.set_change_data_feed(s.spark, s.target.path, s.target.shape, s.properties)
-    return tuple(ev.changes), write(delta, s, chosen, size, types[s.keys[0]])
+    return tuple(ev.changes), write(fmt, s, chosen, size, types[s.keys[0]])
 
 
 def write(
-    delta: DeltaAccess, s: StepContext, w: Write, size: TableSize | None, key_type: T.DataType | None = None
-) -> bool:
-    """``w`` as one commit carrying the window's transaction id; whether Delta ran a MERGE
-    (:func:`.apply.run_merge`). A MERGE reads the table's size unless ``size`` gives it (a
-    schema change leaves it as it is): one file, or a table small enough to rewrite (so to scan
-    whole), takes no key ranges, which cost more than the files they would skip."""
-    spark, path, keys, seq = s.spark, s.target.path, s.keys, s.step.seq
+    fmt: TableFormat, s: StepContext, w: Write, size: TableSize | None, key_type: T.DataType | None = None
+) -> Commit | None:
+    """``w`` as one commit marked with the window's (app id, seq), through ``fmt``; the commit
+    it made, None when the table holds the window already. A MERGE's ``size`` is the table's if
+    known (a schema change leaves it as it is), and its first key (of ``key_type``) bounds the
+    files it reads (:meth:`.formats.TableFormat.merge`)."""
+    path, keys, seq = s.target.path, s.keys, s.step.seq
     if w.kind is WriteKind.REPLACE:
-        apply.write_replace(
+        return fmt.replace(
             w.rows,
             path,
             keys,
@@ -155,22 +142,22 @@ def write(
             column_mapping=w.column_mapping,
             properties=w.properties,
         )
-        return False
     if w.kind is WriteKind.APPEND:
-        apply.append(w.rows, path, s.app_id, seq, w.properties, w.column_mapping)
-        return False
+        return fmt.append(w.rows, path, s.app_id, seq, create=w.properties, column_mapping=w.column_mapping)
     assert w.statement is not None and key_type is not None
-    rows = apply.persist(w.rows)
-    try:
-        size = size if size is not None else delta.table_size(spark, path)
-        rewrite = size.bytes < apply.REWRITE_BELOW_BYTES
-        small = size.files <= 1 or rewrite
-        prune = None if small else apply.prune_condition(spark, rows, keys[0], key_type)
-        view = f"{w.view_prefix}{uuid.uuid4().hex}"
-        statement = w.statement(view, rows.columns, prune)
-        return apply.run_merge(spark, rows, view, statement, s.app_id, seq, rewrite)
-    finally:
-        rows.unpersist()
+    return fmt.merge(
+        s.spark,
+        w.rows,
+        path,
+        w.statement,
+        s.app_id,
+        seq,
+        table=s.step.table,
+        key=keys[0],
+        key_type=key_type,
+        size=size,
+        view_prefix=w.view_prefix,
+    )
 
 
 def read_step(
@@ -267,10 +254,9 @@ def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Ma
     return keyrange.successors(sorted(seen), live)
 
 
-def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str, ...]) -> TableResult:
-    m = {k: int(v) for k, v in commit.metrics.items() if v.lstrip("-").isdigit()}
+def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> TableResult:
     if step.action is Action.MERGE:
-        inserted, updated = m.get("numTargetRowsInserted", 0), m.get("numTargetRowsUpdated", 0)
+        inserted, updated = commit.rows_inserted, commit.rows_updated
         return TableResult(
             step.table,
             path,
@@ -279,19 +265,17 @@ def _result(step: Step, path: str, commit: delta_log.Commit, changes: tuple[str,
             rows_upserted=inserted + updated,
             rows_inserted=inserted,
             rows_updated=updated,
-            rows_deleted=m.get("numTargetRowsDeleted", 0),
-            delta_version=commit.version,
+            rows_deleted=commit.rows_deleted,
+            table_version=commit.version,
             schema_changes=changes,
-            files_touched=m.get("numTargetFilesRemoved", 0)
-            + m.get("numTargetDeletionVectorsAdded", 0)
-            + m.get("numTargetDeletionVectorsUpdated", 0),
+            files_touched=commit.files_touched,
         )
     return TableResult(
         step.table,
         path,
         TableStatus.WRITTEN,
         WriteMode.REPLACE,
-        rows_upserted=m.get("numOutputRows", 0),
-        rows_inserted=m.get("numOutputRows", 0),
-        delta_version=commit.version,
+        rows_upserted=commit.rows_written,
+        rows_inserted=commit.rows_written,
+        table_version=commit.version,
     )

@@ -145,8 +145,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0005"
-    assert empty_store.migrate() == "0005"
+    assert empty_store.migrate() == head_revision() == "0006"
+    assert empty_store.migrate() == "0006"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -163,8 +163,8 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_window_group",
         "vitess_sync_group_progress",
     }
-    assert versions == ["0005"]
-    assert empty_store.schema_revision() == "0005"
+    assert versions == ["0006"]
+    assert empty_store.schema_revision() == "0006"
 
 
 def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
@@ -206,7 +206,7 @@ def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
             ),
             {"sha": "a" * 64, "at": at.to_json(), "now": now},
         )
-    assert empty_store.migrate() == "0005"
+    assert empty_store.migrate() == "0006"
     assert [p.path for p in empty_store.parts("old", 1)] == ["t/p1"]
     assert empty_store.parts("old", 1, group=0) == []
     assert empty_store.resume_vgtid("old", 1) == at
@@ -217,6 +217,58 @@ def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
     assert [p.path for p in empty_store.parts("old", 1)] == ["t/p1", "t/p2"]
     assert empty_store.resume_vgtid("old", 1) == later
     assert [(p.table, p.rows_copied) for p in empty_store.progress("old", 1)] == [("t", 15)]
+
+
+def test_a_store_at_0005_keeps_its_delta_versions_as_table_versions(empty_store: CheckpointStore) -> None:
+    """Revision 0006 renames ``delta_version`` to ``table_version`` (the merge writes through a
+    table format): the versions a store of the previous release recorded read as before, under
+    the new name and, through the provider's reader, the old one; the downgrade renames back."""
+    from alembic import command
+
+    config = schema.alembic_config()
+    with empty_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0005")
+    now = datetime(2026, 12, 4, 12)
+    with empty_store.engine.begin() as conn:  # what 0005's code wrote
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_sync (sync_id, keyspace, tables, config, created_at, updated_at) "
+                "VALUES ('old', 'ks', '[\"t\", \"u\"]', '{}', :now, :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_target (sync_id, table_name, merged_seq, delta_version, updated_at) "
+                "VALUES ('old', 't', 4, 17, :now), ('old', 'u', 4, NULL, :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_window_version (sync_id, seq, table_name, delta_version, path, "
+                "merged_at) VALUES ('old', 4, 't', 17, '/lake/t', :now)"
+            ),
+            {"now": now},
+        )
+    assert empty_store.migrate() == "0006"
+    targets = empty_store.target_versions("old")
+    assert sorted((v.table, v.merged_seq, v.table_version, v.delta_version) for v in targets.values()) == [
+        ("t", 4, 17, 17),
+        ("u", 4, None, None),
+    ]
+    with empty_store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT table_name, table_version FROM vitess_sync_window_version")).all()
+    assert [tuple(r) for r in rows] == [("t", 17)]
+    with empty_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0005")
+    with empty_store.engine.connect() as conn:
+        back = conn.execute(
+            text("SELECT delta_version FROM vitess_sync_target WHERE table_name = 't'")
+        ).scalar()
+    assert back == 17
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -274,7 +326,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0005"
+    assert empty_store.migrate() == "0006"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(

@@ -126,6 +126,7 @@ def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
         "rows_inserted": 2,
         "rows_updated": 3,
         "rows_deleted": 1,
+        "table_version": 9,
         "delta_version": 9,
         "as_of": "2026-11-28T10:00:00+00:00",
     }

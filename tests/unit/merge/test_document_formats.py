@@ -130,7 +130,20 @@ def test_a_report_of_the_previous_format_loads_and_is_written_back_the_same() ->
         ("add column price decimal(10,2)",), 2, 5, 0,
     )  # fmt: skip
     assert report == MergeReport("orders", (WindowResult(7, (result,)),))
-    assert json.loads(report.to_json()) == json.loads(OLD_REPORT)
+    assert result.table_version == 13  # the format-neutral name of delta_version
+    # Written back with the neutral name beside the old one (docs/changelog.md).
+    written = json.loads(OLD_REPORT)
+    written["windows"][0]["tables"][0]["table_version"] = 13
+    assert json.loads(report.to_json()) == written
+
+
+def test_a_report_carrying_only_the_neutral_version_name_reads_as_both() -> None:
+    text = OLD_REPORT.replace('"delta_version": 13', '"table_version": 13')
+    result = MergeReport.from_json(text).window(7).table("corder")
+    assert (result.table_version, result.delta_version) == (13, 13)
+    disagreeing = OLD_REPORT.replace('"delta_version": 13', '"delta_version": 13, "table_version": 14')
+    with pytest.raises(MergePlanError, match="table_version 14 and delta_version 13 are two names of one"):
+        MergeReport.from_json(disagreeing)
 
 
 def test_a_key_choice_recorded_by_the_previous_runner_loads_and_is_recorded_the_same() -> None:

@@ -1,0 +1,43 @@
+"""The table formats the merge writes, behind one protocol (:class:`.base.TableFormat`).
+
+The merge's mode logic reaches a format only through the object :func:`for_session` returns
+(:mod:`..run` picks it once per merge; :mod:`..window_step` writes through it). Delta is the one
+format today (:mod:`.delta`, classic session or Spark Connect chosen inside it). Importing this
+package loads no PySpark: :func:`sql_at` serves the status page, which may run without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_provider_vitess.merge.job.formats.base import Commit, Statement, TableFormat
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["DEFAULT_FORMAT", "Commit", "Statement", "TableFormat", "for_session", "sql_at"]
+
+DEFAULT_FORMAT = "delta"
+FORMATS = ("delta",)
+
+
+def _known(name: str) -> None:
+    if name not in FORMATS:
+        raise ValueError(f"table format {name!r} is not one of {', '.join(FORMATS)}")
+
+
+def for_session(spark: SparkSession, name: str = DEFAULT_FORMAT) -> TableFormat:
+    """The format ``name`` for ``spark``'s kind of session."""
+    _known(name)
+    from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
+
+    return DeltaFormat.for_session(spark)
+
+
+def sql_at(path: str, version: int, name: str = DEFAULT_FORMAT) -> str:
+    """Spark SQL that reads the table at ``path`` as of ``version`` (:meth:`TableFormat.sql_at`),
+    without a session or PySpark."""
+    _known(name)
+    from airflow_provider_vitess.merge.job.delta_sql import version_sql
+
+    return version_sql(path, version)

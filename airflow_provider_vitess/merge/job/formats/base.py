@@ -1,0 +1,144 @@
+"""What the merge asks of a table format: one small protocol, :class:`TableFormat`.
+
+The merge's mode logic (ordering, look-back, each target mode's rows and statement:
+:mod:`..window_step`, :mod:`..strategies`) is the same whatever the tables are stored as; what
+differs per format is behind this protocol: a table's state, the exactly-once marker ("was this
+window applied"), the writes (each one commit carrying the window's marker), a schema change,
+the integrity check before a run writes, and a read at an earlier version (the consistent cut).
+Delta (classic session or Spark Connect, chosen inside it) is :mod:`.delta`; Iceberg joins
+later. ``tests/job/test_table_formats.py`` runs the same assertions over every implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
+
+    from airflow_provider_vitess.merge.job.schema import Evolution
+    from airflow_provider_vitess.merge.job.steps import TableSize, TableState
+    from airflow_provider_vitess.merge.plan import MergePlan
+
+# A MERGE's statement from its source view's name, the source's columns and the window's key
+# ranges over the target (a SQL predicate, or None): the mode renders it (.merge_sql).
+Statement = Callable[[str, Sequence[str], "str | None"], str]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The commit a write made: the table's version that holds the window, and what it did
+    (counts a format does not report are 0)."""
+
+    version: int
+    operation: str
+    rows_inserted: int = 0  # a MERGE's
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    rows_written: int = 0  # a replace's or an append's
+    files_touched: int = 0  # data files a MERGE rewrote or marked (deletion vectors)
+
+
+class TableFormat(Protocol):
+    """A table format the merge writes. ``path``: the table's location (its identity for every
+    method); ``app_id`` and ``seq``: the sync's id for the table and the window's seq, the pair
+    each write records so that a window is applied once (``applied``)."""
+
+    name: str  # "delta": what the store, the report and the asset events record it as
+
+    def state(self, spark: SparkSession, path: str, app_id: str, restores_after: int | None) -> TableState:
+        """The table as it is: whether it exists, its schema, version and properties (those
+        ``merge.modes.SHAPE_PROPERTIES`` names), column mapping, the highest window seq of
+        ``app_id`` it holds (``txn_version``, None: none), and with ``restores_after`` the
+        versions after it that rolled the table back. A missing table is ``exists=False``, not
+        an error."""
+        ...
+
+    def size(self, spark: SparkSession, path: str) -> TableSize:
+        """The data files of the table's latest version and their bytes."""
+        ...
+
+    def applied(self, spark: SparkSession, path: str, app_id: str, seq: int) -> bool:
+        """Whether the table holds window ``seq`` of ``app_id`` (or a later one): the
+        exactly-once marker. A write of a window it holds commits nothing."""
+        ...
+
+    def activate(self, spark: SparkSession) -> None:
+        """Make ``spark`` usable from the calling thread (tables are worked on in threads,
+        :mod:`..sessions`)."""
+        ...
+
+    def replace(
+        self,
+        rows: DataFrame,
+        path: str,
+        keys: Sequence[str],
+        app_id: str,
+        seq: int,
+        *,
+        files: int,
+        column_mapping: bool,
+        properties: Mapping[str, str] | None,
+    ) -> Commit | None:
+        """Create or overwrite the table with ``rows`` (about ``files`` files, laid out by
+        ``keys``; ``properties``: the table's), as one commit marked (app id, seq). None: the
+        table holds that window already, nothing was written."""
+        ...
+
+    def append(
+        self,
+        rows: DataFrame,
+        path: str,
+        app_id: str,
+        seq: int,
+        *,
+        create: Mapping[str, str] | None,
+        column_mapping: bool,
+    ) -> Commit | None:
+        """Append ``rows`` as one commit marked (app id, seq); ``create``: the table does not
+        exist yet and is created with these properties. None: already applied."""
+        ...
+
+    def merge(
+        self,
+        spark: SparkSession,
+        rows: DataFrame,
+        path: str,
+        statement: Statement,
+        app_id: str,
+        seq: int,
+        *,
+        table: str,
+        key: str,
+        key_type: T.DataType,
+        size: TableSize | None,
+        view_prefix: str,
+    ) -> Commit | None:
+        """MERGE ``rows`` into the table with ``statement`` (from :mod:`..merge_sql`) as one
+        commit marked (app id, seq); ``table``: the source table's name (for errors); ``key`` (of
+        type ``key_type``) bounds the files the MERGE reads, ``size`` is the table's if known.
+        None: already applied, nothing was written."""
+        ...
+
+    def evolve(self, spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:
+        """The step's schema changes (added, dropped, widened columns) before it writes; each
+        repeated is a no-op. A widening the format cannot do in place is refused before the first
+        change (no half-changed table), unless ``widen_in_place`` is False: then the table is
+        rewritten with the wider type."""
+        ...
+
+    def check(self, plan: MergePlan, states: Mapping[str, TableState]) -> None:
+        """Refuse (``TargetIntegrityError``) a table that is not what the sync last wrote
+        (rolled back, replaced, recreated, another writer's), before anything is written."""
+        ...
+
+    def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:
+        """The table as it was at ``version`` (time travel: the consistent cut)."""
+        ...
+
+    def sql_at(self, path: str, version: int) -> str:
+        """Spark SQL that reads the table at ``version``."""
+        ...

@@ -1,0 +1,194 @@
+"""The table-format contract (``merge/job/formats``): the same assertions over every implementation.
+
+Each test takes ``each``, one :class:`TableFormat` on its own kind of session: Delta on a classic
+local session, and Delta over Spark Connect (a server started by the ``spark_connect`` fixture,
+``dev/spark_connect.sh``); Iceberg joins as a third parameter. What the merge relies on: a
+replace creates the table, every write is one commit marked with (app id, window seq) and a
+window the table holds is not written again (``applied``, and the write answers None), an append,
+a schema change, and a read at an earlier version (the consistent cut). Small tables, no Vitess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from airflow_provider_vitess.merge.job import connect, connect_tables, formats, merge_sql, tables
+from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.formats import Statement, TableFormat
+from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
+from airflow_provider_vitess.merge.job.merge_sql import Then, When
+from airflow_provider_vitess.merge.job.schema import Evolution
+from tests.support.delta_check import spark_session
+
+APP = "sync-contract"
+FIRST = [(1, "a"), (2, "b"), (3, "c")]
+
+
+@dataclass(frozen=True)
+class Each:
+    kind: str
+    spark: SparkSession
+    fmt: TableFormat
+
+
+@pytest.fixture(scope="module", params=["delta classic", "delta connect"])
+def each(request: pytest.FixtureRequest) -> Iterator[Each]:
+    """A format on its session (module scope: pytest runs one parameter's tests, then the next;
+    a Connect block holds the process's Connect mark, so the classic ones run outside it)."""
+    if request.param == "delta classic":
+        spark = spark_session()
+        yield Each(request.param, spark, formats.for_session(spark))
+        return
+    url = request.getfixturevalue("spark_connect")
+    with connect.remote_sessions(url) as new_session:
+        spark = new_session()
+        yield Each(request.param, spark, formats.for_session(spark))
+
+
+def _rows(spark: SparkSession, data: Sequence[tuple[Any, ...]]) -> DataFrame:
+    return spark.createDataFrame(list(data), "id BIGINT, v STRING")
+
+
+def _at(each: Each, path: str, version: int) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in each.fmt.read_at(each.spark, path, version).collect())
+
+
+def _upsert(path: str) -> Statement:
+    """A MERGE by ``id`` that updates or inserts every source column (the merge's builder)."""
+
+    def statement(view: str, columns: Sequence[str], prune: str | None) -> str:
+        on = merge_sql.pruned(merge_sql.keys_match(["id"]), prune)
+        values = [(c, f"s.{q(c)}") for c in columns]
+        clauses = [When(True, Then.UPDATE, values=values), When(False, Then.INSERT, values=values)]
+        return merge_sql.merge_into(path, view, on, clauses)
+
+    return statement
+
+
+def _create(each: Each, path: str) -> None:
+    commit = each.fmt.replace(
+        _rows(each.spark, FIRST), path, ["id"], APP, 1, files=1, column_mapping=False, properties=None
+    )
+    assert commit is not None and commit.version == 0
+
+
+def _merge(each: Each, path: str, seq: int, data: Sequence[tuple[Any, ...]]) -> formats.Commit | None:
+    return each.fmt.merge(
+        each.spark,
+        _rows(each.spark, data),
+        path,
+        _upsert(path),
+        APP,
+        seq,
+        table="contract",
+        key="id",
+        key_type=T.LongType(),
+        size=None,  # asked of the table
+        view_prefix="contract_",
+    )
+
+
+def test_the_delta_format_reads_state_the_way_its_session_can(each: Each) -> None:
+    """Delta's classic/Connect choice is made inside the format, from the session."""
+    assert isinstance(each.fmt, DeltaFormat) and each.fmt.name == "delta"
+    assert each.fmt.access is (connect_tables if each.kind == "delta connect" else tables)
+
+
+def test_a_replace_creates_the_table_as_one_commit_marked_with_its_window(each: Each, tmp_path: Path) -> None:
+    path = str(tmp_path / "replaced")
+    assert each.fmt.state(each.spark, path, APP, None).exists is False
+    assert each.fmt.applied(each.spark, path, APP, 1) is False
+
+    commit = each.fmt.replace(
+        _rows(each.spark, FIRST), path, ["id"], APP, 1, files=1, column_mapping=False, properties=None
+    )
+    assert commit is not None and (commit.version, commit.rows_written) == (0, 3)
+    state = each.fmt.state(each.spark, path, APP, None)
+    assert (state.exists, state.version, state.txn_version, state.schema.names) == (True, 0, 1, ["id", "v"])
+    assert each.fmt.applied(each.spark, path, APP, 1) is True
+    assert each.fmt.applied(each.spark, path, APP, 2) is False
+    size = each.fmt.size(each.spark, path)
+    assert size.files == 1 and size.bytes > 0
+    assert _at(each, path, 0) == FIRST
+    # The same window again: nothing written.
+    again = each.fmt.replace(
+        _rows(each.spark, [(9, "z")]), path, ["id"], APP, 1, files=1, column_mapping=False, properties=None
+    )
+    assert again is None
+    assert each.fmt.state(each.spark, path, APP, None).version == 0 and _at(each, path, 0) == FIRST
+
+
+def test_a_merged_window_is_applied_once(each: Each, tmp_path: Path) -> None:
+    path = str(tmp_path / "merged")
+    _create(each, path)
+    assert each.fmt.applied(each.spark, path, APP, 2) is False
+
+    commit = _merge(each, path, 2, [(2, "b2"), (4, "d")])
+    assert commit is not None and commit.version == 1
+    assert (commit.rows_inserted, commit.rows_updated, commit.rows_deleted) == (1, 1, 0)
+    assert each.fmt.applied(each.spark, path, APP, 2) is True
+    merged = [(1, "a"), (2, "b2"), (3, "c"), (4, "d")]
+    assert _at(each, path, 1) == merged
+
+    assert _merge(each, path, 2, [(2, "other"), (5, "e")]) is None  # the same window: skipped
+    state = each.fmt.state(each.spark, path, APP, None)
+    assert (state.version, state.txn_version) == (1, 2)
+    assert _at(each, path, 1) == merged
+
+
+def test_an_append_creates_the_table_then_adds_each_window_once(each: Each, tmp_path: Path) -> None:
+    path = str(tmp_path / "appended")
+    first = each.fmt.append(_rows(each.spark, FIRST[:2]), path, APP, 1, create={}, column_mapping=False)
+    assert first is not None and (first.version, first.rows_written) == (0, 2)
+    second = each.fmt.append(_rows(each.spark, FIRST[2:]), path, APP, 2, create=None, column_mapping=False)
+    assert second is not None and (second.version, second.rows_written) == (1, 1)
+    assert (
+        each.fmt.append(_rows(each.spark, FIRST[2:]), path, APP, 2, create=None, column_mapping=False) is None
+    )
+    state = each.fmt.state(each.spark, path, APP, None)
+    assert (state.version, state.txn_version) == (1, 2)
+    assert _at(each, path, 1) == FIRST
+
+
+def test_evolve_adds_a_column_the_next_window_writes(each: Each, tmp_path: Path) -> None:
+    path = str(tmp_path / "evolved")
+    _create(each, path)
+    wide = T.StructField("w", T.LongType())
+    each.fmt.evolve(each.spark, path, Evolution("contract", add=(wide,)), widen_in_place=False)
+    state = each.fmt.state(each.spark, path, APP, None)
+    assert state.schema.names == ["id", "v", "w"] and state.txn_version == 1
+    rows = each.spark.createDataFrame([(4, "d", 40)], "id BIGINT, v STRING, w BIGINT")
+    commit = each.fmt.merge(
+        each.spark,
+        rows,
+        path,
+        _upsert(path),
+        APP,
+        2,
+        table="contract",
+        key="id",
+        key_type=T.LongType(),
+        size=None,
+        view_prefix="contract_",
+    )
+    assert commit is not None and commit.rows_inserted == 1
+    assert _at(each, path, commit.version) == [(1, "a", None), (2, "b", None), (3, "c", None), (4, "d", 40)]
+
+
+def test_a_read_at_an_earlier_version_gives_that_versions_rows(each: Each, tmp_path: Path) -> None:
+    """Time travel, as the consistent cut reads each table: by the format's read and by its SQL."""
+    path = str(tmp_path / "travel")
+    _create(each, path)
+    later = _merge(each, path, 2, [(1, "a2")])
+    assert later is not None and later.version == 1
+    assert _at(each, path, 0) == FIRST
+    assert sorted(tuple(r) for r in each.spark.sql(each.fmt.sql_at(path, 0)).collect()) == FIRST
+    assert sorted(tuple(r) for r in each.spark.sql(formats.sql_at(path, 0)).collect()) == FIRST
+    assert _at(each, path, 1) == [(1, "a2"), (2, "b"), (3, "c")]
