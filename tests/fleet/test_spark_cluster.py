@@ -85,7 +85,8 @@ def test_a_grouped_sync_merges_on_the_spark_cluster_through_spark_submit(
         for app in _cluster(fleet)["completedapps"]
         if app["id"] not in done_before and dag_id in app["name"] and app["name"].startswith("vitess-merge")
     ]
-    assert len(merges) == 2 and all(app["state"] == "FINISHED" for app in merges), _cluster(fleet)
+    # merge_snapshot, and each run's merge (the first run's catch-up may stage a window too).
+    assert len(merges) >= 2 and all(app["state"] == "FINISHED" for app in merges), _cluster(fleet)
     assert_synced(fleet, spark, hook, dag_id, table, must_hold=api.merged(dag_id, second["dag_run_id"]))
     api.pause(dag_id)
     print(
