@@ -17,6 +17,11 @@ import is the installed wheel's):
            (tests/integration/merge/test_merge_delta.py but the kill and standalone-cluster tests,
            test_merge_drop_columns.py)
 
+* spark4-tables  (Spark 3 cells only) tables the repo's own venv (Spark 4) merged, read by the
+           cell's Spark: the default protocol equal to ``SELECT *``, a table with a chosen
+           reader-locking feature read or refused as docs/reading-the-tables.md says
+           (dev/compat_tables.py)
+
 Prints the matrix (pass/fail with versions and times); exits non-zero unless every cell that
 can be installed here passes. Spark lines no Delta release supports are shown as such
 (versions.UNSUPPORTED_SPARK). Needs the local Vitess cluster (the Makefile target starts it).
@@ -53,6 +58,8 @@ MERGE = [
     "not killed_at_random_points and not standalone_spark_cluster",
 ]
 STEPS: dict[str, list[str]] = {"unit": UNIT, "dag-sync": DAG_SYNC, "merge": MERGE}
+# Not a pytest run: the writer is another venv than the cell's (run_spark4_tables).
+SPARK4_TABLES = "spark4-tables"
 
 
 def _versions() -> ModuleType:
@@ -190,12 +197,38 @@ def installed(venv: Path, src: Path) -> dict[str, str]:
     return {"airflow": airflow, "pyspark": pyspark, "delta": delta}
 
 
+def run_spark4_tables(
+    writer: Path, python: str, src: Path, env: dict[str, str], work: Path, logs: Path, cell: str
+) -> bool:
+    """dev/compat_tables.py: ``writer`` (Spark 4, the repo's own venv, the checkout's package)
+    merges the tables, then the cell's ``python`` (the installed wheel) reads them."""
+    out = work / SPARK4_TABLES
+    shutil.rmtree(out, ignore_errors=True)
+    script = "dev/compat_tables.py"
+    written = run(
+        [str(writer), str(REPO / script), "write", str(out)],
+        logs / f"{cell}-{SPARK4_TABLES}-write.log",
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
+    return written and run(
+        [python, str(src / script), "read", str(out)], logs / f"{cell}-{SPARK4_TABLES}.log", cwd=src, env=env
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_cache = Path.home() / ".cache" / "airflow-provider-vitess" / "compat"
     parser.add_argument("--cache-dir", type=Path, default=default_cache)
     parser.add_argument("--only", nargs="*", default=[], help="cells whose name starts with these")
-    parser.add_argument("--steps", nargs="*", default=list(STEPS), choices=list(STEPS))
+    steps = [*STEPS, SPARK4_TABLES]
+    parser.add_argument("--steps", nargs="*", default=steps, choices=steps)
+    parser.add_argument(
+        "--writer-python",
+        type=Path,
+        default=REPO / ".venv" / "bin" / "python",
+        help=f"the Spark 4 venv that writes the {SPARK4_TABLES} step's tables (default: the repo's)",
+    )
     args = parser.parse_args()
     v = _versions()
     work = args.cache_dir.resolve()
@@ -232,6 +265,13 @@ def main() -> int:
             python = str(venv / "bin" / "python")
             for step in args.steps:
                 log = logs / f"{cell.name}-{step}.log"
+                if step == SPARK4_TABLES:
+                    if not cell.pyspark.startswith("3."):
+                        continue  # the writer's own line, or another Delta 4: shown as "-"
+                    ok = run_spark4_tables(args.writer_python, python, src, env, work, logs, cell.name)
+                    cell.results[step] = "pass" if ok else "fail"
+                    print(f"[compat]   {step}: {cell.results[step]} ({log})", flush=True)
+                    continue
                 ok = run(
                     [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *STEPS[step]],
                     log,

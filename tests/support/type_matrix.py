@@ -122,3 +122,21 @@ ODD_ROW: dict[str, Any] = {
 }
 NULL_ROW: dict[str, Any] = {"id": 4, **dict.fromkeys(COLUMNS)}
 ROWS = [MIN_ROW, MAX_ROW, ODD_ROW, NULL_ROW]
+
+# The merged table's columns as delta-rs (an Arrow type) and Polars (a dtype) read them: the Delta
+# type the merge writes (merge/job/schema.py), in each reader's terms. Their values equal Spark's
+# but TIMESTAMP's: an aware UTC instant where Spark gives a naive one in its session time zone.
+# docs/reading-the-tables.md has this table.
+READER_TYPES: dict[str, tuple[str, str]] = {
+    **{c: ("int8", "Int8") for c in ("i8",)},
+    **{c: ("int16", "Int16") for c in ("u8", "i16", "y")},
+    **{c: ("int32", "Int32") for c in ("u16", "i24", "i32")},
+    **{c: ("int64", "Int64") for c in ("u24", "u32", "i64", "t")},
+    "u64": ("decimal128(20, 0)", "Decimal(precision=20, scale=0)"),
+    **{c: ("double", "Float64") for c in ("f32", "f64")},
+    "d": ("date32[day]", "Date"),
+    "dt": ("timestamp[us]", "Datetime(time_unit='us', time_zone=None)"),
+    "ts": ("timestamp[us, tz=UTC]", "Datetime(time_unit='us', time_zone='UTC')"),
+    **{c: ("string", "String") for c in ("dec", "ch", "vc", "tx", "js", "cb", "vcb", "en", "st")},
+    **{c: ("binary", "Binary") for c in ("bn", "vb", "bl", "b1", "b64")},
+}

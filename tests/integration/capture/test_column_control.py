@@ -40,6 +40,7 @@ from tests.support import merge_workload as wl
 from tests.support.airflow_env import assert_succeeded, make_airflow_env
 from tests.support.delta_check import spark_session
 from tests.support.local import LocalVitess
+from tests.support.readers import assert_readers_see_what_spark_sees, reader_types
 
 pytestmark = pytest.mark.integration
 
@@ -258,6 +259,10 @@ def test_excluded_and_hashed_columns_never_reach_staging_or_delta_in_the_copy_an
     assert names == list(ITEMS_COLUMNS)
     assert got == select(fx.hook, "commerce", ITEMS, ITEMS_COLUMNS)
     assert sorted(got) == [*range(1, 10), 11, 12]
+    # delta-rs and Polars read them as Spark does: the hashed column as its hex string.
+    assert reader_types(target / PEOPLE)["email"] == ("string", "String")
+    for table in (PEOPLE, ITEMS):
+        assert_readers_see_what_spark_sees(table, target / table, spark)
 
     # No clear value of an excluded, a not included or a hashed column in any file.
     assert len(fx.clear) > 60

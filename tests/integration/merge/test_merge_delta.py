@@ -8,6 +8,7 @@ cluster. The oracle is ``SELECT *`` through vtgate, value for value.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -56,7 +57,15 @@ from airflow_provider_vitess.vgtid import Vgtid
 from spark_jobs.merge_cdc import main, merge
 from tests.support import merge_workload as wl
 from tests.support.local import REPO, LocalVitess, pyspark_home, spark_env
+from tests.support.readers import (
+    assert_readers_see_what_spark_sees,
+    delta_rs_rows,
+    polars_rows,
+    reader_types,
+    spark_rows,
+)
 from tests.support.replay import Replay, StagedChange
+from tests.support.type_matrix import READER_TYPES
 
 pytestmark = pytest.mark.integration
 
@@ -151,19 +160,21 @@ class Merged:
     seconds: float
 
 
-def _with_features(plan: MergePlan, deletion_vectors: bool) -> MergePlan:
-    if not deletion_vectors:
-        return plan
+def _with_features(plan: MergePlan, tables: tuple[str, ...]) -> MergePlan:
+    """``plan`` with deletion vectors chosen for ``tables`` (the others keep the defaults)."""
     shape = TargetShape(features=(DELETION_VECTORS,))
-    return replace(plan, targets={t: replace(v, shape=shape) for t, v in plan.targets.items()})
+    return replace(
+        plan, targets={t: replace(v, shape=shape) if t in tables else v for t, v in plan.targets.items()}
+    )
 
 
 @pytest.fixture(scope="module")
 def merged(spark: SparkSession, captured: Captured) -> Merged:
     """Each sync merged in process as two jobs: [snapshot, first catch-up] then [second catch-up].
     Both ways of a MERGE meet the oracle: the orders tables are small, so their MERGEs rewrite
-    the files they touch; the commerce sync's tables have deletion vectors (``table_features``)
-    and their MERGEs write them whatever the size."""
+    the files they touch; ``merge_lines`` has deletion vectors (``table_features``) and its MERGEs
+    write them whatever the size. ``merge_types`` keeps the defaults (no reader feature but
+    ``timestampNtz``), so delta-rs and Polars can read the type matrix."""
     root = captured.root / "delta-inproc"
     reports: dict[str, list[MergeReport]] = {}
     started = time.monotonic()
@@ -171,7 +182,7 @@ def merged(spark: SparkSession, captured: Captured) -> Merged:
         with pytest.MonkeyPatch.context() as m:
             if sync is captured.commerce:
                 m.setattr(apply, "REWRITE_BELOW_BYTES", 0)
-            dvs = sync is captured.commerce
+            dvs = (wl.LINES,)
             reports[sync.sync_id] = [
                 merge(spark, _with_features(sync.plan(root, 0, 2), dvs), rows_per_file=40_000),
                 merge(spark, _with_features(sync.plan(root, 2), dvs), rows_per_file=40_000),
@@ -222,6 +233,41 @@ def test_every_mysql_type_lands_with_its_documented_delta_type(spark: SparkSessi
     assert row is not None
     assert row["dec"] == "9" * 35 + "." + "9" * 30
     assert row["dt"].microsecond == 999999 and row["t"] == (838 * 3600 + 59 * 60 + 59) * 10**6
+
+
+def test_the_type_matrix_reads_in_delta_rs_and_polars_as_in_spark(
+    spark: SparkSession, captured: Captured, merged: Merged, tmp_path: Path
+) -> None:
+    """docs/reading-the-tables.md: delta-rs and Polars read every column of every row of the type
+    matrix (merged with the defaults) as Spark does, which is ``SELECT *`` after the documented
+    type mapping; each column has the reader type the docs list. The one representation that
+    differs is TIMESTAMP: an aware UTC instant, where Spark gives a naive one in its session zone
+    (UTC here). Read twice: the snapshot alone (the matrix's four rows, its awkward row too, which
+    the workload deletes later), and the table after the workload's MERGEs (``merged``)."""
+    sync = captured.commerce
+    first = sync.plan(tmp_path, 0, 1)
+    only = MergePlan(
+        first.sync_id,
+        tuple(replace(w, replace_tables=(wl.TYPES,)) for w in first.windows),
+        {wl.TYPES: first.targets[wl.TYPES]},
+    )
+    merge(spark, only)
+    snapshot = spark_rows(tmp_path / wl.TYPES, spark)
+    assert sorted(r["u64"] for r in snapshot if r["u64"] is not None) == [0, 1, 2**64 - 1]  # MIN, ODD, MAX
+    assert len(snapshot) == 4  # and NULL
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    for path in (tmp_path / wl.TYPES, merged.root / wl.TYPES):
+        if path != tmp_path / wl.TYPES:
+            n = wl.assert_equal_to_source(spark, captured.hook, "commerce", wl.TYPES, str(path), ("id",))
+            assert n >= 4
+        assert reader_types(path) == {"id": ("int32", "Int32"), **READER_TYPES}
+        assert_readers_see_what_spark_sees(str(path), path, spark)
+        spark_ts = {r["id"]: r["ts"] for r in spark_rows(path, spark)}
+        assert all(v is None or v.tzinfo is None for v in spark_ts.values())
+        for read in (delta_rs_rows, polars_rows):
+            ts = {r["id"]: r["ts"] for r in read(path)}
+            aware = {k: v and v.replace(tzinfo=datetime.timezone.utc) for k, v in spark_ts.items()}
+            assert ts == aware, (read.__name__, path)
 
 
 # -- (b) idempotence -----------------------------------------------------------------------------
@@ -354,7 +400,8 @@ def test_small_tables_merge_by_rewriting_files_larger_ones_by_deletion_vectors(
 ) -> None:
     """The ``merged`` MERGEs: the orders table is below ``REWRITE_BELOW_BYTES``, so its MERGEs
     rewrite the files they touch and add no deletion vector; the commerce sync's MERGEs ran with
-    the bound at 0 and mark rows with deletion vectors instead (both tables meet the oracle)."""
+    the bound at 0, and ``merge_lines``'s (deletion vectors chosen) mark rows with deletion
+    vectors instead (both tables meet the oracle)."""
 
     def merges(table: str) -> list[dict[str, int]]:
         history = spark.sql(f"DESCRIBE HISTORY delta.`{merged.root / table}`").collect()
@@ -369,8 +416,10 @@ def test_small_tables_merge_by_rewriting_files_larger_ones_by_deletion_vectors(
     orders = merges(wl.ORDERS)
     assert len(orders) == 2
     assert all(m["numTargetDeletionVectorsAdded"] == 0 and m["numTargetFilesRemoved"] > 0 for m in orders)
-    commerce = [m for t in captured.commerce.tables for m in merges(t)]
-    assert commerce and any(m["numTargetDeletionVectorsAdded"] > 0 for m in commerce)
+    lines = merges(wl.LINES)
+    assert lines and any(m["numTargetDeletionVectorsAdded"] > 0 for m in lines)
+    types = merges(wl.TYPES)  # the defaults: no deletion vectors, so files rewritten
+    assert types and all(m["numTargetDeletionVectorsAdded"] == 0 for m in types)
 
 
 # -- the tie rule, against the reference applier ---------------------------------------------------
@@ -549,6 +598,9 @@ def test_added_and_widened_columns_evolve_and_an_incompatible_change_is_refused(
     schema = spark.read.format("delta").load(str(target / EVOLVE)).schema
     assert schema["qty"].dataType == T.LongType() and schema["note"].dataType == T.StringType()
     wl.assert_equal_to_source(spark, hook, "commerce", EVOLVE, str(target / EVOLVE), ("id",))
+    # The added and the widened column (rewritten, no reader feature) read alike everywhere.
+    assert reader_types(target / EVOLVE)["qty"] == ("int64", "Int64")
+    assert_readers_see_what_spark_sees(EVOLVE, target / EVOLVE, spark)
 
     version = history_versions(spark, target / EVOLVE)
     wl.execute(

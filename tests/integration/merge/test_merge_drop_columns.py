@@ -24,6 +24,7 @@ from spark_jobs.merge_cdc import merge
 from tests.support import merge_workload as wl
 from tests.support.delta_check import delta_history, spark_session
 from tests.support.local import LocalVitess
+from tests.support.readers import assert_column_mapped_table_reads_as_documented, renamed_physically
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +38,15 @@ class Killed(Exception):
 def rows_of(session: SparkSession, path: Path) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
     df = session.read.format("delta").load(str(path))
     return df.schema.fieldNames(), {r["id"]: tuple(r) for r in df.collect()}
+
+
+def _column_mapping(path: Path) -> tuple[str | None, int]:
+    """The table's column mapping mode and its protocol's reader version, as delta-rs reads them
+    (reader version 2 is the one that brings column mapping; 3 lists it as a reader feature)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    return table.metadata().configuration.get("delta.columnMapping.mode"), table.protocol().min_reader_version
 
 
 def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_the_same_table(
@@ -105,6 +115,12 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
     }
     assert rows_of(spark, clean / DRIFT) == (["id", "name", "label"], expected)
     assert rows_of(spark, target / DRIFT) == (["id", "name", "label"], expected)
+    # Column mapping (name mode, reader version 2) since the drop: delta-rs's SQL engine reads
+    # the table as Spark does; its Arrow reader reads "label" (added since, so stored as
+    # col-<uuid>) as NULL; Polars refuses the table (docs/reading-the-tables.md).
+    assert _column_mapping(target / DRIFT) == ("name", 2)
+    assert renamed_physically(target / DRIFT) == {"label"}
+    assert_column_mapped_table_reads_as_documented(DRIFT, target / DRIFT, spark)
 
     # The same window again: already applied, nothing committed.
     version = delta_history(target / DRIFT)[-1]["version"]
@@ -139,4 +155,6 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
         ),
     )
     assert wl.assert_equal_to_source(spark, hook, "commerce", DRIFT, str(target / DRIFT), ("id",)) == 6
+    assert _column_mapping(target / DRIFT) == ("name", 2)  # the replace keeps the mapping
+    assert_column_mapped_table_reads_as_documented(DRIFT, target / DRIFT, spark)
     wl.execute(hook, f"DROP TABLE commerce.{DRIFT}")

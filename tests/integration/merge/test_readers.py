@@ -26,7 +26,12 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from tests.support import merge_workload as wl
 from tests.support.delta_check import spark_session
 from tests.support.local import LocalVitess
-from tests.support.readers import assert_readers_see_what_spark_sees, delta_rs_rows, polars_rows
+from tests.support.readers import (
+    assert_readers_see_what_spark_sees,
+    delta_rs_rows,
+    polars_rows,
+    reader_types,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +92,7 @@ def test_default_tables_are_read_by_every_reader_and_chosen_features_lock_them(
     # The defaults: no reader feature, so every reader reads the table, the widened column too.
     assert not _reader_features(plain / TABLE) & LOCKING, _reader_features(plain / TABLE)
     assert_readers_see_what_spark_sees(TABLE, plain / TABLE, spark)
+    assert reader_types(plain / TABLE)["price"] == ("decimal128(10, 2)", "Decimal(precision=10, scale=2)")
     assert _history_operations(spark, plain / TABLE).count("CHANGE COLUMN") == 0  # rewritten, not altered
 
     # Chosen: both features from the table's creation, the column widened in place; the readers
