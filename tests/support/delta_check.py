@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -17,14 +18,27 @@ _STOP_AT_EXIT: list[Any] = []
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# The in-process session lives as long as its pytest worker (half an hour, a few hundred
+# tests), so it gets the settings of a long-running JVM, not those of a one-window spark-submit:
+# the tiered JIT (the quick tier alone fills the code cache of a JVM that compiles this many
+# queries, and Spark then stops its context) and a heap that holds the DeltaLog snapshots of
+# every table the worker touched (at 1 GiB the JVM of one CI worker died mid-suite, stop 46).
+TEST_SESSION_CONF: dict[str, str] = {"spark.driver.memory": "2g", "spark.pyspark.python": sys.executable}
+
+
 def spark_session() -> Any:
-    """This process's SparkSession with Delta (one per process; reused across tests)."""
+    """This process's SparkSession with Delta (one per process; reused across tests). A session
+    whose JVM has died is replaced, so one lost JVM fails the test it happened in, not every test
+    after it on that worker."""
     from pyspark.sql import SparkSession
 
-    from airflow_provider_vitess.merge.spark_conf import spark_conf
+    from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF, spark_conf
 
+    active = SparkSession._instantiatedSession
+    if active is not None and not _jvm_alive(active):
+        _forget_dead_session(active)
     builder = SparkSession.builder.master("local[2]").appName("vitess-tests")
-    conf = spark_conf(local=True)
+    conf = {**spark_conf(extra=LOCAL_CONF), **TEST_SESSION_CONF}
     ivy = os.environ.get("VITESS_SPARK_IVY")
     if ivy:
         conf["spark.jars.ivy"] = ivy
@@ -35,7 +49,31 @@ def spark_session() -> Any:
         # Stop the JVM before the interpreter tears down logging (else noise at pytest's exit).
         _STOP_AT_EXIT.append(session)
         atexit.register(session.stop)
+        session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _jvm_alive(session: Any) -> bool:
+    try:
+        return not session.sparkContext._jsc.sc().isStopped()
+    except Exception:  # py4j's network errors, or a refused connection: the JVM is gone
+        return False
+
+
+def _forget_dead_session(dead: Any) -> None:
+    """Drop PySpark's references to a JVM that is gone, so the next builder starts a new one."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    logging.getLogger(__name__).warning("the test SparkSession's JVM died; starting a new one")
+    if dead in _STOP_AT_EXIT:
+        _STOP_AT_EXIT.remove(dead)
+        atexit.unregister(dead.stop)
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    SparkContext._active_spark_context = None
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _plain(value: Any) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import os
 import random
 import shutil
@@ -22,7 +21,6 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,11 +49,12 @@ from airflow_provider_vitess.merge.report import (
     WriteMode,
     parse_report_line,
 )
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_conf, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, QUICK_JIT, spark_submit_args
 from airflow_provider_vitess.staging import WindowStager, load_manifest
 from airflow_provider_vitess.vgtid import Vgtid
 from spark_jobs.merge_cdc import main, merge
 from tests.support import merge_workload as wl
+from tests.support.delta_check import spark_session
 from tests.support.local import REPO, LocalVitess, pyspark_home, spark_env
 from tests.support.readers import (
     assert_readers_see_what_spark_sees,
@@ -74,17 +73,11 @@ SPARK_HOME = pyspark_home()
 JOB = REPO / "spark_jobs" / "merge_cdc.py"
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local Spark session with Delta for every in-process test of the session."""
-    builder = SparkSession.builder.master("local[2]").appName("airflow-provider-vitess tests")
-    for key, value in spark_conf(local=True, extra={"spark.pyspark.python": sys.executable}).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # no "closing connection" lines at exit
-    yield session
-    session.stop()
+@pytest.fixture
+def spark() -> SparkSession:
+    """The worker's one local Spark session with Delta (a new one if its JVM died)."""
+    session: SparkSession = spark_session()
+    return session
 
 
 @dataclass
