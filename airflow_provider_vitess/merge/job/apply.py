@@ -37,26 +37,26 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 def evolve_table(spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:
     """A step's schema changes before it writes, in every target mode (each its own commit;
-    repeating them is a no-op). Dropping needs column mapping, which ``ev.column_mapping`` turns
-    on first. A widened column: ``widen_in_place`` (the table has Delta's type widening, or it was
-    chosen for it: ``table_features``) widens it in place, refused before the first change where
-    the cluster's Delta cannot (:func:`.delta_features.require_type_widening`: a half-changed table
-    otherwise); else the table is rewritten with the wider type (:func:`_rewrite_widened`), which
-    every Delta reader reads."""
+    repeating them is a no-op). A widened column: ``widen_in_place`` (the table has Delta's type
+    widening, or it was chosen for it: ``table_features``) widens it in place, refused before the
+    first change where the cluster's Delta cannot (:func:`.delta_features.require_type_widening`:
+    a half-changed table otherwise). A dropped column: ``ev.drop_in_place`` (the table maps its
+    columns by name) drops it in place. Else the table is rewritten without the dropped columns
+    and with the wider types (:func:`_rewrite`), which every Delta reader reads."""
     in_place = widen_in_place and bool(ev.widen)
     if in_place:
         delta_features.require_type_widening(spark, ev.table, ev.widen)
-    add, widen, column_mapping, drop = ev.add, [(n, b) for n, _, b in ev.widen], ev.column_mapping, ev.drop
+    add, widen = ev.add, [(n, b) for n, _, b in ev.widen]
     table = f"delta.{q(path)}"
     props = dict(TABLE_FEATURES[TYPE_WIDENING]) if in_place else {}
-    if column_mapping:
+    if ev.column_mapping:
         props.update(COLUMN_MAPPING_PROPERTIES)
     if props:
         sets = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({sets})")
-    if drop:
+    if ev.drop and ev.drop_in_place:
         # IF EXISTS: the plan was made from the schema read when the run started.
-        spark.sql(f"ALTER TABLE {table} DROP COLUMNS IF EXISTS ({', '.join(q(n) for n in drop)})")
+        spark.sql(f"ALTER TABLE {table} DROP COLUMNS IF EXISTS ({', '.join(q(n) for n in ev.drop)})")
     if add:
         cols = ", ".join(
             f"{q(f.name)} {f.dataType.simpleString()}"
@@ -64,23 +64,29 @@ def evolve_table(spark: SparkSession, path: str, ev: Evolution, *, widen_in_plac
             for f in add
         )
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
-    if widen and not in_place:
-        _rewrite_widened(spark, path, widen)
-        return
-    for name, new in widen:
-        spark.sql(f"ALTER TABLE {table} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
+    rewrite_widen = () if in_place else widen
+    rewrite_drop = () if ev.drop_in_place else ev.drop
+    if rewrite_widen or rewrite_drop:
+        _rewrite(spark, path, rewrite_widen, rewrite_drop)
+    if in_place:
+        for name, new in widen:
+            spark.sql(f"ALTER TABLE {table} ALTER COLUMN {q(name)} TYPE {new.simpleString()}")
 
 
-def _rewrite_widened(spark: SparkSession, path: str, widen: Sequence[tuple[str, T.DataType]]) -> None:
-    """The table rewritten as one commit with ``widen``'s columns cast to their wider types
-    (INT -> BIGINT, DECIMAL(10,2) -> DECIMAL(12,2): every value survives), keeping each column's
-    metadata and the table's properties: no reader-locking feature is needed, at the cost of
-    writing the table once. A rerun after it finds the column wide already and does nothing."""
+def _rewrite(
+    spark: SparkSession, path: str, widen: Sequence[tuple[str, T.DataType]], drop: Sequence[str]
+) -> None:
+    """The table rewritten as one commit without ``drop``'s columns and with ``widen``'s cast to
+    their wider types (INT -> BIGINT, DECIMAL(10,2) -> DECIMAL(12,2): every value survives),
+    keeping each column's metadata and the table's properties: no reader-locking feature is
+    needed, at the cost of writing the table once. A rerun after it finds the columns gone and
+    wide already and does nothing."""
     old = spark.read.format("delta").load(path)
-    wider = dict(widen)
+    wider, gone = dict(widen), set(drop)
     columns = [
         col(f.name).cast(wider[f.name]).alias(f.name, metadata=f.metadata) if f.name in wider else col(f.name)
         for f in old.schema.fields
+        if f.name not in gone
     ]
     rows = plain_strings(old.select(*columns))
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)

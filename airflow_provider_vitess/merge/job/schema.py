@@ -44,9 +44,12 @@ New source columns are added at the end (NULL in older rows).
 
 A column the source dropped is dropped from the Delta table too, for every row at once: when a
 merged window stages rows of the table and none of its schema versions has a Delta column (no
-staged column lands in it), that column is dropped with ``ALTER TABLE ... DROP COLUMNS`` before
-the window's MERGE, after switching the table to Delta column mapping by name (needed to drop a
-column; Delta >= 1.2 readers). A rename at the source is a drop of the old name and an add of the
+staged column lands in it), that column is dropped before the window's MERGE: the table is
+rewritten once without it (one commit, as a widened column is rewritten), so that every Delta
+reader still reads it. Delta's own ``ALTER TABLE ... DROP COLUMNS`` would need column mapping by
+name, a reader feature Polars refuses and delta-rs's Arrow reader reads wrong (columns added after
+it come back NULL); it is used only on a table that maps its columns by name already (a name that
+needs it, or a table made so before). A rename at the source is a drop of the old name and an add of the
 new one: the old column goes, the new one is NULL in rows not written since the rename (as any
 added column). So after the window every row agrees: the column does not exist, as after a
 re-snapshot of the table. A window that still stages rows with the column (written before the
@@ -59,9 +62,9 @@ Delta schema and the window, and its effect shows in the Delta schema, so a reru
 at any point decides again from what it finds (the column is there: drop it; gone: nothing to
 do), like an added column, and ends with the same table; nothing needs to remember that a drop
 was done. Setting every row NULL would rewrite the whole table in the window's MERGE commit and
-need a marker, written in another commit, to not rewrite it again on each later window. A drop
-is a metadata commit: the old values stay in the data files (and in time travel) until Delta
-rewrites them (``REORG TABLE ... APPLY (PURGE)``) and ``VACUUM`` removes the old files.
+need a marker, written in another commit, to not rewrite it again on each later window. The old
+values stay in the replaced files (and in time travel) until ``VACUUM`` removes them (on a table
+that maps its columns, until ``REORG TABLE ... APPLY (PURGE)`` rewrites them).
 """
 
 from __future__ import annotations
@@ -303,10 +306,13 @@ class Evolution:
     table: str
     add: tuple[T.StructField, ...] = ()
     widen: tuple[tuple[str, T.DataType, T.DataType], ...] = ()  # (column, from, to)
-    # Columns must be mapped by name first: to drop a column, or for a name in INVALID_NAME_CHARS.
+    # Columns must be mapped by name first: for a name in INVALID_NAME_CHARS.
     column_mapping: bool = False
     result: T.StructType = field(default_factory=T.StructType)
     drop: tuple[str, ...] = ()  # Delta columns the source no longer has (module docstring)
+    # The table maps columns by name (or is switched to it now): Delta drops ``drop`` in place.
+    # Else the table is rewritten once without them, so no reader-locking feature is turned on.
+    drop_in_place: bool = False
 
     @property
     def changes(self) -> list[str]:
@@ -360,9 +366,9 @@ def evolve(
             fields[index[col.name]] = T.StructField(col.name, col.type, True, existing.metadata)
             continue
         raise _incompatible(table, col.name, existing.dataType.simpleString(), col)
-    needs_mapping = bool(drop) or needs_column_mapping([f.name for f in add])
-    mapping = not column_mapping_enabled and needs_mapping
-    return Evolution(table, tuple(add), tuple(widen), mapping, T.StructType(fields), drop)
+    mapping = not column_mapping_enabled and needs_column_mapping([f.name for f in add])
+    in_place = bool(drop) and (column_mapping_enabled or mapping)
+    return Evolution(table, tuple(add), tuple(widen), mapping, T.StructType(fields), drop, in_place)
 
 
 def dropped_columns(current: T.StructType, incoming: WindowColumns) -> tuple[str, ...]:

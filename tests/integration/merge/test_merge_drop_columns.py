@@ -24,7 +24,11 @@ from spark_jobs.merge_cdc import merge
 from tests.support import merge_workload as wl
 from tests.support.delta_check import delta_history, spark_session
 from tests.support.local import LocalVitess
-from tests.support.readers import assert_column_mapped_table_reads_as_documented, renamed_physically
+from tests.support.readers import (
+    assert_column_mapped_table_reads_as_documented,
+    assert_readers_see_what_spark_sees,
+    renamed_physically,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +104,6 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
     uninterrupted = merge(spark, sync.plan(clean, 1, 2)).windows[0].table(DRIFT)
     assert uninterrupted.status is TableStatus.WRITTEN
     assert uninterrupted.schema_changes == (
-        "map columns by name",
         "drop column gone",
         "drop column old_label",
         "add column label string",
@@ -115,12 +118,11 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
     }
     assert rows_of(spark, clean / DRIFT) == (["id", "name", "label"], expected)
     assert rows_of(spark, target / DRIFT) == (["id", "name", "label"], expected)
-    # Column mapping (name mode, reader version 2) since the drop: delta-rs's SQL engine reads
-    # the table as Spark does; its Arrow reader reads "label" (added since, so stored as
-    # col-<uuid>) as NULL; Polars refuses the table (docs/reading-the-tables.md).
-    assert _column_mapping(target / DRIFT) == ("name", 2)
-    assert renamed_physically(target / DRIFT) == {"label"}
-    assert_column_mapped_table_reads_as_documented(DRIFT, target / DRIFT, spark)
+    # The drop rewrote the table without the columns: no column mapping turned on (a reader
+    # feature Polars refuses, and delta-rs's Arrow reader reads columns added after it as NULL),
+    # so delta-rs and Polars read what Spark reads.
+    assert _column_mapping(target / DRIFT) == (None, 1)
+    assert_readers_see_what_spark_sees(DRIFT, target / DRIFT, spark)
 
     # The same window again: already applied, nothing committed.
     version = delta_history(target / DRIFT)[-1]["version"]
@@ -130,21 +132,32 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
     assert rows_of(spark, target / DRIFT) == (["id", "name", "label"], expected)
 
     # A later window drops nothing again; a column added back under an old name is a new column:
-    # the dropped values do not come back.
+    # the dropped values do not come back. A name Delta refuses unmapped ("my note") turns column
+    # mapping on, the one case it is turned on; the columns added with it get physical names.
     wl.execute(
         hook,
-        f"ALTER TABLE commerce.{DRIFT} ADD COLUMN gone VARCHAR(5)",
-        f"UPDATE commerce.{DRIFT} SET name = 'two', gone = 'g2' WHERE id = 2",
+        f"ALTER TABLE commerce.{DRIFT} ADD COLUMN gone VARCHAR(5), ADD COLUMN `my note` VARCHAR(5)",
+        f"UPDATE commerce.{DRIFT} SET name = 'two', gone = 'g2', `my note` = 'm2' WHERE id = 2",
     )
     sync.capture()
     later = merge(spark, sync.plan(target, 2, 3)).windows[0].table(DRIFT)
-    assert later.status is TableStatus.WRITTEN and later.schema_changes == ("add column gone string",)
+    assert later.status is TableStatus.WRITTEN
+    assert later.schema_changes == (
+        "map columns by name",
+        "add column gone string",
+        "add column my note string",
+    )
     names, rows = rows_of(spark, target / DRIFT)
-    assert names == ["id", "name", "label", "gone"]
-    assert rows == {k: (*v, None) for k, v in expected.items()} | {2: (2, "two", "l2", "g2")}
+    assert names == ["id", "name", "label", "gone", "my note"]
+    assert rows == {k: (*v, None, None) for k, v in expected.items()} | {2: (2, "two", "l2", "g2", "m2")}
+    assert _column_mapping(target / DRIFT) == ("name", 2)
+    assert renamed_physically(target / DRIFT) == {"gone", "my note"}
+    # As docs/reading-the-tables.md says: delta-rs's SQL engine reads it as Spark does, its Arrow
+    # reader reads the two columns NULL, Polars refuses the table.
+    assert_column_mapped_table_reads_as_documented(DRIFT, target / DRIFT, spark)
 
     # A re-snapshot fills the renamed column everywhere: the table (column mapping on since the
-    # drop) is replaced and equals the source, value for value.
+    # spaced name) is replaced and equals the source, value for value.
     resnapshot = sync.capture(snapshot=True)
     merge(
         spark,

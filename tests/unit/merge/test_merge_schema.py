@@ -206,11 +206,15 @@ def test_evolve_drops_delta_columns_no_staged_column_feeds() -> None:
     assert ev.drop == ("gone",)
     assert ev.add == () and ev.widen == ()
     assert ev.result.fieldNames() == ["id", "name"]
-    assert ev.column_mapping  # Delta drops a column only when columns are mapped by name
-    assert ev.changes == ["map columns by name", "drop column gone"]
+    # No column mapping turned on for a drop (a reader feature Polars refuses): the table is
+    # rewritten without the column instead.
+    assert not ev.column_mapping and not ev.drop_in_place
+    assert ev.changes == ["drop column gone"]
     assert not ev.empty
+    # A table that maps its columns by name already drops it in place.
     again = evolve("t", delta, wc, column_mapping_enabled=True)
-    assert (again.drop, again.column_mapping, again.changes) == (("gone",), False, ["drop column gone"])
+    assert (again.drop, again.column_mapping, again.drop_in_place) == (("gone",), False, True)
+    assert again.changes == ["drop column gone"]
     # Once dropped (a rerun after the drop's commit, or any later window): nothing more to do.
     done = evolve("t", ev.result, wc, column_mapping_enabled=True)
     assert done.empty and done.result == ev.result
@@ -223,7 +227,13 @@ def test_a_rename_is_a_drop_of_the_old_name_and_an_add_of_the_new() -> None:
     assert ev.drop == ("gone",)
     assert [(f.name, f.dataType) for f in ev.add] == [("label", T.LongType())]
     assert ev.result.fieldNames() == ["id", "name", "label"]
-    assert ev.changes == ["map columns by name", "drop column gone", "add column label bigint"]
+    assert ev.changes == ["drop column gone", "add column label bigint"] and not ev.drop_in_place
+    # A new name that needs column mapping turns it on, and the drop is then done in place.
+    spaced = column("my label", Q.INT64, "bigint(20)")
+    wc2 = window_columns(manifest_of(schema(ID, NAME, spaced)), TARGET)
+    ev2 = evolve("t", current(("id", T.IntegerType()), ("name", T.StringType()), ("gone", T.LongType())), wc2)
+    assert ev2.column_mapping and ev2.drop_in_place
+    assert ev2.changes == ["map columns by name", "drop column gone", "add column my label bigint"]
 
 
 def test_a_column_some_version_of_the_window_stages_is_kept_and_renames_feed_their_target() -> None:
