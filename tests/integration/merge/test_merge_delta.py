@@ -73,9 +73,9 @@ SPARK_HOME = pyspark_home()
 JOB = REPO / "spark_jobs" / "merge_cdc.py"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def spark() -> SparkSession:
-    """The worker's one local Spark session with Delta (a new one if its JVM died)."""
+    """The worker's one local Spark session with Delta (a new one if its JVM died before)."""
     session: SparkSession = spark_session()
     return session
 
