@@ -237,6 +237,9 @@ def main() -> int:
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir()
     chosen = [c for c in cells(v) if not args.only or any(c.name.startswith(o) for o in args.only)]
+    if not chosen:  # a run that checks nothing must not pass
+        names = ", ".join(c.name for c in cells(v))
+        raise SystemExit(f"--only {' '.join(args.only)} matches no cell; the cells: {names}")
     started = time.monotonic()
     wheel = build_wheel(work)
     src = source_copy(work)

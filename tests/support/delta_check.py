@@ -6,6 +6,8 @@ import atexit
 import logging
 import os
 import sys
+import tempfile
+import warnings
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +25,13 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 # the tiered JIT (the quick tier alone fills the code cache of a JVM that compiles this many
 # queries, and Spark then stops its context) and a heap that holds the DeltaLog snapshots of
 # every table the worker touched (at 1 GiB the JVM of one CI worker died mid-suite, stop 46).
-TEST_SESSION_CONF: dict[str, str] = {"spark.driver.memory": "2g", "spark.pyspark.python": sys.executable}
+# A JVM that crashes writes its report here (not into the checkout, the JVM's working directory).
+JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%p.log"
+TEST_SESSION_CONF: dict[str, str] = {
+    "spark.driver.memory": "2g",
+    "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE}",
+    "spark.pyspark.python": sys.executable,
+}
 
 
 def spark_session() -> Any:
@@ -37,6 +45,7 @@ def spark_session() -> Any:
     active = SparkSession._instantiatedSession
     if active is not None and not _jvm_alive(active):
         _forget_dead_session(active)
+    JVM_ERROR_FILE.parent.mkdir(exist_ok=True)
     builder = SparkSession.builder.master("local[2]").appName("vitess-tests")
     conf = {**spark_conf(extra=LOCAL_CONF), **TEST_SESSION_CONF}
     ivy = os.environ.get("VITESS_SPARK_IVY")
@@ -65,7 +74,18 @@ def _forget_dead_session(dead: Any) -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    logging.getLogger(__name__).warning("the test SparkSession's JVM died; starting a new one")
+    proc = getattr(SparkContext._gateway, "proc", None)
+    code = proc.poll() if proc is not None else None
+    report = JVM_ERROR_FILE.parent / JVM_ERROR_FILE.name.replace("%p", str(proc.pid if proc else ""))
+    first = report.read_text(errors="replace").splitlines()[:8] if report.is_file() else []
+    # A warning, so the suite's summary shows it (xdist forwards a worker's warnings): the exit
+    # code says how it died (52: Spark's exit on OutOfMemoryError; -9: SIGKILL, the OOM killer; -6: a crash).
+    warnings.warn(
+        f"the test SparkSession's JVM died (exit code {code}); starting a new one. "
+        + (f"Its crash report {report}: " + " | ".join(first) if first else "No crash report."),
+        RuntimeWarning,
+        stacklevel=2,
+    )
     if dead in _STOP_AT_EXIT:
         _STOP_AT_EXIT.remove(dead)
         atexit.unregister(dead.stop)
