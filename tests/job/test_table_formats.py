@@ -60,14 +60,15 @@ def _at(each: Each, path: str, version: int) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in each.fmt.read_at(each.spark, path, version).collect())
 
 
-def _upsert(path: str) -> Statement:
-    """A MERGE by ``id`` that updates or inserts every source column (the merge's builder)."""
+def _upsert() -> Statement:
+    """A MERGE by ``id`` that updates or inserts every source column (the merge's builder), into
+    the table as the format names it."""
 
-    def statement(view: str, columns: Sequence[str], prune: str | None) -> str:
+    def statement(target: str, view: str, columns: Sequence[str], prune: str | None) -> str:
         on = merge_sql.pruned(merge_sql.keys_match(["id"]), prune)
         values = [(c, f"s.{q(c)}") for c in columns]
         clauses = [When(True, Then.UPDATE, values=values), When(False, Then.INSERT, values=values)]
-        return merge_sql.merge_into(path, view, on, clauses)
+        return merge_sql.merge_into(target, view, on, clauses)
 
     return statement
 
@@ -84,7 +85,7 @@ def _merge(each: Each, path: str, seq: int, data: Sequence[tuple[Any, ...]]) -> 
         each.spark,
         _rows(each.spark, data),
         path,
-        _upsert(path),
+        _upsert(),
         APP,
         seq,
         table="contract",
@@ -169,7 +170,7 @@ def test_evolve_adds_a_column_the_next_window_writes(each: Each, tmp_path: Path)
         each.spark,
         rows,
         path,
-        _upsert(path),
+        _upsert(),
         APP,
         2,
         table="contract",

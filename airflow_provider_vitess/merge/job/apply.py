@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from airflow_provider_vitess.merge.job import delta_features
 from airflow_provider_vitess.merge.job.delta_log import forget_last_commit
 from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
 from airflow_provider_vitess.merge.job.pruning import (
     MAX_COLLECTED_KEYS,
     key_ranges,
@@ -47,7 +48,7 @@ def evolve_table(spark: SparkSession, path: str, ev: Evolution, *, widen_in_plac
     if in_place:
         delta_features.require_type_widening(spark, ev.table, ev.widen)
     add, widen = ev.add, [(n, b) for n, _, b in ev.widen]
-    table = f"delta.{q(path)}"
+    table = sql_table(path)
     props = dict(TABLE_FEATURES[TYPE_WIDENING]) if in_place else {}
     if ev.column_mapping:
         props.update(COLUMN_MAPPING_PROPERTIES)

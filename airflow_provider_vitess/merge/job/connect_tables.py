@@ -20,7 +20,8 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess.merge.job.checksum import read_checksum
 from airflow_provider_vitess.merge.job.delta_log import log_dir, log_file
-from airflow_provider_vitess.merge.job.delta_sql import q, restores
+from airflow_provider_vitess.merge.job.delta_sql import restores
+from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
 from airflow_provider_vitess.merge.job.steps import TableSize, TableState
 from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES
 
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-
-def _table(path: str) -> str:
-    return f"delta.{q(path)}"
 
 
 # Delta's error conditions for a path that holds no Delta table (yet), as the classic job's
@@ -44,7 +41,7 @@ NO_TABLE = frozenset(
 def table_version(spark: SparkSession, path: str) -> int:
     """The table's latest version (-1: no table)."""
     try:
-        row = spark.sql(f"DESCRIBE HISTORY {_table(path)} LIMIT 1").select("version").first()
+        row = spark.sql(f"DESCRIBE HISTORY {sql_table(path)} LIMIT 1").select("version").first()
     except AnalysisException as exc:
         if exc.getCondition() in NO_TABLE:
             return -1
@@ -55,7 +52,7 @@ def table_version(spark: SparkSession, path: str) -> int:
 
 def table_size(spark: SparkSession, path: str) -> TableSize:
     """How many data files the table's latest version has, and their bytes."""
-    row = spark.sql(f"DESCRIBE DETAIL {_table(path)}").select("numFiles", "sizeInBytes").first()
+    row = spark.sql(f"DESCRIBE DETAIL {sql_table(path)}").select("numFiles", "sizeInBytes").first()
     return TableSize(0, 0) if row is None else TableSize(int(row[0] or 0), int(row[1] or 0))
 
 
@@ -177,7 +174,7 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
     crc = read_checksum(spark, path, version, read_log_file)
     props = crc.properties if crc is not None else None
     if props is None:  # metadata only: no file list built
-        props = {str(k): str(v) for k, v in spark.sql(f"SHOW TBLPROPERTIES {_table(path)}").collect()}
+        props = {str(k): str(v) for k, v in spark.sql(f"SHOW TBLPROPERTIES {sql_table(path)}").collect()}
     if crc is not None and crc.knows_txns():
         txn = crc.txn_version(app_id)
     else:

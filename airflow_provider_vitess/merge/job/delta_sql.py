@@ -18,10 +18,15 @@ def q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def table(path: str) -> str:
+    """The Delta table at ``path`` as Spark SQL names it (quoted: a path is data, never SQL)."""
+    return f"delta.{q(path)}"
+
+
 def version_sql(path: str, version: int) -> str:
     """``SELECT`` of the Delta table at ``path`` as of ``version`` (time travel: the consistent
     cut); text only, so the status page builds it without PySpark."""
-    return f"SELECT * FROM delta.{q(path)} VERSION AS OF {int(version)}"
+    return f"SELECT * FROM {table(path)} VERSION AS OF {int(version)}"
 
 
 def restores(spark: SparkSession, path: str, after: int | None, latest: int) -> tuple[int, ...]:
@@ -33,4 +38,4 @@ def restores(spark: SparkSession, path: str, after: int | None, latest: int) -> 
 
 
 def _history(spark: SparkSession, path: str, limit: int) -> DataFrame:
-    return spark.sql(f"DESCRIBE HISTORY delta.{q(path)} LIMIT {int(limit)}")
+    return spark.sql(f"DESCRIBE HISTORY {table(path)} LIMIT {int(limit)}")

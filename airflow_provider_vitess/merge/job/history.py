@@ -258,7 +258,7 @@ def versions(
 
 
 def merge_statement(
-    path: str,
+    target: str,
     view: str,
     keys: Sequence[str],
     schema: T.StructType,
@@ -285,4 +285,4 @@ def merge_statement(
         merge_sql.When(True, merge_sql.Then.UPDATE, None, close),
         merge_sql.When(False, merge_sql.Then.INSERT, f"s.{q(ACTION)} = '{INSERT}'", list(values.items())),
     ]
-    return merge_sql.merge_into(path, view, on, clauses)
+    return merge_sql.merge_into(target, view, on, clauses)

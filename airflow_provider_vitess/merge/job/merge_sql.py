@@ -1,6 +1,7 @@
 """The one ``MERGE INTO`` builder every target mode's statement comes from.
 
-A statement is the Delta table at a path (``t``), a temporary view of the window's rows (``s``),
+A statement is the target table (``t``, as the table format names it in SQL: Delta's
+``delta.`path```), a temporary view of the window's rows (``s``),
 a join condition and its ``WHEN`` clauses, every identifier quoted (:func:`.delta_sql.q`): a
 column name is data, never SQL. Pure strings, no session: the same statement runs on a classic
 session and over Spark Connect (:func:`.apply.run_merge` runs it as one commit carrying the
@@ -51,9 +52,10 @@ class When:
         return f"{head} THEN INSERT ({names}) VALUES ({', '.join(v for _, v in self.values)})"
 
 
-def merge_into(path: str, view: str, on: str, clauses: Sequence[When]) -> str:
-    """``MERGE INTO`` the Delta table at ``path`` from the view ``view`` on ``on``."""
-    head = f"MERGE INTO delta.{q(path)} AS t USING {q(view)} AS s ON {on}"
+def merge_into(target: str, view: str, on: str, clauses: Sequence[When]) -> str:
+    """``MERGE INTO`` the table ``target`` (its reference in SQL, the format's) from the view
+    ``view`` on ``on``."""
+    head = f"MERGE INTO {target} AS t USING {q(view)} AS s ON {on}"
     return " ".join([head, *(c.render() for c in clauses)])
 
 
@@ -73,7 +75,7 @@ def casts(schema: T.StructType) -> dict[str, str]:
 
 
 def keyed(
-    path: str,
+    target: str,
     view: str,
     keys: Sequence[str],
     schema: T.StructType,
@@ -101,4 +103,4 @@ def keyed(
     ]
     if soft_delete:  # a key Delta does not hold, deleted: a flagged row with its key
         clauses.append(When(False, Then.INSERT, is_delete, [*values.items(), *set_meta]))
-    return merge_into(path, view, pruned(keys_match(keys), prune), clauses)
+    return merge_into(target, view, pruned(keys_match(keys), prune), clauses)

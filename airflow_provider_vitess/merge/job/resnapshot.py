@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -77,8 +77,7 @@ def copy_second(manifest: Manifest) -> int:
 
 
 def rows(
-    spark: SparkSession,
-    path: str,
+    old: DataFrame,
     copy: DataFrame | None,
     keys: Sequence[str],
     schema: T.StructType,
@@ -88,16 +87,16 @@ def rows(
     table: str,
     at: int,
 ) -> DataFrame:
-    """The table's rows after the re-snapshot (module docstring). ``copy``: the copy's rows (data
+    """The table's rows after the re-snapshot (module docstring). ``old``: its rows before (as
+    the table format reads them), ``copy``: the copy's rows (data
     columns, ``_commit_ts``, ``_change``; None: the copy holds no row), ``schema``: the data
     schema after the step, ``past``: before it, ``at``: :func:`copy_second`."""
-    old = spark.read.format("delta").load(path)
     have = set(old.columns)
     meta = [shape.name(r) for r in shape.roles()]
     old = old.select(*[_past_value(f, past, have, table) for f in schema.fields], *map(col, meta))
     if copy is None:
         extra = [T.StructField(A.COMMIT_TS, T.LongType()), T.StructField(CHANGE, T.StringType())]
-        copy = spark.createDataFrame([], T.StructType([*schema.fields, *extra]))
+        copy = old.sparkSession.createDataFrame([], T.StructType([*schema.fields, *extra]))
     compared = [c for c in copy.columns if c in schema.fieldNames() and c not in keys]
     s = copy.select(
         *[
@@ -117,11 +116,10 @@ def rows(
 
 
 def log_rows(
-    spark: SparkSession, path: str, schema: T.StructType, past: T.StructType, shape: TargetShape, table: str
+    old: DataFrame, schema: T.StructType, past: T.StructType, shape: TargetShape, table: str
 ) -> DataFrame:
-    """A changelog's rows as they are, in ``schema``'s columns (cast from ``past``'s types,
+    """A changelog's rows ``old`` as they are, in ``schema``'s columns (cast from ``past``'s types,
     losslessly or failing: :func:`_past_value`), with its metadata columns."""
-    old = spark.read.format("delta").load(path)
     have = set(old.columns)
     meta = [shape.name(r) for r in shape.roles()]
     return old.select(*[_past_value(f, past, have, table) for f in schema.fields], *map(col, meta))

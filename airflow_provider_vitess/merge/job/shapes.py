@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess.merge.job import order, partial
-from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
 from airflow_provider_vitess.merge.job.window_rows import CHANGE, DELETE, OP, ORD, UPSERT, col, key_events
 from airflow_provider_vitess.merge.job.window_rows import SHARD as EVENT_SHARD
 from airflow_provider_vitess.merge.modes import (
@@ -110,7 +110,7 @@ def set_change_data_feed(
     have = props.get(CDF_PROPERTY, "false").lower() == "true"
     if have != shape.change_data_feed:
         value = "true" if shape.change_data_feed else "false"
-        spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{CDF_PROPERTY}' = '{value}')")
+        spark.sql(f"ALTER TABLE {sql_table(path)} SET TBLPROPERTIES ('{CDF_PROPERTY}' = '{value}')")
 
 
 # -- replace (a snapshot) and truncate --------------------------------------------------------------

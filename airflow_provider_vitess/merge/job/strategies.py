@@ -35,7 +35,7 @@ from airflow_provider_vitess.merge.job import (
     resnapshot,
     shapes,
 )
-from airflow_provider_vitess.merge.job.formats.base import Statement
+from airflow_provider_vitess.merge.job.formats.base import Statement, TableFormat
 from airflow_provider_vitess.merge.job.schema import needs_column_mapping
 from airflow_provider_vitess.merge.job.steps import Step, TableState
 from airflow_provider_vitess.merge.job.window_rows import OP, UPSERT, col, last_per_key, with_comments
@@ -73,6 +73,7 @@ class StepContext:
     """What a mode knows of the step: the target, the window, the table's state."""
 
     spark: SparkSession
+    fmt: TableFormat
     target: TableTarget
     step: Step
     app_id: str
@@ -87,6 +88,7 @@ class StepContext:
     def of(
         cls,
         spark: SparkSession,
+        fmt: TableFormat,
         target: TableTarget,
         step: Step,
         app_id: str,
@@ -100,6 +102,7 @@ class StepContext:
         names = step.schema.fieldNames() if step.schema is not None else []
         return cls(
             spark,
+            fmt,
             target,
             step,
             app_id,
@@ -174,12 +177,12 @@ class Keyed:
         last = last_per_key(
             staged, s.keys, s.data, earlier, retired, table=s.step.table, covered=covered, meta=self.meta
         )
-        shape, path, keys, schema, table = s.target.shape, s.target.path, s.keys, s.schema, s.step.table
+        shape, keys, schema, table = s.target.shape, s.keys, s.schema, s.step.table
         soft = shape.mode is TargetMode.SOFT_DELETE
 
-        def statement(view: str, columns: Sequence[str], prune: str | None) -> str:
+        def statement(target: str, view: str, columns: Sequence[str], prune: str | None) -> str:
             keep = [n for n in schema.fieldNames() if partial.KEEP + n in columns]
-            return merge_sql.keyed(path, view, keys, schema, shape.columns(), keep, prune, table, soft)
+            return merge_sql.keyed(target, view, keys, schema, shape.columns(), keep, prune, table, soft)
 
         rows = shapes.merge_rows(last, types, shape, s.step.seq)
         return Write(WriteKind.MERGE, rows, statement=statement)
@@ -210,13 +213,13 @@ class History(Keyed):
         types: Mapping[str, T.DataType],
     ) -> Write:
         covered = conflicts.covered(s.manifest, staged)
-        shape, path, keys, schema = s.target.shape, s.target.path, s.keys, s.schema
+        shape, keys, schema = s.target.shape, s.keys, s.schema
         rows = history.versions(
             staged, earlier, keys, s.data, shape, s.step.seq, s.step.table, covered, retired
         )
 
-        def statement(view: str, columns: Sequence[str], prune: str | None) -> str:
-            return history.merge_statement(path, view, keys, schema, shape, columns, prune)
+        def statement(target: str, view: str, columns: Sequence[str], prune: str | None) -> str:
+            return history.merge_statement(target, view, keys, schema, shape, columns, prune)
 
         return Write(WriteKind.MERGE, rows, statement=statement, view_prefix="vitess_history_")
 
@@ -241,7 +244,8 @@ class Changelog:
         if s.step.afresh:  # a changed column choice: the copy's rows, in its schema, are the log
             return _replace(s, rows)
         if s.step.past is not None:  # a changed type: the log's past cast to it (.resnapshot)
-            past = resnapshot.log_rows(s.spark, s.target.path, s.schema, s.step.past, shape, s.step.table)
+            old = s.fmt.read(s.spark, s.target.path)
+            past = resnapshot.log_rows(old, s.schema, s.step.past, shape, s.step.table)
             return _replace(s, past.unionByName(rows))
         # The copy's new columns (Step.evolution) are added to the log before the append.
         return Write(WriteKind.APPEND, rows, column_mapping=s.column_mapping, properties=_create(s))
@@ -293,7 +297,6 @@ def _rewrite(s: StepContext, copy: DataFrame | None) -> Write:
     step, target = s.step, s.target
     assert step.past is not None
     at = resnapshot.copy_second(s.manifest)
-    rows = resnapshot.rows(
-        s.spark, target.path, copy, s.keys, s.schema, step.past, target.shape, step.seq, step.table, at
-    )
+    old = s.fmt.read(s.spark, target.path)
+    rows = resnapshot.rows(old, copy, s.keys, s.schema, step.past, target.shape, step.seq, step.table, at)
     return _replace(s, rows)

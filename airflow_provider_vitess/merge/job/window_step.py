@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from airflow_provider_vitess import keyrange
-from airflow_provider_vitess.merge.job import conflicts, lookback, shapes, strategies
+from airflow_provider_vitess.merge.job import conflicts, lookback, strategies
 from airflow_provider_vitess.merge.job.formats import Commit, TableFormat
 from airflow_provider_vitess.merge.job.schema import window_columns, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
@@ -66,6 +66,7 @@ def run_step(
     strategy = strategies.for_target(target)
     s = StepContext.of(
         spark,
+        fmt,
         target,
         step,
         plan.txn_app_id(step.table),
@@ -119,7 +120,7 @@ def _merge(
         log.info("table %s: %s", step.table, "; ".join(ev.changes))
         fmt.evolve(s.spark, s.target.path, ev, widen_in_place=s.widens_in_place)
     if strategy.manages_cdf:
-        shapes.set_change_data_feed(s.spark, s.target.path, s.target.shape, s.properties)
+        fmt.set_change_data_feed(s.spark, s.target.path, s.target.shape, s.properties)
     return tuple(ev.changes), write(fmt, s, chosen, size, types[s.keys[0]])
 
 

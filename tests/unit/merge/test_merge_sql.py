@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import history, merge_sql
+from airflow_provider_vitess.merge.job import delta_sql, history, merge_sql
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 
 SCHEMA = T.StructType(
@@ -22,6 +22,7 @@ SCHEMA = T.StructType(
 )
 KEYS = ["id", "na`me"]
 PATH = "/p/t`1"
+TARGET = delta_sql.table(PATH)  # the table as Delta's format names it in SQL (formats.delta)
 
 MIRROR = (
     "MERGE INTO delta.`/p/t``1` AS t USING `VIEW` AS s ON (t.`id` <=> s.`id`) AND (t.`id` = 1) "
@@ -100,24 +101,24 @@ HISTORY = (
 
 
 def test_a_mirror_with_a_kept_column_and_key_ranges() -> None:
-    got = merge_sql.keyed(PATH, "VIEW", ["id"], SCHEMA, (), ["doc"], "t.`id` = 1", "t1")
+    got = merge_sql.keyed(TARGET, "VIEW", ["id"], SCHEMA, (), ["doc"], "t.`id` = 1", "t1")
     assert got == MIRROR
 
 
 def test_a_mirror_with_metadata_columns_sets_them_and_deletes_the_key() -> None:
     shape = TargetShape(TargetMode.MIRROR, True, "_v_")
-    got = merge_sql.keyed(PATH, "VIEW", KEYS, SCHEMA, shape.columns(), [], None, "t1")
+    got = merge_sql.keyed(TARGET, "VIEW", KEYS, SCHEMA, shape.columns(), [], None, "t1")
     assert got == META
 
 
 def test_soft_delete_flags_a_deleted_key_and_inserts_a_tombstone() -> None:
     shape = TargetShape(TargetMode.SOFT_DELETE, True, "_v_")
-    got = merge_sql.keyed(PATH, "VIEW", KEYS, SCHEMA, shape.columns(), ["doc"], "t.`id` = 1", "t1", True)
+    got = merge_sql.keyed(TARGET, "VIEW", KEYS, SCHEMA, shape.columns(), ["doc"], "t.`id` = 1", "t1", True)
     assert got == SOFT_DELETE
 
 
 def test_history_closes_current_versions_and_inserts_new_ones_a_dropped_column_null() -> None:
     shape = TargetShape(TargetMode.HISTORY, True, "_v_")
     columns = ["_action", "_heal_ts", "id", "na`me", "amt", *shape.columns()]
-    got = history.merge_statement(PATH, "VIEW", KEYS, SCHEMA, shape, columns, "t.`id` = 1")
+    got = history.merge_statement(TARGET, "VIEW", KEYS, SCHEMA, shape, columns, "t.`id` = 1")
     assert got == HISTORY

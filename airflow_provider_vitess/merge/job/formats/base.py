@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
     from airflow_provider_vitess.merge.job.schema import Evolution
     from airflow_provider_vitess.merge.job.steps import TableSize, TableState
+    from airflow_provider_vitess.merge.modes import TargetShape
     from airflow_provider_vitess.merge.plan import MergePlan
 
-# A MERGE's statement from its source view's name, the source's columns and the window's key
-# ranges over the target (a SQL predicate, or None): the mode renders it (.merge_sql).
-Statement = Callable[[str, Sequence[str], "str | None"], str]
+# A MERGE's statement from the target table's reference in SQL (the format's: Delta's
+# delta.`path`), its source view's name, the source's columns and the window's key ranges over the
+# target (a SQL predicate, or None): the mode renders it (.merge_sql), the format names the table.
+Statement = Callable[[str, str, Sequence[str], "str | None"], str]
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,17 @@ class TableFormat(Protocol):
         commit marked (app id, seq); ``table``: the source table's name (for errors); ``key`` (of
         type ``key_type``) bounds the files the MERGE reads, ``size`` is the table's if known.
         None: already applied, nothing was written."""
+        ...
+
+    def read(self, spark: SparkSession, path: str) -> DataFrame:
+        """The table's rows as they are (a re-snapshot rewrites them: :mod:`..resnapshot`)."""
+        ...
+
+    def set_change_data_feed(
+        self, spark: SparkSession, path: str, shape: TargetShape, properties: Mapping[str, str]
+    ) -> None:
+        """Turn the table's change feed on or off when ``shape`` asks otherwise than its
+        ``properties`` say (its own commit before the window's; repeated, a no-op)."""
         ...
 
     def evolve(self, spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:

@@ -23,9 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError
-from airflow_provider_vitess.merge.job import apply, delta_log
+from airflow_provider_vitess.merge.job import apply, delta_log, shapes
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
 from airflow_provider_vitess.merge.job.delta_access import for_session as access_for_session
+from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
 from airflow_provider_vitess.merge.job.delta_sql import version_sql
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement
 from airflow_provider_vitess.merge.job.integrity import check_targets
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_vitess.merge.job.schema import Evolution
     from airflow_provider_vitess.merge.job.steps import TableSize, TableState
+    from airflow_provider_vitess.merge.modes import TargetShape
     from airflow_provider_vitess.merge.plan import MergePlan
 
 
@@ -129,7 +131,7 @@ class DeltaFormat:
             small = size.files <= 1 or rewrite
             prune = None if small else apply.prune_condition(spark, rows, key, key_type)
             view = f"{view_prefix}{uuid.uuid4().hex}"
-            text = statement(view, rows.columns, prune)
+            text = statement(sql_table(path), view, rows.columns, prune)
             ran = apply.run_merge(spark, rows, view, text, app_id, seq, rewrite)
         finally:
             rows.unpersist()
@@ -146,6 +148,14 @@ class DeltaFormat:
 
     def evolve(self, spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:
         apply.evolve_table(spark, path, ev, widen_in_place=widen_in_place)
+
+    def read(self, spark: SparkSession, path: str) -> DataFrame:
+        return spark.read.format("delta").load(path)
+
+    def set_change_data_feed(
+        self, spark: SparkSession, path: str, shape: TargetShape, properties: Mapping[str, str]
+    ) -> None:
+        shapes.set_change_data_feed(spark, path, shape, properties)
 
     def _last_commit(self, spark: SparkSession, path: str) -> Commit | None:
         """The commit the session's write just made (None: Delta skipped it, the table holds the
