@@ -61,8 +61,16 @@ def airflow_env(cluster: dict[str, str]) -> dict[str, str]:
     }
 
 
-def step(title: str) -> None:
-    print(f"\n==> {title}", flush=True)
+_STEP: list[tuple[str, float]] = []  # the step under way: its title and when it began
+
+
+def step(title: str | None) -> None:
+    """End the step under way with its time, then begin ``title`` (None: the last step ended)."""
+    if _STEP:
+        print(f"    ({time.monotonic() - _STEP.pop()[1]:.0f} s)", flush=True)
+    if title is not None:
+        print(f"\n==> {title}", flush=True)
+        _STEP.append((title, time.monotonic()))
 
 
 def load_sample(engine: sqlalchemy.Engine, seed: int = 7) -> None:
@@ -226,6 +234,7 @@ def asset_events(airflow_db_path: Path) -> None:
 
 
 def main() -> None:
+    started = time.monotonic()
     shutil.rmtree(DEMO, ignore_errors=True)
     (DEMO / "airflow").mkdir(parents=True)
     IVY.mkdir(parents=True, exist_ok=True)
@@ -254,7 +263,9 @@ def main() -> None:
     summary(engine, env)
     step("asset events (a DAG scheduled on a table's Asset runs after each)")
     asset_events(DEMO / "airflow" / "airflow.db")
-    step("the sync's status page in the Airflow UI")
+    step(None)
+    print(f"\n==> dev/demo.py done in {time.monotonic() - started:.0f} s (not counting the build before it)")
+    print("\n==> the sync's status page in the Airflow UI")
     home = DEMO / "airflow"
     print(
         f"    AIRFLOW_HOME={home} {Path(sys.executable).parent / 'airflow'} api-server --port 8080\n"
