@@ -309,6 +309,9 @@ class MatrixSoak:
                 f"matrix soak seed {c.seed} failed at {step_name}; the script up to it (the earlier "
                 f"steps' checks passed):\n{self.plan.describe(upto)}\n{exc}"
             ) from exc
+        except BaseException as exc:  # an error, a timeout, Ctrl-C: the seed did not pass either
+            result.failure = f"at {step_name}: {type(exc).__name__}: {exc}"
+            raise
         finally:
             result.seconds = time.monotonic() - started
             result.extra["timings"] = self.timings

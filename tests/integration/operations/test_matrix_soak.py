@@ -223,3 +223,26 @@ def test_the_oracles_catch_what_they_are_for() -> None:
     assert_cut_consistent("cut", at_cut, ["id", "note"])
     with pytest.raises(AssertionError, match="at the cut differ"):
         assert_cut_consistent("cut", {**at_cut, "m": [{"id": 1, "note": "a"}]}, ["id", "note"])
+
+
+def test_a_seed_ended_by_an_error_is_logged_as_failed_not_ok(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed that an error or Ctrl-C ends (not an oracle's assertion) is a failure in its line,
+    the tally and MATRIX_LOG: before, its result kept ``failure`` None and read "ok" (seed 28 of
+    session 25, interrupted, was logged as passed). No server: the run fails at its first step."""
+    from tests.support import matrix_soak
+
+    def no_server(*_: object) -> None:
+        raise ConnectionError("vtgate is not there")
+
+    monkeypatch.setattr(matrix_soak, "create_tables", lambda *_: None)
+    monkeypatch.setattr(MatrixSoak, "_write_dag", lambda self: None)
+    monkeypatch.setattr(matrix_soak.ModesWorkload, "__init__", lambda self, *a, **k: None)
+    monkeypatch.setattr(matrix_soak.ModesWorkload, "initial", no_server, raising=False)
+    soak = MatrixSoak(None, None, Path("/nonexistent"), draw(28), "sc://unused")  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError):
+        soak.run()
+    assert soak.result is not None
+    assert soak.result.failure == "at the snapshot: ConnectionError: vtgate is not there"
+    assert "| FAILED at the snapshot: ConnectionError" in soak.result.line()
+    assert json.loads(soak.result.to_json())["failure"] == soak.result.failure
+    assert Tally([soak.result]).line().startswith("matrix soak tally: 1 seeds, 0 ok, 1 failed (seeds [28])")
