@@ -61,16 +61,16 @@ def airflow_env(cluster: dict[str, str]) -> dict[str, str]:
     }
 
 
-_STEP: list[tuple[str, float]] = []  # the step under way: its title and when it began
+_STEP_BEGAN: list[float] = []  # when the step under way began (empty: none is)
 
 
 def step(title: str | None) -> None:
     """End the step under way with its time, then begin ``title`` (None: the last step ended)."""
-    if _STEP:
-        print(f"    ({time.monotonic() - _STEP.pop()[1]:.0f} s)", flush=True)
+    if _STEP_BEGAN:
+        print(f"    ({time.monotonic() - _STEP_BEGAN.pop():.0f} s)", flush=True)
     if title is not None:
         print(f"\n==> {title}", flush=True)
-        _STEP.append((title, time.monotonic()))
+        _STEP_BEGAN.append(time.monotonic())
 
 
 def load_sample(engine: sqlalchemy.Engine, seed: int = 7) -> None:

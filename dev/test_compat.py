@@ -19,8 +19,8 @@ import is the installed wheel's):
 
 * spark4-tables  (Spark 3 cells only) tables the repo's own venv (Spark 4) merged, read by the
            cell's Spark: the default protocol equal to ``SELECT *``, a table with a chosen
-           reader-locking feature read or refused as docs/reading-the-tables.md says
-           (dev/compat_tables.py)
+           reader-locking feature read or refused as docs/reading-the-tables.md says, the
+           other target modes' tables as Spark 4 read them (dev/compat_tables.py)
 
 Prints the matrix (pass/fail with versions and times); exits non-zero unless every cell that
 can be installed here passes. Spark lines no Delta release supports are shown as such

@@ -20,13 +20,14 @@ _STOP_AT_EXIT: list[Any] = []
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# A JVM that crashes writes its report here (not into the checkout, the JVM's working directory).
+JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%p.log"
 # The in-process session lives as long as its pytest worker (half an hour, a few hundred
 # tests), so it gets the settings of a long-running JVM, not those of a one-window spark-submit:
 # the tiered JIT (the quick tier alone fills the code cache of a JVM that compiles this many
 # queries, and Spark then stops its context) and a heap that holds the DeltaLog snapshots of
-# every table the worker touched (at 1 GiB the JVM of one CI worker died mid-suite, stop 46).
-# A JVM that crashes writes its report here (not into the checkout, the JVM's working directory).
-JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%p.log"
+# every table the worker touched, 2 GiB instead of 1. (The JVM of one CI worker died mid-suite
+# with the old settings, stop 46; why was not recorded, hence the error file.)
 TEST_SESSION_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE}",
