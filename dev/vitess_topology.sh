@@ -90,16 +90,28 @@ topo_flags=(--topo-implementation etcd2 --topo-global-server-address "127.0.0.1:
 log() { printf '[vitess_topology] %s\n' "$*" >&2; }
 
 ensure_packages() {
+    # One install at a time on the machine, whichever layout asks: two layouts started at once
+    # on a bare machine (the suite's workers do) both found etcd missing, and the second one's
+    # stop of Debian's etcd came after the first had started its cluster's.
+    local lock="${TMPDIR:-/tmp}/airflow-provider-vitess-packages.lock" lock_fd
+    exec {lock_fd}>>"$lock"
+    flock "$lock_fd"
     local missing=()
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server mariadb-client)
     command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
-    if [ ${#missing[@]} = 0 ]; then return; fi
-    log "installing ${missing[*]} from Debian"
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # Debian starts its own servers on the default ports; ours run on their own.
-    as_root service mariadb stop >/dev/null 2>&1 || true
-    as_root service etcd stop >/dev/null 2>&1 || true
+    if [ ${#missing[@]} != 0 ]; then
+        log "installing ${missing[*]} from Debian"
+        as_root apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive as_root apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+            --no-install-recommends "${missing[@]}" >/dev/null
+        # Debian starts its own servers on the default ports; ours run on their own ports and
+        # as the cluster's user. Only Debian's etcd is stopped (it runs as user etcd): `service
+        # etcd stop` stops every /usr/bin/etcd on the machine, another cluster's included, which
+        # left the four-shard cluster without its topology server and a query hanging.
+        as_root service mariadb stop >/dev/null 2>&1 || true
+        as_root pkill -u etcd -x etcd >/dev/null 2>&1 || true
+    fi
+    exec {lock_fd}>&-
 }
 
 ensure_vitess_built() {
