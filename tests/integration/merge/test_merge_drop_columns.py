@@ -8,6 +8,7 @@ gives the table an uninterrupted merge gives; later windows drop nothing again.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.merge.job import apply
+from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.report import TableStatus
 from spark_jobs.merge_cdc import merge
@@ -171,3 +173,79 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
     assert _column_mapping(target / DRIFT) == ("name", 2)  # the replace keeps the mapping
     assert_column_mapped_table_reads_as_documented(DRIFT, target / DRIFT, spark)
     wl.execute(hook, f"DROP TABLE commerce.{DRIFT}")
+
+
+def test_a_soft_delete_table_loses_a_dropped_column_from_live_and_flagged_rows_alike(
+    vitess: LocalVitess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``soft_delete`` keeps deleted rows: the drop's rewrite takes the column out of those too,
+    keeps their flags, and a merge killed after it then rerun gives the uninterrupted table."""
+    spark = spark_session()
+    table = f"{DRIFT}_soft"
+    hook = wl.hook_for(vitess, "vitess_merge_drift_soft")
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{table}",
+        f"CREATE TABLE commerce.{table} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), gone INT, "
+        "old_label VARCHAR(10))",
+        f"INSERT INTO commerce.{table} VALUES "
+        + ", ".join(f"({i}, 'n{i}', {i * 10}, 'l{i}')" for i in range(1, 5)),
+    )
+    store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
+    sync = wl.new_sync(
+        hook, store, tmp_path / "stage", f"drift-soft-{uuid.uuid4().hex[:8]}", "commerce", [table]
+    )
+    soft = TargetShape(mode=TargetMode.SOFT_DELETE)
+
+    def plan(root: Path, first: int, last: int) -> MergePlan:
+        plain = sync.plan(root, first, last)
+        targets = {t: dataclasses.replace(target, shape=soft) for t, target in plain.targets.items()}
+        return MergePlan(plain.sync_id, plain.windows, targets)
+
+    target, clean = tmp_path / "delta", tmp_path / "delta-clean"
+    sync.capture(snapshot=True)
+    merge(spark, plan(target, 0, 1))
+    # A delete before the DDL: row 4 is kept, flagged, with the column about to go.
+    wl.execute(hook, f"DELETE FROM commerce.{table} WHERE id = 4")
+    sync.capture()
+    merge(spark, plan(target, 1, 2))
+    shutil.copytree(target, clean)
+
+    wl.execute(
+        hook,
+        f"ALTER TABLE commerce.{table} DROP COLUMN gone, RENAME COLUMN old_label TO label",
+        f"UPDATE commerce.{table} SET label = 'L1' WHERE id = 1",
+        f"DELETE FROM commerce.{table} WHERE id = 3",
+    )
+    sync.capture()
+
+    def killed(*_: object, **__: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(apply, "run_merge", killed)
+        with pytest.raises(Killed):
+            merge(spark, plan(target, 2, 3))
+    assert merge(spark, plan(target, 2, 3)).windows[0].table(table).status is TableStatus.WRITTEN
+    assert merge(spark, plan(clean, 2, 3)).windows[0].table(table).status is TableStatus.WRITTEN
+
+    def state(path: Path) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+        df = spark.read.format("delta").load(str(path / table))
+        cols = ["id", "name", "label", "_vitess_deleted"]
+        return df.schema.fieldNames(), {r["id"]: tuple(r[c] for c in cols) for r in df.collect()}
+
+    expected = {
+        1: (1, "n1", "L1", False),
+        2: (2, "n2", None, False),
+        3: (3, "n3", None, True),  # deleted after the drop: its last values, without the column
+        4: (4, "n4", None, True),  # deleted before it: rewritten without the column, still flagged
+    }
+    # An added column goes last, after the mode's columns, as any column added to the table.
+    names = ["id", "name", "_vitess_deleted", "_vitess_deleted_at", "label"]
+    assert state(target) == (names, expected)
+    assert state(clean) == (names, expected)
+    assert _column_mapping(target / table) == (None, 1)
+    assert_readers_see_what_spark_sees(table, target / table, spark)
+    wl.execute(hook, f"DROP TABLE commerce.{table}")
