@@ -31,6 +31,7 @@ from pyspark.sql import types as T
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.modes import TargetShape
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.staging import Manifest, read_table
 from airflow_provider_vitess.vgtid import Vgtid
@@ -348,18 +349,24 @@ class Sync:
         self.store.plan_window(self.sync_id, WindowKind.CATCHUP, committed, stop)
         return self.capture()  # resumes the planned window: reads up to that stop
 
-    def targets(self, root: Path) -> dict[str, TableTarget]:
+    def targets(self, root: Path, shape: TargetShape | None = None) -> dict[str, TableTarget]:
+        """Every table's target under ``root``; with ``shape``, every table in that shape."""
         keys = self.manifests[0].tables
         return {
-            t: TableTarget(t, str(root / t), keys[t].key_columns, keys[t].key_columns) for t in self.tables
+            t: TableTarget(
+                t, str(root / t), keys[t].key_columns, keys[t].key_columns, shape=shape or TargetShape()
+            )
+            for t in self.tables
         }
 
-    def plan(self, root: Path, first: int = 0, last: int | None = None) -> MergePlan:
+    def plan(
+        self, root: Path, first: int = 0, last: int | None = None, shape: TargetShape | None = None
+    ) -> MergePlan:
         chosen = self.manifests[first:last]
         windows = tuple(
             WindowToMerge(m.window_seq, m.path, self.tables if m is self.manifests[0] else ()) for m in chosen
         )
-        return MergePlan(self.sync_id, windows, self.targets(root))
+        return MergePlan(self.sync_id, windows, self.targets(root, shape))
 
 
 def new_sync(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
@@ -98,10 +99,11 @@ def _update_all_in_one_transaction(hook: VitessHook, rows: int) -> None:
             )
 
 
-def _rows_committed_since(store: CheckpointStore, seq: int) -> int:
-    """Rows of the windows committed after window ``seq``."""
+def _rows_per_window_since(store: CheckpointStore, seq: int) -> list[tuple[int, int, Any]]:
+    """(seq, rows, why it stopped early) of each window committed after window ``seq``."""
     _, last = store.committed(SYNC)
-    return sum(int(store.window(SYNC, s).stats.get("rows") or 0) for s in range(seq + 1, last + 1))
+    windows = (store.window(SYNC, s) for s in range(seq + 1, last + 1))
+    return [(w.seq, int(w.stats.get("rows") or 0), w.stats.get("stopped_early")) for w in windows]
 
 
 def test_a_transaction_longer_than_max_seconds_reaches_delta_in_one_window(
@@ -135,20 +137,20 @@ def test_a_transaction_longer_than_max_seconds_reaches_delta_in_one_window(
     # rows, stopping two GTIDs short of a position taken after the update. What the fix
     # guarantees is that the window that enters the transaction reads all of it.
     runs = 0
+    progress: list[tuple[int, int, Any]] = []
     for runs in (1, 2, 3):
         started = time.monotonic()
         run = airflow.run_dag(SYNC)
         timings[f"catch-up run {runs}"] = time.monotonic() - started
         assert all(run["tasks"][t] == "success" for t in ("catch_up", "merge")), run["tasks"]
-        if _rows_committed_since(store, snapshot_seq) >= ROWS:
+        progress = _rows_per_window_since(store, snapshot_seq)
+        if max((rows for _, rows, _ in progress), default=0) >= ROWS:
             break
-    committed, seq = store.committed(SYNC)
+    committed, _ = store.committed(SYNC)
     assert committed is not None
-    windows = [store.window(SYNC, s) for s in range(snapshot_seq + 1, seq + 1)]
-    progress = [(w.seq, w.stats.get("rows"), w.stats.get("stopped_early")) for w in windows]
     # The progress moved past the transaction, read whole by one window: before the fix every
     # window ended at its start.
-    assert max(int(w.stats.get("rows") or 0) for w in windows) >= ROWS, (
+    assert max((rows for _, rows, _ in progress), default=0) >= ROWS, (
         f"after {runs} catch-up runs no window read the transaction whole: windows "
         f"(seq, rows, stopped early) {progress}; timings {timings}"
     )

@@ -8,9 +8,9 @@ gives the table an uninterrupted merge gives; later windows drop nothing again.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,27 @@ class Killed(Exception):
     """Stands for the merge process dying after its schema commits, before the MERGE commit."""
 
 
-def rows_of(session: SparkSession, path: Path) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+def rows_of(
+    session: SparkSession, path: Path, columns: Sequence[str] | None = None
+) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
+    """The table's column names and its rows by id (each row's ``columns``, or all of them)."""
     df = session.read.format("delta").load(str(path))
-    return df.schema.fieldNames(), {r["id"]: tuple(r) for r in df.collect()}
+    rows = df.collect()
+    return df.schema.fieldNames(), {
+        r["id"]: tuple(r) if columns is None else tuple(r[c] for c in columns) for r in rows
+    }
+
+
+def _create_drift_table(hook: Any, table: str, rows: int) -> None:
+    """``table`` with the columns the tests drop (``gone``) and rename (``old_label``), ids 1..rows."""
+    wl.execute(
+        hook,
+        f"DROP TABLE IF EXISTS commerce.{table}",
+        f"CREATE TABLE commerce.{table} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), gone INT, "
+        "old_label VARCHAR(10))",
+        f"INSERT INTO commerce.{table} VALUES "
+        + ", ".join(f"({i}, 'n{i}', {i * 10}, 'l{i}')" for i in range(1, rows + 1)),
+    )
 
 
 def _column_mapping(path: Path) -> tuple[str | None, int]:
@@ -62,14 +80,7 @@ def test_a_dropped_or_renamed_column_is_gone_from_every_row_and_a_rerun_gives_th
 ) -> None:
     spark = spark_session()
     hook = wl.hook_for(vitess, "vitess_merge_drift")
-    wl.execute(
-        hook,
-        f"DROP TABLE IF EXISTS commerce.{DRIFT}",
-        f"CREATE TABLE commerce.{DRIFT} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), gone INT, "
-        "old_label VARCHAR(10))",
-        f"INSERT INTO commerce.{DRIFT} VALUES "
-        + ", ".join(f"({i}, 'n{i}', {i * 10}, 'l{i}')" for i in range(1, 7)),
-    )
+    _create_drift_table(hook, DRIFT, 6)
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     sync = wl.new_sync(hook, store, tmp_path / "stage", f"drift-{uuid.uuid4().hex[:8]}", "commerce", [DRIFT])
     target, clean = tmp_path / "delta", tmp_path / "delta-clean"
@@ -185,14 +196,7 @@ def test_a_soft_delete_table_loses_a_dropped_column_from_live_and_flagged_rows_a
     spark = spark_session()
     table = f"{DRIFT}_soft"
     hook = wl.hook_for(vitess, "vitess_merge_drift_soft")
-    wl.execute(
-        hook,
-        f"DROP TABLE IF EXISTS commerce.{table}",
-        f"CREATE TABLE commerce.{table} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20), gone INT, "
-        "old_label VARCHAR(10))",
-        f"INSERT INTO commerce.{table} VALUES "
-        + ", ".join(f"({i}, 'n{i}', {i * 10}, 'l{i}')" for i in range(1, 5)),
-    )
+    _create_drift_table(hook, table, 4)
     store = CheckpointStore(f"sqlite:///{tmp_path}/store.db")
     sync = wl.new_sync(
         hook, store, tmp_path / "stage", f"drift-soft-{uuid.uuid4().hex[:8]}", "commerce", [table]
@@ -200,9 +204,7 @@ def test_a_soft_delete_table_loses_a_dropped_column_from_live_and_flagged_rows_a
     soft = TargetShape(mode=TargetMode.SOFT_DELETE)
 
     def plan(root: Path, first: int, last: int) -> MergePlan:
-        plain = sync.plan(root, first, last)
-        targets = {t: dataclasses.replace(target, shape=soft) for t, target in plain.targets.items()}
-        return MergePlan(plain.sync_id, plain.windows, targets)
+        return sync.plan(root, first, last, soft)
 
     target, clean = tmp_path / "delta", tmp_path / "delta-clean"
     sync.capture(snapshot=True)
@@ -231,11 +233,7 @@ def test_a_soft_delete_table_loses_a_dropped_column_from_live_and_flagged_rows_a
     assert merge(spark, plan(target, 2, 3)).windows[0].table(table).status is TableStatus.WRITTEN
     assert merge(spark, plan(clean, 2, 3)).windows[0].table(table).status is TableStatus.WRITTEN
 
-    def state(path: Path) -> tuple[list[str], dict[int, tuple[Any, ...]]]:
-        df = spark.read.format("delta").load(str(path / table))
-        cols = ["id", "name", "label", "_vitess_deleted"]
-        return df.schema.fieldNames(), {r["id"]: tuple(r[c] for c in cols) for r in df.collect()}
-
+    compared = ("id", "name", "label", "_vitess_deleted")  # not deleted_at: a time of the merge
     expected = {
         1: (1, "n1", "L1", False),
         2: (2, "n2", None, False),
@@ -244,8 +242,8 @@ def test_a_soft_delete_table_loses_a_dropped_column_from_live_and_flagged_rows_a
     }
     # An added column goes last, after the mode's columns, as any column added to the table.
     names = ["id", "name", "_vitess_deleted", "_vitess_deleted_at", "label"]
-    assert state(target) == (names, expected)
-    assert state(clean) == (names, expected)
+    assert rows_of(spark, target / table, compared) == (names, expected)
+    assert rows_of(spark, clean / table, compared) == (names, expected)
     assert _column_mapping(target / table) == (None, 1)
     assert_readers_see_what_spark_sees(table, target / table, spark)
     wl.execute(hook, f"DROP TABLE commerce.{table}")

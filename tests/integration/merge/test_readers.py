@@ -11,7 +11,6 @@ On the real vtgate, merged by the job on local Spark with Delta; read by ``delta
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -65,10 +64,7 @@ def test_default_tables_are_read_by_every_reader_and_chosen_features_lock_them(
     plain, locked = tmp_path / "plain", tmp_path / "locked"
 
     def plan(root: Path, first: int, last: int | None, features: tuple[str, ...] = ()) -> MergePlan:
-        p = sync.plan(root, first, last)
-        shape = TargetShape(features=features)
-        shaped = {t: dataclasses.replace(v, shape=shape) for t, v in p.targets.items()}
-        return dataclasses.replace(p, targets=shaped)
+        return sync.plan(root, first, last, TargetShape(features=features))
 
     both = (DELETION_VECTORS, TYPE_WIDENING)
     merge(spark, plan(plain, 0, 1))
