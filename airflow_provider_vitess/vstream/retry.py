@@ -134,18 +134,39 @@ class Backoff:
 
 
 # A start position whose binlogs were purged: the tablet says so (MySQL error 1236), but vtgate
-# v0.23 retries the tablet until its picker gives up and reports only that (CANCELLED "failed to
-# find a PRIMARY tablet for VStream ... context has expired"), seen against the local vtgate.
+# v0.23 retries the tablet until its picker gives up and reports only that (CANCELLED "error
+# starting stream from shard GTID keyspace:"ks" shard:"-80" gtid:"...": failed to find a PRIMARY
+# tablet for VStream ... context has expired"), seen against the local vtgate.
 _GONE_HINTS = ("errno 1236", "purged", "could not find gtid state")
 _NO_TABLET_HINT = "failed to find a primary tablet for vstream"
+_STARTING_AT = re.compile(
+    r'starting stream from shard GTID keyspace:"([^"]*)" shard:"([^"]*)" gtid:"([^"]*)"'
+)
 
 
-def position_gone(details: str, *, started: bool) -> bool:
-    """True when a final error may mean the stream's start position is no longer in the binlogs
-    (``started``: the stream had already moved past its start, so the picker message is not it)."""
+def position_gone(details: str, *, start: binlogdata_pb2.VGtid, started: bool) -> bool:
+    """True when a final error may mean the stream's start position is no longer in the binlogs.
+
+    The picker's message means it when the shard it names could not start from where this
+    stream started on it (the other shards may have moved on: ``started`` says only that some
+    shard did); without a shard named, only when the stream never moved past ``start``."""
     text = details.lower()
-    return any(h in text for h in _GONE_HINTS) or (not started and _NO_TABLET_HINT in text)
+    if any(h in text for h in _GONE_HINTS):
+        return True
+    if _NO_TABLET_HINT not in text:
+        return False
+    at = _STARTING_AT.search(details)
+    if at is None:
+        return not started
+    return any((sg.keyspace, sg.shard, sg.gtid) == (at[1], at[2], at[3]) for sg in start.shard_gtids)
 
+
+# The way out when the changes since a position are gone: a snapshot of every table is a new start
+# (its copy's position is the stream's next start), the way a sync began.
+SNAPSHOT_EVERY_TABLE = (
+    'snapshot the sync again: trigger its DAG with {"resnapshot_tables": [...]} naming every table '
+    "of the sync (a copy of every table is a new start, the stream resumes past it)"
+)
 
 # vtgate's answer to a VGTID naming a shard the keyspace no longer has (Reshard completed and the
 # old shard deleted): "shard provided in VGTID, 0, not found in the customer keyspace".
@@ -175,11 +196,9 @@ def stream_error(
             f"VStream for {what}: the position names shard {gone[2]}/{gone[1]}, which "
             f"keyspace {gone[2]} no longer has (position shards: {shards}). The keyspace was "
             "resharded and its old shards deleted before the sync read past the reshard, so the "
-            "changes since the position are gone. Remedy: snapshot the sync again: trigger its "
-            'DAG with {"resnapshot_tables": [...]} naming every table of the sync (a copy of '
-            "every table is a new start, the stream resumes past it); in future, let a catch-up "
-            "window run after "
-            "SwitchTraffic and before the old shards are deleted (Reshard complete / DeleteShards). "
+            f"changes since the position are gone. Remedy: {SNAPSHOT_EVERY_TABLE}; in future, "
+            "let a catch-up window run after SwitchTraffic and before the old shards are deleted "
+            "(Reshard complete / DeleteShards). "
             f"vtgate said: gRPC status {name}: {details}"
         )
     if code in AUTH_CODES:
@@ -189,12 +208,13 @@ def stream_error(
     hint = ""
     if code == SC.RESOURCE_EXHAUSTED:
         hint = " (raise the gRPC channel's max receive message length)"
-    elif position_gone(details, started=started):
+    elif position_gone(details, start=start, started=started):
         at = ", ".join(f"{sg.keyspace}/{sg.shard}@{sg.gtid}" for sg in start.shard_gtids)
         hint = (
             f". The start position {at} may be gone from the source's binlogs (purged; the "
             "vttablet log then shows MySQL error 1236): if so the changes since it are lost to "
-            "VStream and the sync must be snapshotted again (its snapshot task)"
+            f"VStream and the sync must be snapshotted again. Remedy: {SNAPSHOT_EVERY_TABLE}; in "
+            "future, keep the binlogs longer than a sync may go unread (binlog_expire_logs_seconds)"
         )
     return VStreamError(f"VStream for {what} failed with gRPC status {name}: {details}{hint}")
 

@@ -52,7 +52,7 @@ import sqlalchemy
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.decoding.events import Operation
-from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError
+from airflow_provider_vitess.exceptions import ShardsGoneError, TablesMovedError, VStreamError
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
@@ -524,18 +524,56 @@ def test_old_shards_gone_is_a_clear_error_and_its_remedy_heals(topology: Topolog
     with pytest.raises(ShardsGoneError, match=r"shard customer/0.*snapshot the sync again") as refused:
         gone.runner.catch_up()
     assert '{"resnapshot_tables": [...]} naming every table of the sync' in str(refused.value)
-    need = gone.runner.snapshot_need(TABLES)  # the snapshot task of that run
-    gone.runner.snapshot(tables=need.tables, need=need)
-    merger = MergeRunner(gone.store, gone.id, str(STATE["root"] / "delta-gone"), holder="test-gone-merge")
+    manifest = _resnapshot_every_table_and_stream_on(gone, hook, new_customer=100001)
+    assert {sg.shard for sg in manifest.end_vgtid.shard_gtids} == {"-80", "80-"}
+
+
+def test_a_position_purged_from_the_binlogs_is_a_clear_error_and_its_remedy_heals(
+    topology: Topology, hook: VitessHook
+) -> None:
+    """The source purged the binlogs past the committed position (shard -80's MariaDB): the
+    catch-up fails saying so and naming the remedy, a run with ``resnapshot_tables`` naming every
+    table; followed, the sync streams on and its Delta tables are ``SELECT *``."""
+    gone: Sync = STATE["gone"]  # on shards -80 and 80- since the test before
+    wl.execute(hook, "UPDATE customer.corder SET price = price + 1 WHERE order_id <= 20")
+    _purge_binlogs(topology, uid=300)  # customer/-80's primary (Topology.reshard_create)
+    with pytest.raises(VStreamError, match=r"may be gone from the source's binlogs") as refused:
+        gone.runner.catch_up()
+    assert '{"resnapshot_tables": [...]} naming every table of the sync' in str(refused.value)
+    _resnapshot_every_table_and_stream_on(gone, hook, new_customer=100002)
+
+
+def _purge_binlogs(topology: Topology, uid: int) -> None:
+    """Tablet ``uid``'s MariaDB starts a new binlog and deletes every older one (a reader still
+    in the old file keeps it a moment: retried until only the new one is left)."""
+    status = topology.run("mysql", str(uid), "-N", "-B", "-e", "FLUSH BINARY LOGS; SHOW MASTER STATUS")
+    newest = status.split()[0]
+    deadline = time.monotonic() + 60
+    while True:
+        topology.run("mysql", str(uid), "-e", f"PURGE BINARY LOGS TO '{newest}'")
+        left = topology.run("mysql", str(uid), "-N", "-B", "-e", "SHOW BINARY LOGS").split()[::2]
+        if left == [newest] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert left == [newest], f"tablet {uid} keeps binlogs {left} after PURGE BINARY LOGS TO '{newest}'"
+
+
+def _resnapshot_every_table_and_stream_on(sync: Sync, hook: VitessHook, new_customer: int) -> Manifest:
+    """What a run triggered with ``{"resnapshot_tables": [every table]}`` does, then changes (a
+    customer ``new_customer`` among them) and a catch-up: Delta == ``SELECT *`` for every table.
+    The catch-up's manifest."""
+    need = sync.runner.snapshot_need(TABLES)  # the snapshot task of that run
+    sync.runner.snapshot(tables=need.tables, need=need)
+    merger = MergeRunner(sync.store, sync.id, str(STATE["root"] / "delta-gone"), holder="test-gone-merge")
     merger.run(lambda plan: merge(spark_session(), plan))
     wl.execute(
         hook,
         "UPDATE customer.corder SET price = price + 1 WHERE order_id <= 20",
-        "INSERT INTO customer.customer (customer_id, email) VALUES (100001, 'after@x')",
+        f"INSERT INTO customer.customer (customer_id, email) VALUES ({new_customer}, 'after@x')",
     )
-    manifest = gone.runner.catch_up().manifest
-    assert {sg.shard for sg in manifest.end_vgtid.shard_gtids} == {"-80", "80-"}
+    manifest = sync.runner.catch_up().manifest
     merger.run(lambda plan: merge(spark_session(), plan))
     for table in TABLES:
         path = str(STATE["root"] / "delta-gone" / table)
         wl.assert_equal_to_source(spark_session(), hook, "customer", table, path, KEYS_NAMES[table])
+    return manifest

@@ -580,9 +580,40 @@ def test_decoded_values_use_the_value_rules() -> None:
 def test_a_start_position_gone_from_the_binlogs_says_to_snapshot_again(details: str) -> None:
     code = SC.CANCELLED if "context has expired" in details else SC.UNKNOWN
     server = Server([FakeRpcError(code, details)])
-    with pytest.raises(VStreamError, match=r"may be gone from the source's binlogs.*snapshotted again"):
-        list(make_reader(server).events())
+    reader = make_reader(server, vgtid=vgtid("MariaDB/0-1-802", shard="-80"))
+    with pytest.raises(
+        VStreamError, match=r"may be gone from the source's binlogs.*snapshotted again"
+    ) as gone:
+        list(reader.events())
     assert len(server.requests) == 1
+    # The remedy says how (the run that heals), not only what.
+    assert '{"resnapshot_tables": [...]} naming every table of the sync' in str(gone.value)
+
+
+def _two_shards(low: str, high: str) -> binlogdata_pb2.VGtid:
+    return binlogdata_pb2.VGtid(
+        shard_gtids=[
+            binlogdata_pb2.ShardGtid(keyspace=KS, shard="-80", gtid=low),
+            binlogdata_pb2.ShardGtid(keyspace=KS, shard="80-", gtid=high),
+        ]
+    )
+
+
+@pytest.mark.parametrize(("named", "gone"), [("MariaDB/0-1-802", True), ("MariaDB/0-1-803", False)])
+def test_a_shard_that_cannot_start_from_its_start_is_gone_though_another_shard_moved_on(
+    named: str, gone: bool
+) -> None:
+    # Seen on the local cluster: binlogs purged on shard -80 only; vtgate streams 80- (the
+    # stream "started") and then gives up on -80, naming the position it could not start from.
+    details = (
+        f'error starting stream from shard GTID keyspace:"{KS}" shard:"-80" gtid:"{named}": failed to '
+        "find a PRIMARY tablet for VStream in customer/-80 within the zone1 cell(s): context has expired"
+    )
+    moved = binlogdata_pb2.VEvent(type=E.VGTID, vgtid=_two_shards("MariaDB/0-1-802", "MariaDB/0-2-901"))
+    server = Server([resp(moved), FakeRpcError(SC.CANCELLED, details)])
+    with pytest.raises(VStreamError) as info:
+        list(make_reader(server, vgtid=_two_shards("MariaDB/0-1-802", "MariaDB/0-2-900")).events())
+    assert ("may be gone from the source's binlogs" in str(info.value)) is gone, str(info.value)
 
 
 def test_a_stream_past_its_start_is_not_told_to_snapshot_again() -> None:
