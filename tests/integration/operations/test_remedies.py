@@ -11,14 +11,16 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
   merged but not committed ("finish it before a ...");
 * a table whose target mode changed (``TargetModeChangedError``): a new target location and a
   re-snapshot;
-* a widened column on a Delta without type widening (``DeltaFeatureError``): a re-snapshot.
+* a widened column on a Delta without type widening (``DeltaFeatureError``): a re-snapshot;
+* a column added with a DEFAULT, NULL in the rows the binlog did not touch: a re-snapshot;
+* a table without a usable key (``KeyChoiceError``): ``allow_all_columns_key=True``.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,12 @@ import pytest
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
-from airflow_provider_vitess.exceptions import CheckpointError, DeltaFeatureError, TargetModeChangedError
+from airflow_provider_vitess.exceptions import (
+    CheckpointError,
+    DeltaFeatureError,
+    KeyChoiceError,
+    TargetModeChangedError,
+)
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job import connect, delta_features
 from airflow_provider_vitess.merge.plan import MergePlan
@@ -63,7 +70,7 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN):
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS):
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -76,6 +83,7 @@ class Sync:
     root: Path
     tables: tuple[str, ...]
     sync_id: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # SyncSpec's, as the DAG gives them
 
     def __post_init__(self) -> None:
         self.sync_id = self.sync_id or f"rem2-{uuid.uuid4().hex[:8]}"
@@ -84,7 +92,7 @@ class Sync:
         self.delta = self.root / "delta"
 
     def spec(self) -> SyncSpec:
-        return SyncSpec(self.sync_id, "customer", self.tables, str(self.root / "stage"))
+        return SyncSpec(self.sync_id, "customer", self.tables, str(self.root / "stage"), **self.options)
 
     def runner(self) -> CaptureRunner:
         return CaptureRunner(self.hook, self.store, self.spec(), holder="test-rem2")
@@ -106,11 +114,11 @@ class Sync:
         runner = MergeRunner(self.store, self.sync_id, str(self.delta), targets, holder="test-rem2-merge")
         return runner.run(self.submit)
 
-    def assert_exact(self, table: str, path: Path | None = None) -> int:
+    def assert_exact(self, table: str, path: Path | None = None, key: tuple[str, ...] = ("id",)) -> int:
         with connect.remote_sessions(self.spark_connect) as new_session:
             spark = new_session()
             where = str(path or self.delta / table)
-            return wl.assert_equal_to_source(spark, self.hook, "customer", table, where, ["id"])
+            return wl.assert_equal_to_source(spark, self.hook, "customer", table, where, list(key))
 
 
 @pytest.fixture
@@ -265,3 +273,56 @@ def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
         rows = delta_dicts(sync.delta / WIDEN, spark)
     assert_history(WIDEN, rows, source_dicts(hook, "customer", WIDEN))
     assert any(not r["_vitess_current"] for r in rows), "the past was kept"
+
+
+DEFAULTED, KEYLESS = "rem2_defaulted", "rem2_keyless"
+
+
+def test_a_column_added_with_a_default_is_filled_in_by_the_resnapshot_the_docs_name(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """``ADD COLUMN ... DEFAULT``: MySQL fills the existing rows without a binlog row event, so
+    the rows no later change touched keep NULL in Delta (the documented symptom, shown). The
+    remedy in the docs: re-snapshot the table; then exact, and the sync streams on."""
+    _create(hook, DEFAULTED, rows=10)
+    sync = sync_of(DEFAULTED)
+    sync.snapshot_task()
+    sync.merge()
+    wl.execute(hook, f"ALTER TABLE customer.{DEFAULTED} ADD COLUMN tier INT NOT NULL DEFAULT 7")
+    _change(hook, DEFAULTED, "after the add")
+    sync.runner().catch_up()
+    sync.merge()
+    with pytest.raises(AssertionError, match="column .tier.: Delta None != source 7"):
+        sync.assert_exact(DEFAULTED)  # rows 1, 4, 6-10: tier NULL in Delta, 7 at the source
+
+    sync.snapshot_task((DEFAULTED,))  # what the docs say
+    sync.merge()
+    assert sync.assert_exact(DEFAULTED) == 10  # 10, one deleted, one inserted
+    _change(hook, DEFAULTED, "after the remedy")
+    sync.runner().catch_up()
+    sync.merge()
+    assert sync.assert_exact(DEFAULTED) == 11
+
+
+def test_a_table_without_a_usable_key_heals_with_allow_all_columns_key(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """A table with neither a PRIMARY KEY nor a UNIQUE KEY on NOT NULL columns: the snapshot is
+    refused before anything is copied, naming ``allow_all_columns_key=True`` among the remedies.
+    Given it, rows are identified by all their columns: an update is a delete and an insert of
+    that identity, and the table is exact."""
+    wl.create_sharded_table(hook, KEYLESS, "(id BIGINT NOT NULL, note VARCHAR(32))", "id")
+    values = ", ".join(f"({i}, 'row {i}')" for i in range(1, 11))
+    wl.execute(hook, f"INSERT INTO customer.{KEYLESS} (id, note) VALUES {values}")
+    sync = sync_of(KEYLESS)
+    with pytest.raises(KeyChoiceError, match="pass allow_all_columns_key=True"):
+        sync.snapshot_task()
+    assert sync.store.open_window(sync.sync_id) is None, "refused before a window was planned"
+
+    sync.options["allow_all_columns_key"] = True  # what it says
+    sync.snapshot_task()
+    sync.merge()
+    _change(hook, KEYLESS, "keyless")
+    sync.runner().catch_up()
+    sync.merge()
+    assert sync.assert_exact(KEYLESS, key=("id", "note")) == 10  # 10, one deleted, one inserted
