@@ -233,6 +233,14 @@ def test_a_group_copies_with_its_plans_key_and_a_new_plan_replaces_the_window(
     assert [p.state for p in parts] == [WindowState.STAGED, WindowState.STAGED]
     assert {tuple(p.stats["keys"][TABLE]["source_columns"]) for p in parts} == {("order_id", "customer_id")}
     assert sum(p.stats["rows"] for p in parts) == 20
+    # merge_snapshot then merges the new window (the duplicate order_id included), exact.
+    root = tmp_path / "delta"
+    outcome = MergeRunner(store, sync_id, str(root), holder="test-dupkey-groups-merge").run(
+        lambda plan: merge(spark_session(), plan)
+    )
+    assert outcome.seq == 2
+    keys = ["order_id", "customer_id"]
+    assert wl.assert_equal_to_source(spark_session(), hook, "customer", TABLE, str(root / TABLE), keys) == 20
 
 
 SIDE = "remedy_side"  # a second table of the sync: it keeps the sync's committed position
