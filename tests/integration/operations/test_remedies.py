@@ -13,7 +13,9 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
   re-snapshot;
 * a widened column on a Delta without type widening (``DeltaFeatureError``): a re-snapshot;
 * a column added with a DEFAULT, NULL in the rows the binlog did not touch: a re-snapshot;
-* a table without a usable key (``KeyChoiceError``): ``allow_all_columns_key=True``.
+* a table without a usable key (``KeyChoiceError``): ``allow_all_columns_key=True``;
+* a ``history`` table whose past value does not survive the re-snapshot's new type: a new
+  target location.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import SparkRuntimeException
 
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
@@ -33,6 +36,7 @@ from airflow_provider_vitess.exceptions import (
     CheckpointError,
     DeltaFeatureError,
     KeyChoiceError,
+    MergeSchemaError,
     TargetModeChangedError,
 )
 from airflow_provider_vitess.hooks.vitess import VitessHook
@@ -70,7 +74,7 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS):
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED):
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -275,7 +279,7 @@ def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
     assert any(not r["_vitess_current"] for r in rows), "the past was kept"
 
 
-DEFAULTED, KEYLESS = "rem2_defaulted", "rem2_keyless"
+DEFAULTED, KEYLESS, NARROWED = "rem2_defaulted", "rem2_keyless", "rem2_narrowed"
 
 
 def test_a_column_added_with_a_default_is_filled_in_by_the_resnapshot_the_docs_name(
@@ -292,7 +296,7 @@ def test_a_column_added_with_a_default_is_filled_in_by_the_resnapshot_the_docs_n
     _change(hook, DEFAULTED, "after the add")
     sync.runner().catch_up()
     sync.merge()
-    with pytest.raises(AssertionError, match="column .tier.: Delta None != source 7"):
+    with pytest.raises(AssertionError, match=r"column 'tier': Delta None != source 7"):
         sync.assert_exact(DEFAULTED)  # rows 1, 4, 6-10: tier NULL in Delta, 7 at the source
 
     sync.snapshot_task((DEFAULTED,))  # what the docs say
@@ -326,3 +330,48 @@ def test_a_table_without_a_usable_key_heals_with_allow_all_columns_key(
     sync.runner().catch_up()
     sync.merge()
     assert sync.assert_exact(KEYLESS, key=("id", "note")) == 10  # 10, one deleted, one inserted
+
+
+def test_a_history_past_that_does_not_survive_the_new_type_heals_with_a_new_target_location(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """``history`` keeps its past through a re-snapshot after a type change, cast to the new type
+    losslessly or not at all: VARCHAR -> INT with a closed version holding 'abc'. The catch-up's
+    merge names the re-snapshot (``MergeSchemaError``); the re-snapshot's merge then names the
+    value that cannot be kept and the way out, a new target location; followed, the table there
+    is exact and the old one stays as it was."""
+    wl.create_sharded_table(hook, NARROWED, "(id BIGINT NOT NULL PRIMARY KEY, v VARCHAR(16))", "id")
+    wl.execute(hook, f"INSERT INTO customer.{NARROWED} (id, v) VALUES (1, 'abc'), (2, '20'), (3, '30')")
+    sync = sync_of(NARROWED)
+    targets: dict[str, dict[str, Any]] = {NARROWED: {"mode": "history"}}
+    sync.snapshot_task()
+    sync.merge(targets)
+    wl.execute(hook, f"UPDATE customer.{NARROWED} SET v = '12' WHERE id = 1")  # 'abc' is the past now
+    sync.runner().catch_up()
+    sync.merge(targets)
+    wl.execute(
+        hook,
+        f"ALTER TABLE customer.{NARROWED} MODIFY v INT",
+        f"INSERT INTO customer.{NARROWED} (id, v) VALUES (4, 40)",
+    )
+    sync.runner().catch_up()
+    with pytest.raises(MergeSchemaError, match=f'resnapshot_tables": \\["{NARROWED}"\\]'):
+        sync.merge(targets)
+    sync.snapshot_task((NARROWED,))  # what it says
+    old_log = sorted(p.name for p in (sync.delta / NARROWED / "_delta_log").glob("*.json"))
+    survive = "value 'abc' of an earlier version or deleted row does not survive"
+    with pytest.raises(SparkRuntimeException, match=survive) as lost:  # the job's raise_error
+        sync.merge(targets)
+    assert "Give the table a new target location (targets[table]['path']" in str(lost.value)
+    assert sorted(p.name for p in (sync.delta / NARROWED / "_delta_log").glob("*.json")) == old_log
+
+    moved = sync.root / "elsewhere" / NARROWED
+    targets = {NARROWED: {"mode": "history", "path": str(moved)}}
+    sync.merge(targets)  # what it says: the DAG run again, the snapshot merged there
+    wl.execute(hook, f"UPDATE customer.{NARROWED} SET v = 41 WHERE id = 4")
+    sync.runner().catch_up()
+    sync.merge(targets)
+    with connect.remote_sessions(sync.spark_connect) as new_session:
+        rows = delta_dicts(moved, new_session())
+    assert_history(NARROWED, rows, source_dicts(hook, "customer", NARROWED))
+    assert any(not r["_vitess_current"] for r in rows), "the new table's own past (id 4's 40)"
