@@ -15,7 +15,9 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
 * a column added with a DEFAULT, NULL in the rows the binlog did not touch: a re-snapshot;
 * a table without a usable key (``KeyChoiceError``): ``allow_all_columns_key=True``;
 * a ``history`` table whose past value does not survive the re-snapshot's new type: a new
-  target location.
+  target location;
+* a grouped catch-up whose group failed ("nothing staged to merge ... still being read"): the
+  failed map index cleared, then the merge.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 from pyspark.errors import SparkRuntimeException
 
 from airflow_provider_vitess.capture.group_snapshot import GroupedSnapshot
+from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import (
@@ -74,7 +77,7 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED):
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED):
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -103,6 +106,9 @@ class Sync:
 
     def grouped(self) -> GroupedSnapshot:
         return GroupedSnapshot(self.hook, self.store, self.spec(), holder="test-rem2-groups")
+
+    def grouped_catch_up(self) -> GroupedCatchUp:
+        return GroupedCatchUp(self.hook, self.store, self.spec(), holder="test-rem2-groups")
 
     def snapshot_task(self, resnapshot_tables: tuple[str, ...] = ()) -> int:
         """What the snapshot task does (``resnapshot_tables``: the DAG run's conf)."""
@@ -279,7 +285,7 @@ def test_a_widened_column_without_type_widening_heals_with_a_resnapshot(
     assert any(not r["_vitess_current"] for r in rows), "the past was kept"
 
 
-DEFAULTED, KEYLESS, NARROWED = "rem2_defaulted", "rem2_keyless", "rem2_narrowed"
+DEFAULTED, KEYLESS, NARROWED, PARTED = "rem2_defaulted", "rem2_keyless", "rem2_narrowed", "rem2_parted"
 
 
 def test_a_column_added_with_a_default_is_filled_in_by_the_resnapshot_the_docs_name(
@@ -375,3 +381,29 @@ def test_a_history_past_that_does_not_survive_the_new_type_heals_with_a_new_targ
         rows = delta_dicts(moved, new_session())
     assert_history(NARROWED, rows, source_dicts(hook, "customer", NARROWED))
     assert any(not r["_vitess_current"] for r in rows), "the new table's own past (id 4's 40)"
+
+
+def test_a_grouped_catch_up_whose_group_failed_merges_once_that_map_index_is_cleared(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """``capture_parallelism=2``: ``plan_catch_up`` maps two groups, group 1's ``catch_up``
+    fails. The merge answers "nothing staged to merge ... still being read (PLANNED)", naming the
+    task; the remedy, that map index cleared (group 0's part is kept), then the merge: exact."""
+    _create(hook, PARTED)
+    sync = sync_of(PARTED)
+    sync.snapshot_task()
+    sync.merge()
+    _change(hook, PARTED, "grouped")
+    assert sync.grouped_catch_up().plan(2) == [0, 1]
+    sync.grouped_catch_up().read_group(0)  # group 1's task failed before it read
+    outcome = sync.merge()
+    assert outcome.seq is None and outcome.committed_seq == 1, outcome
+    assert outcome.message == (
+        "nothing staged to merge: catchup window 2 is still being read (PLANNED); its 'catch_up' task "
+        "resumes it (clear that task in the run where it failed, or let the next run's task do it)"
+    )
+    sync.grouped_catch_up().read_group(1)  # what it says: the failed map index cleared
+    parts = sync.store.window_groups(sync.sync_id, 2)
+    assert [p.state for p in parts] == [WindowState.STAGED, WindowState.STAGED]
+    assert sync.merge().seq == 2  # then the merge
+    assert sync.assert_exact(PARTED) == 40  # 40, one deleted, one inserted
