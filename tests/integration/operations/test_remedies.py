@@ -17,7 +17,8 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
 * a ``history`` table whose past value does not survive the re-snapshot's new type: a new
   target location;
 * a grouped catch-up whose group failed ("nothing staged to merge ... still being read"): the
-  failed map index cleared, then the merge.
+  failed map index cleared, then the merge;
+* a source column named like a metadata column (``TargetModeError``): another ``metadata_prefix``.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ from airflow_provider_vitess.exceptions import (
     KeyChoiceError,
     MergeSchemaError,
     TargetModeChangedError,
+    TargetModeError,
 )
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.job import connect, delta_features
+from airflow_provider_vitess.merge.modes import ModeOptions
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
@@ -77,7 +80,7 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED):
+    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED, CLASHED):
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -119,9 +122,14 @@ class Sync:
     def submit(self, plan: MergePlan) -> MergeReport:
         return connect.run_merge(self.spark_connect, plan)
 
-    def merge(self, targets: Mapping[str, Mapping[str, Any]] | None = None) -> MergeOutcome:
-        """What a merge task does: its targets (``targets`` as the DAG gives them)."""
-        runner = MergeRunner(self.store, self.sync_id, str(self.delta), targets, holder="test-rem2-merge")
+    def merge(
+        self, targets: Mapping[str, Mapping[str, Any]] | None = None, modes: ModeOptions | None = None
+    ) -> MergeOutcome:
+        """What a merge task does: its targets (``targets`` and the sync-wide ``modes`` as the DAG
+        gives them)."""
+        runner = MergeRunner(
+            self.store, self.sync_id, str(self.delta), targets, holder="test-rem2-merge", modes=modes
+        )
         return runner.run(self.submit)
 
     def assert_exact(self, table: str, path: Path | None = None, key: tuple[str, ...] = ("id",)) -> int:
@@ -407,3 +415,43 @@ def test_a_grouped_catch_up_whose_group_failed_merges_once_that_map_index_is_cle
     assert [p.state for p in parts] == [WindowState.STAGED, WindowState.STAGED]
     assert sync.merge().seq == 2  # then the merge
     assert sync.assert_exact(PARTED) == 40  # 40, one deleted, one inserted
+
+
+CLASHED = "rem2_clashed"
+
+
+def test_a_source_column_named_like_a_metadata_column_heals_with_another_metadata_prefix(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """A source column ``_vitess_deleted`` in a ``soft_delete`` target: the first merge is refused
+    before the table exists, naming ``metadata_prefix``; given another prefix (the table's first
+    window: not a mode change), the staged snapshot merges and the sync streams on: live rows ==
+    ``SELECT *`` (the source's ``_vitess_deleted`` among their columns), the deleted key flagged."""
+    wl.create_sharded_table(
+        hook, CLASHED, "(id BIGINT NOT NULL PRIMARY KEY, note VARCHAR(32), _vitess_deleted VARCHAR(8))", "id"
+    )
+    values = ", ".join(f"({i}, 'row {i}', 'src {i % 2}')" for i in range(1, 11))
+    wl.execute(hook, f"INSERT INTO customer.{CLASHED} (id, note, _vitess_deleted) VALUES {values}")
+    sync = sync_of(CLASHED)
+    sync.snapshot_task()
+    with pytest.raises(
+        TargetModeError, match=r"source column\(s\) \['_vitess_deleted'\] have the names"
+    ) as refused:
+        sync.merge({CLASHED: {"mode": "soft_delete"}})
+    assert "Give the sync another metadata_prefix (now '_vitess_')" in str(refused.value)
+    assert not (sync.delta / CLASHED).exists(), "nothing was written"
+
+    prefixed = ModeOptions(metadata_prefix="_cdc_")  # what it says (the sync's option)
+    targets = {CLASHED: {"mode": "soft_delete"}}
+    sync.merge(targets, prefixed)
+    _change(hook, CLASHED, "prefixed")
+    sync.runner().catch_up()
+    sync.merge(targets, prefixed)
+    with connect.remote_sessions(sync.spark_connect) as new_session:
+        rows = delta_dicts(sync.delta / CLASHED, new_session())
+    live = sorted((r["id"], r["note"], r["_vitess_deleted"]) for r in rows if not r["_cdc_deleted"])
+    source = sorted(
+        (r["id"], r["note"], r["_vitess_deleted"]) for r in source_dicts(hook, "customer", CLASHED)
+    )
+    assert live == source and len(source) == 10
+    assert [r["id"] for r in rows if r["_cdc_deleted"]] == [5]
