@@ -173,6 +173,17 @@ STORE_REMEDY = (
 )
 
 
+def staged_before(sync_id: str, seq: int) -> str:
+    """Why a window the store plans anew already has a manifest in staging: its number was
+    staged and committed before, by a run of this sync that the store does not know of."""
+    return (
+        f"window {sync_id}/{seq} has a manifest: its files were staged before and are not "
+        "discarded, but the checkpoint store plans the window anew: the store was restored from "
+        "an older backup or replaced (or another store's sync of this id stages here). "
+        f"{STORE_REMEDY}"
+    )
+
+
 class UnsupportedDeltaError(VitessProviderError):
     """The Delta Lake of the Spark that merges does not say which version a write committed (a
     Delta build other than the one the provider pins): the merge cannot tell its commit from a

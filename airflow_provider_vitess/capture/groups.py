@@ -31,7 +31,7 @@ from airflow_provider_vitess.capture.outcome import WindowOutcome
 from airflow_provider_vitess.capture.resume import WindowBook
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowKind, WindowState
 from airflow_provider_vitess.checkpoints.groups import WindowGroup, group_lock_id
-from airflow_provider_vitess.exceptions import CheckpointError
+from airflow_provider_vitess.exceptions import CheckpointError, staged_before
 from airflow_provider_vitess.staging.files import MANIFEST_NAME, open_location, window_dir, write_atomically
 from airflow_provider_vitess.staging.group_manifest import combine
 from airflow_provider_vitess.staging.manifest import load_manifest
@@ -199,9 +199,7 @@ def delete_group_files(
     fs, root = open_location(location, options)
     wdir = window_dir(root, sync_id, seq)
     if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
-        raise CheckpointError(
-            f"window {sync_id}/{seq} has a manifest: its files are committed, not discarded"
-        )
+        raise CheckpointError(staged_before(sync_id, seq))
     if not fs.exists(wdir):
         return []
     marker, manifests, deleted = f"-g{group:03d}-", f"_group-{group:03d}-", []

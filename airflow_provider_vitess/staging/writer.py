@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation, RawRows, RowChange
-from airflow_provider_vitess.exceptions import StagingError
+from airflow_provider_vitess.exceptions import StagingError, staged_before
 from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer, W
 from airflow_provider_vitess.staging.files import (
     MANIFEST_NAME,
@@ -440,9 +440,7 @@ class WindowStager:
         fs, root = open_location(location, storage_options)
         wdir = window_dir(root, sync_id, window_seq)
         if fs.exists(f"{wdir}/{MANIFEST_NAME}"):
-            raise StagingError(
-                f"window {sync_id}/{window_seq} has a manifest: its files are committed, not discarded"
-            )
+            raise StagingError(staged_before(sync_id, window_seq))
         return delete_except(fs, wdir, keep)
 
     def _check_open(self) -> None:

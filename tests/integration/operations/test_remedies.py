@@ -18,11 +18,13 @@ session's Spark Connect server: no DAG per case, none of these remedies is about
   target location;
 * a grouped catch-up whose group failed ("nothing staged to merge ... still being read"): the
   failed map index cleared, then the merge;
-* a source column named like a metadata column (``TargetModeError``): another ``metadata_prefix``.
+* a source column named like a metadata column (``TargetModeError``): another ``metadata_prefix``;
+* a checkpoint store restored from an older backup: the store that wrote the tables.
 """
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,10 +39,12 @@ from airflow_provider_vitess.capture.groups import GroupedCatchUp
 from airflow_provider_vitess.capture.runner import CaptureRunner, SyncSpec
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.exceptions import (
+    STORE_REMEDY,
     CheckpointError,
     DeltaFeatureError,
     KeyChoiceError,
     MergeSchemaError,
+    StagingError,
     TargetModeChangedError,
     TargetModeError,
 )
@@ -80,7 +84,8 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    for table in (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED, CLASHED):
+    made = (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED, CLASHED, RESTORED)
+    for table in made:
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
 
@@ -97,7 +102,11 @@ class Sync:
 
     def __post_init__(self) -> None:
         self.sync_id = self.sync_id or f"rem2-{uuid.uuid4().hex[:8]}"
-        self.store = CheckpointStore(f"sqlite:///{self.root}/store.db")
+        self.use_store(self.root / "store.db")
+
+    def use_store(self, path: Path) -> None:
+        """The sync's ``checkpoint_conn_id`` names the SQLite file ``path``."""
+        self.store = CheckpointStore(f"sqlite:///{path}")
         self.store.migrate()
         self.delta = self.root / "delta"
 
@@ -455,3 +464,38 @@ def test_a_source_column_named_like_a_metadata_column_heals_with_another_metadat
     )
     assert live == source and len(source) == 10
     assert [r["id"] for r in rows if r["_cdc_deleted"]] == [5]
+
+
+RESTORED = "rem2_restored"
+
+
+def test_a_store_restored_from_an_older_backup_is_refused_and_the_store_that_wrote_the_tables_heals(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """The store is restored from a backup taken one window ago: it plans the next window with
+    the number Delta already holds, which a merge would take for applied. The catch-up refuses
+    (that number's staged files exist), naming the cause and the remedy; pointing the sync back
+    at the store that wrote the tables, it streams on, exact."""
+    _create(hook, RESTORED)
+    sync = sync_of(RESTORED)
+    sync.snapshot_task()
+    sync.merge()
+    shutil.copy(sync.root / "store.db", sync.root / "backup.db")
+    _change(hook, RESTORED, "one")
+    sync.runner().catch_up()
+    assert sync.merge().seq == 2
+    newer = sync.root / "store.db"
+    restored = sync.root / "restored.db"
+    shutil.copy(sync.root / "backup.db", restored)
+    sync.use_store(restored)
+    _change(hook, RESTORED, "second")
+    with pytest.raises(StagingError) as refused:
+        sync.runner().catch_up()
+    text = str(refused.value)
+    assert f"window {sync.sync_id}/2 has a manifest" in text and "restored from an older backup" in text, text
+    assert STORE_REMEDY in text
+
+    sync.use_store(newer)  # what it says: the store that wrote the tables
+    sync.runner().catch_up()
+    assert sync.merge().seq == 3
+    assert sync.assert_exact(RESTORED) == 41  # 40, one deleted, two inserted
