@@ -375,6 +375,8 @@ def unknown_sync(store: CheckpointStore, sync_id: str) -> UnknownSyncError:
         "recorded it there, so this merge has nothing it could merge, and never will. Its capture "
         "task wrote elsewhere: without checkpoint_conn_id each machine has its own SQLite file "
         "under AIRFLOW_HOME, so on a deployment with several workers (Celery, Kubernetes) give "
-        "the capture and merge tasks the same checkpoint_conn_id (a shared database); otherwise "
-        "check that both tasks name the same checkpoint_conn_id and sync_id"
+        "the capture and merge tasks the same checkpoint_conn_id (a shared database; what a "
+        "worker's file recorded moves there with python -m airflow_provider_vitess.store_copy "
+        "--to-conn <that connection>, run on that worker); otherwise check that both tasks name "
+        "the same checkpoint_conn_id and sync_id"
     )
