@@ -12,7 +12,7 @@ from typing import Any
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
-from airflow_provider_vitess.object_storage import S3Settings
+from airflow_provider_vitess.object_storage import HOOK_EXTRAS, Credentials, S3Settings
 from airflow_provider_vitess.single_host import refuse_single_host_settings, runs_on_one_host
 from airflow_provider_vitess.utils.task import airflow_conf, executor_of
 
@@ -53,13 +53,29 @@ def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
     from airflow.sdk.bases.hook import BaseHook
 
     conn = BaseHook.get_connection(aws_conn_id)
+    extra = conn.extra_dejson
     return S3Settings.from_connection(
         conn_id=aws_conn_id,
         conn_type=conn.conn_type,
         login=conn.login,
         password=conn.password,
-        extra=conn.extra_dejson,
+        extra=extra,
+        resolved=_hook_credentials(aws_conn_id) if any(extra.get(k) for k in HOOK_EXTRAS) else None,
     )
+
+
+def _hook_credentials(aws_conn_id: str) -> Credentials | None:
+    """The keys the Amazon provider's hook resolves for the connection (an assumed role, a
+    profile, a web identity), frozen at the task's start: temporary ones must outlive the task.
+    None when the provider is not installed (the settings then refuse the extras, naming it).
+    The hook is the provider's own, so a connection behaves as in its operators."""
+    try:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError:
+        return None
+    # get_credentials masks the secret key and the session token it resolves in the task's logs.
+    frozen = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3").get_credentials()
+    return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
 
 
 def open_store(checkpoint_conn_id: str | None) -> CheckpointStore:

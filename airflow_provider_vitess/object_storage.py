@@ -18,15 +18,17 @@ The connection's fields are read the way Airflow's Amazon provider documents the
 password = access key id / secret key; extras ``aws_session_token``, ``region_name``,
 ``endpoint_url``, ``service_config.s3.endpoint_url``, ``config_kwargs``), so a connection made
 for that provider works here without installing it. Without keys, both sides fall back to the
-AWS default credential chain (environment, instance role...). Extras that ask for credentials
-we cannot honour (assumed roles, profiles) are refused rather than silently ignored.
+AWS default credential chain (environment, instance role...). Extras that choose *which*
+credentials (an assumed role, a profile, a web identity) are resolved by the Amazon provider's
+hook when it is installed (:func:`airflow_provider_vitess.connections.s3_settings`), and refused,
+naming it, when it is not: never silently ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_provider_vitess.exceptions import VitessConnectionError
 
@@ -43,8 +45,9 @@ ENV_DEFAULT_REGION = "AWS_DEFAULT_REGION"
 ENV_ADDRESSING_STYLE = "VITESS_S3_ADDRESSING_STYLE"
 
 CONN_TYPES = ("aws", "s3")
-# Extras that change *which* credentials are used; ignoring them would act as someone else.
-_UNSUPPORTED_EXTRAS = (
+# Extras that change *which* credentials are used: only the Amazon provider's hook resolves them
+# (ignoring them would act as someone else).
+HOOK_EXTRAS = (
     "role_arn",
     "assume_role_method",
     "assume_role_kwargs",
@@ -63,6 +66,14 @@ _KNOWN_EXTRAS = frozenset(
     }
 )
 _S3A = "spark.hadoop.fs.s3a."
+
+
+class Credentials(NamedTuple):
+    """Keys resolved for one task (the shape of botocore's frozen credentials)."""
+
+    access_key: str
+    secret_key: str
+    token: str | None = None
 
 
 def is_s3_url(location: str) -> bool:
@@ -104,23 +115,27 @@ class S3Settings:
     @classmethod
     def from_connection(
         cls, *, conn_id: str, conn_type: str | None, login: str | None, password: str | None,
-        extra: Mapping[str, Any],
+        extra: Mapping[str, Any], resolved: Credentials | None = None,
     ) -> S3Settings:  # fmt: skip
-        """Settings from an Airflow connection's parts; raises naming the field on anything unusable."""
+        """Settings from an Airflow connection's parts; raises naming the field on anything unusable.
+
+        ``resolved``: the keys the Amazon provider's hook resolved for a connection with
+        :data:`HOOK_EXTRAS` (they replace the connection's own); without them such extras are refused."""
         if (conn_type or "").lower() not in CONN_TYPES:
             raise VitessConnectionError(
                 f"connection {conn_id!r} has type {conn_type!r}; object storage needs an 'aws' connection "
                 "(login = access key id, password = secret key, extra endpoint_url for an S3-compatible "
                 "server)"
             )
-        refused = [k for k in _UNSUPPORTED_EXTRAS if extra.get(k)]
-        if refused:
+        hooked = [k for k in HOOK_EXTRAS if extra.get(k)]
+        if hooked and resolved is None:
             raise VitessConnectionError(
-                f"connection {conn_id!r}: extra(s) {', '.join(map(repr, refused))} are not supported for "
-                "staging and Delta (both read static keys or the default credential chain); give the "
-                "connection keys, or leave them out and give the workers and Spark a role of their own"
+                f"connection {conn_id!r}: extra(s) {', '.join(map(repr, hooked))} choose the credentials "
+                "through the Amazon provider's hook, which is not installed: pip install "
+                "apache-airflow-providers-amazon on the workers; or give the connection keys, or leave "
+                "them out and give the workers and Spark a role of their own"
             )
-        unknown = sorted(set(extra) - _KNOWN_EXTRAS)
+        unknown = sorted(set(extra) - _KNOWN_EXTRAS - set(HOOK_EXTRAS))
         if unknown:
             raise VitessConnectionError(
                 f"connection {conn_id!r}: unknown extra(s) {', '.join(map(repr, unknown))}; "
@@ -135,10 +150,19 @@ class S3Settings:
                 f"connection {conn_id!r}: config_kwargs.s3.addressing_style must be path, virtual or auto, "
                 f"got {style!r}"
             )
+        keys = (
+            resolved
+            if resolved is not None
+            else Credentials(
+                login or extra.get("aws_access_key_id") or "",
+                password or extra.get("aws_secret_access_key") or "",
+                extra.get("aws_session_token") or None,
+            )
+        )
         return cls(
-            access_key_id=login or extra.get("aws_access_key_id") or None,
-            secret_access_key=password or extra.get("aws_secret_access_key") or None,
-            session_token=extra.get("aws_session_token") or None,
+            access_key_id=keys.access_key or None,
+            secret_access_key=keys.secret_key or None,
+            session_token=keys.token or None,
             endpoint_url=endpoint,
             region=extra.get("region_name") or None,
             # S3-compatible servers are addressed by path unless told otherwise; AWS by host.

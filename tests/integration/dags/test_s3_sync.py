@@ -7,12 +7,14 @@ no rendered field. Real Vitess, Spark (``s3a://``), Delta, S3 server and Airflow
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
+from airflow_provider_vitess.connections import s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.object_storage import S3Settings
 from airflow_provider_vitess.staging.files import open_location
@@ -190,3 +193,39 @@ def test_the_readme_dag_syncs_through_s3_with_the_connections_credentials(
         db.close()
     assert {task for task, _ in rendered} >= {"merge", "catch_up"}, rendered
     assert not [task for task, fields in rendered if secret in str(fields)]
+
+
+def test_a_profile_connection_reaches_the_bucket_through_the_amazon_providers_hook(
+    s3: LocalS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``aws`` connection naming a profile, no keys of its own: the Amazon provider's hook
+    resolves the profile's keys and staging's s3fs reaches the bucket with them; a profile with
+    a wrong secret is refused by the server (the resolved keys are the ones used). The merge job's
+    S3A takes the same settings, through the environment the README test checks."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[lake]\naws_access_key_id = {s3.access_key_id}\naws_secret_access_key = {s3.secret_access_key}\n"
+        f"[wrong]\naws_access_key_id = {s3.access_key_id}\naws_secret_access_key = not-the-secret\n"
+    )
+    (tmp_path / "config").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    for profile in ("lake", "wrong"):
+        extra = {"profile_name": profile, "endpoint_url": s3.endpoint_url, "region_name": s3.region}
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_PROFILE_{profile.upper()}", json.dumps({"conn_type": "aws", "extra": extra})
+        )
+    settings = s3_settings("profile_lake")
+    assert settings is not None
+    assert (settings.access_key_id, settings.secret_access_key) == (s3.access_key_id, s3.secret_access_key)
+    key = f"{BUCKET}/profile-check/{uuid.uuid4().hex}.txt"
+    fs, _ = open_location(f"s3a://{BUCKET}", settings.storage_options())
+    fs.pipe(key, b"resolved by the hook")
+    assert (s3.data_dir / key).read_bytes() == b"resolved by the hook"  # the server's posix backend
+    fs.rm(key)
+    wrong = s3_settings("profile_wrong")
+    assert wrong is not None
+    wrong_fs, _ = open_location(f"s3a://{BUCKET}", wrong.storage_options())
+    with pytest.raises(PermissionError):
+        wrong_fs.pipe(key, b"refused")
+    assert not (s3.data_dir / key).exists()

@@ -11,7 +11,7 @@ import pytest
 from airflow_provider_vitess.exceptions import VitessConnectionError
 from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, HADOOP_AWS_PACKAGE, packages_for
-from airflow_provider_vitess.object_storage import S3Settings, is_s3_url
+from airflow_provider_vitess.object_storage import Credentials, S3Settings, is_s3_url
 from airflow_provider_vitess.operators._sync import s3_settings
 
 ENDPOINT = "http://127.0.0.1:9000"
@@ -87,8 +87,8 @@ def test_the_secrets_stay_out_of_repr() -> None:
     ("conn_type", "extra", "login", "password", "message"),
     [
         ("postgres", {}, "a", "b", "needs an 'aws' connection"),
-        ("aws", {"role_arn": "arn:aws:iam::1:role/x"}, "a", "b", "'role_arn' are not supported"),
-        ("aws", {"profile_name": "dev"}, None, None, "'profile_name' are not supported"),
+        ("aws", {"role_arn": "arn:aws:iam::1:role/x"}, "a", "b", "'role_arn' choose the credentials through"),
+        ("aws", {"profile_name": "dev"}, None, None, "'profile_name' choose the credentials through"),
         ("aws", {"endpoint": ENDPOINT}, "a", "b", "unknown extra(s) 'endpoint'"),
         ("aws", {"endpoint_url": "127.0.0.1:9000"}, "a", "b", "must start with http"),
         ("aws", {}, "a", None, "without a secret key"),
@@ -114,6 +114,57 @@ def test_the_operators_read_the_airflow_connection(monkeypatch: pytest.MonkeyPat
     s3 = s3_settings("lake_s3")
     assert s3 is not None and s3.secret_access_key == "s/3+cr=t" and s3.endpoint_url == ENDPOINT
     assert s3_settings(None) is None
+
+
+def test_keys_the_amazon_providers_hook_resolved_replace_the_connections() -> None:
+    extra = {"role_arn": "arn:aws:iam::1:role/lake", "endpoint_url": ENDPOINT}
+    s3 = S3Settings.from_connection(
+        conn_id="lake", conn_type="aws", login="SOURCE", password="source-secret", extra=extra,
+        resolved=Credentials("ASIA1", "temp-secret", "temp-token"),
+    )  # fmt: skip
+    keys = (s3.access_key_id, s3.secret_access_key, s3.session_token)
+    assert keys == ("ASIA1", "temp-secret", "temp-token")
+    provider = s3.hadoop_conf()["spark.hadoop.fs.s3a.aws.credentials.provider"]
+    assert provider == PROVIDER + "TemporaryAWSCredentialsProvider"
+    assert s3.storage_options()["token"] == "temp-token" and s3.endpoint_url == ENDPOINT
+
+
+def _profile_connection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``lake_s3`` names profile ``lake`` of a shared credentials file, as a user's ``~/.aws`` would."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[lake]\naws_access_key_id = AKPROFILE\naws_secret_access_key = profile-s3cr3t\n")
+    (tmp_path / "config").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_S3",
+        json.dumps({"conn_type": "aws", "extra": {"profile_name": "lake", "endpoint_url": ENDPOINT}}),
+    )
+
+
+def test_a_profile_is_resolved_by_the_amazon_providers_hook(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    masked: list[str] = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda secret, name=None: masked.append(secret))
+    _profile_connection(monkeypatch, tmp_path)
+    s3 = s3_settings("lake_s3")
+    assert s3 is not None
+    assert (s3.access_key_id, s3.secret_access_key) == ("AKPROFILE", "profile-s3cr3t")
+    assert s3.endpoint_url == ENDPOINT
+    # Not the connection's password, which Airflow masks by itself: the hook masks it as it resolves it.
+    assert "profile-s3cr3t" in masked, masked
+
+
+def test_without_the_amazon_provider_a_profile_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "airflow.providers.amazon.aws.hooks.base_aws", None)
+    _profile_connection(monkeypatch, tmp_path)
+    with pytest.raises(VitessConnectionError, match="pip install apache-airflow-providers-amazon"):
+        s3_settings("lake_s3")
 
 
 def test_s3a_jars_are_added_only_for_s3_locations() -> None:
