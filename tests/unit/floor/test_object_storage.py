@@ -148,7 +148,10 @@ def test_a_profile_is_resolved_by_the_amazon_providers_hook(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     masked: list[str] = []
-    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda secret, name=None: masked.append(secret))
+    # The hook masks what it resolves with the mask_secret its module bound at import.
+    from airflow.providers.amazon.aws.hooks import base_aws
+
+    monkeypatch.setattr(base_aws, "mask_secret", lambda secret, name=None: masked.append(secret))
     _profile_connection(monkeypatch, tmp_path)
     s3 = s3_settings("lake_s3")
     assert s3 is not None
