@@ -12,7 +12,7 @@ from typing import Any
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.store import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
-from airflow_provider_vitess.object_storage import HOOK_EXTRAS, Credentials, S3Settings
+from airflow_provider_vitess.object_storage import Credentials, S3Settings, hook_extras
 from airflow_provider_vitess.single_host import refuse_single_host_settings, runs_on_one_host
 from airflow_provider_vitess.utils.task import airflow_conf, executor_of
 
@@ -60,7 +60,7 @@ def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
         login=conn.login,
         password=conn.password,
         extra=extra,
-        resolved=_hook_credentials(aws_conn_id) if any(extra.get(k) for k in HOOK_EXTRAS) else None,
+        resolved=_hook_credentials(aws_conn_id) if hook_extras(extra) else None,
     )
 
 

@@ -68,6 +68,12 @@ _KNOWN_EXTRAS = frozenset(
 _S3A = "spark.hadoop.fs.s3a."
 
 
+def hook_extras(extra: Mapping[str, Any]) -> list[str]:
+    """The extras of :data:`HOOK_EXTRAS` a connection sets: its keys come from the Amazon
+    provider's hook."""
+    return [k for k in HOOK_EXTRAS if extra.get(k)]
+
+
 class Credentials(NamedTuple):
     """Keys resolved for one task (the shape of botocore's frozen credentials)."""
 
@@ -127,7 +133,7 @@ class S3Settings:
                 "(login = access key id, password = secret key, extra endpoint_url for an S3-compatible "
                 "server)"
             )
-        hooked = [k for k in HOOK_EXTRAS if extra.get(k)]
+        hooked = hook_extras(extra)
         if hooked and resolved is None:
             raise VitessConnectionError(
                 f"connection {conn_id!r}: extra(s) {', '.join(map(repr, hooked))} choose the credentials "
@@ -150,14 +156,10 @@ class S3Settings:
                 f"connection {conn_id!r}: config_kwargs.s3.addressing_style must be path, virtual or auto, "
                 f"got {style!r}"
             )
-        keys = (
-            resolved
-            if resolved is not None
-            else Credentials(
-                login or extra.get("aws_access_key_id") or "",
-                password or extra.get("aws_secret_access_key") or "",
-                extra.get("aws_session_token") or None,
-            )
+        keys = resolved or Credentials(
+            login or extra.get("aws_access_key_id") or "",
+            password or extra.get("aws_secret_access_key") or "",
+            extra.get("aws_session_token") or None,
         )
         return cls(
             access_key_id=keys.access_key or None,

@@ -82,5 +82,4 @@ def test_a_merge_whose_store_never_saw_the_sync_fails_naming_the_cause_and_a_sha
     assert "vitess_sync_window: " in copied.stdout, copied.stdout
     merged = b.airflow("tasks", "test", DAG_ID, "merge_snapshot", timeout=300, check=False)
     assert "new_state=success" in merged.stdout + merged.stderr, (merged.stdout + merged.stderr)[-4000:]
-    monkeypatch.setenv(name, value)
     assert_delta_equals_source(VitessHook("vitess_unknown"), "commerce", [TABLE], lake / "delta")

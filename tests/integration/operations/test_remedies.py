@@ -103,12 +103,12 @@ class Sync:
     def __post_init__(self) -> None:
         self.sync_id = self.sync_id or f"rem2-{uuid.uuid4().hex[:8]}"
         self.use_store(self.root / "store.db")
+        self.delta = self.root / "delta"
 
     def use_store(self, path: Path) -> None:
         """The sync's ``checkpoint_conn_id`` names the SQLite file ``path``."""
         self.store = CheckpointStore(f"sqlite:///{path}")
         self.store.migrate()
-        self.delta = self.root / "delta"
 
     def spec(self) -> SyncSpec:
         return SyncSpec(self.sync_id, "customer", self.tables, str(self.root / "stage"), **self.options)
