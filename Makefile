@@ -30,10 +30,11 @@ test: lint vitess
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
 		--ignore=tests/fleet tests
 
-$(STAMP): pyproject.toml setup.py $(wildcard protos/*.proto)
+# dev/constraints.txt: the AWS client releases that agree (pip alone backtracks past its limit).
+$(STAMP): pyproject.toml setup.py dev/constraints.txt $(wildcard protos/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)" \
+	$(BIN)/pip install -q -c dev/constraints.txt -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)" \
 		"pyspark[connect]==$(PYSPARK_VERSION)" "delta-spark==$(DELTA_VERSION)"
 	touch $@
 

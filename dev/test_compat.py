@@ -166,6 +166,7 @@ def source_copy(work: Path) -> Path:
 def prepare(cell: Cell, wheel: Path, venvs: Path, logs: Path) -> Path | None:
     venv = venvs / f"af{cell.airflow}-sp{cell.pyspark}"
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    constraints = ["-c", str(REPO / "dev" / "constraints.txt")]
     if not (venv / "bin" / "python").exists() and not run(
         [sys.executable, "-m", "venv", str(venv)], logs / f"{cell.name}-venv.log"
     ):
@@ -177,9 +178,9 @@ def prepare(cell: Cell, wheel: Path, venvs: Path, logs: Path) -> Path | None:
         *cell.pins,
     ]
     # Dependencies resolve once per venv (a no-op later); the wheel itself is this run's.
-    ok = run([*pip, f"{wheel}[spark,s3,test]", *pins], logs / f"{cell.name}-install.log") and run(
-        [*pip, "--no-deps", "--force-reinstall", str(wheel)], logs / f"{cell.name}-wheel.log"
-    )
+    ok = run(
+        [*pip, *constraints, f"{wheel}[spark,s3,test]", *pins], logs / f"{cell.name}-install.log"
+    ) and run([*pip, "--no-deps", "--force-reinstall", str(wheel)], logs / f"{cell.name}-wheel.log")
     return venv if ok else None
 
 
