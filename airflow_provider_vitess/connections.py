@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.checkpoints.store import default_url
+from airflow_provider_vitess.checkpoints.database import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.object_storage import Credentials, S3Settings, hook_extras
 from airflow_provider_vitess.single_host import refuse_single_host_settings, runs_on_one_host

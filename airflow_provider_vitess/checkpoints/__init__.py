@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from airflow_provider_vitess.checkpoints.database import default_url
 from airflow_provider_vitess.checkpoints.locking import DEFAULT_STALE_AFTER, SyncLock
 from airflow_provider_vitess.checkpoints.schema import head_revision
 from airflow_provider_vitess.checkpoints.states import (
@@ -17,7 +18,7 @@ from airflow_provider_vitess.checkpoints.states import (
     WindowState,
     check_transition,
 )
-from airflow_provider_vitess.checkpoints.store import CheckpointStore, default_url
+from airflow_provider_vitess.checkpoints.store import CheckpointStore
 
 __all__ = [
     "DEFAULT_STALE_AFTER",

@@ -23,7 +23,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse
 
 from airflow_provider_vitess.checkpoints import CheckpointStore
-from airflow_provider_vitess.checkpoints.store import default_url
+from airflow_provider_vitess.checkpoints.database import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
 from airflow_provider_vitess.plugins import STATUS_PAGE_PATH, URL_PREFIX, documents
 
