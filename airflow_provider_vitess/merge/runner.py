@@ -50,7 +50,8 @@ from airflow_provider_vitess.keys import KeyChoice
 from airflow_provider_vitess.merge.modes import ModeOptions
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge, target_path
 from airflow_provider_vitess.merge.report import MergeReport, TableStatus
-from airflow_provider_vitess.staging.manifest import load_manifest, missing_part
+from airflow_provider_vitess.staging.manifest import load_manifest
+from airflow_provider_vitess.staging.parts_check import missing_part
 from airflow_provider_vitess.staging.retention import MAX_WINDOWS_BACK, prune_after_commit, staging_location
 from airflow_provider_vitess.vgtid import Vgtid
 

@@ -11,9 +11,8 @@ from airflow_provider_vitess.staging.manifest import (
     TableManifest,
     TableSchema,
     load_manifest,
-    read_table,
-    verify,
 )
+from airflow_provider_vitess.staging.parts_check import read_table, verify
 from airflow_provider_vitess.staging.writer import WindowStager
 
 __all__ = [

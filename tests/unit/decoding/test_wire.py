@@ -11,7 +11,7 @@ from airflow_provider_vitess._proto import binlogdata_pb2, query_pb2
 from airflow_provider_vitess.decoding import wire
 from airflow_provider_vitess.decoding.events import EventDecoder, FieldEvent, RawRows, RowEvent
 from airflow_provider_vitess.exceptions import VStreamError
-from airflow_provider_vitess.staging.manifest import read_table
+from airflow_provider_vitess.staging.parts_check import read_table
 from airflow_provider_vitess.staging.writer import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
 from airflow_provider_vitess.vstream.reader import VStreamReader
