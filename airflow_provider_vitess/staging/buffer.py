@@ -31,7 +31,6 @@ import functools
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -39,13 +38,14 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.decoding.events import Operation, RawRows, decode_changes
+from airflow_provider_vitess.decoding.events import Operation, decode_changes
 from airflow_provider_vitess.decoding.rowwire import LocatedRows, locate_rows
 from airflow_provider_vitess.decoding.values import RowDecoder
 from airflow_provider_vitess.exceptions import StagingError
-from airflow_provider_vitess.staging import arrow_types
+from airflow_provider_vitess.staging import arrow_types, raw_blocks
 from airflow_provider_vitess.staging.columnar import ColumnPlan, image_columns
 from airflow_provider_vitess.staging.manifest import TableSchema
+from airflow_provider_vitess.staging.raw_blocks import RawBlock
 from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicy
 
@@ -55,18 +55,6 @@ _SAMPLES = 4
 _ROW_OVERHEAD = W * 8 + 16  # the row's list slots, roughly
 _AFTER = 5  # slot of the after image
 _BLOCK_OVERHEAD = 200  # bytes of a raw block's Python objects, roughly
-_OPS = (Operation.INSERT, Operation.UPDATE, Operation.DELETE)
-
-
-@dataclass(frozen=True, slots=True)
-class RawBlock:
-    """One ROW event's rows, as added by the stager's ``add_rows``."""
-
-    rows: RawRows
-    keyspace: str
-    shard: str
-    commit_ts: int
-    first_seq: int  # seq of its first row; the others follow one by one
 
 
 def _row_size(after: Any, before: Any) -> int:
@@ -262,7 +250,7 @@ class RowBuffer:
             for block, has_before, has_after in zip(
                 run_blocks, located.block_has_before, located.block_has_after, strict=True
             ):
-                self.op_counts[_OPS[_op_code(has_before, has_after)].value] += block.rows.n_rows
+                self.op_counts[raw_blocks.operation(has_before, has_after).value] += block.rows.n_rows
                 self.keyspaces.setdefault(block.keyspace, None)
         self.next_check = len(self.flat) + W
         return added - removed
@@ -327,7 +315,7 @@ class RowBuffer:
         counts = np.array([b.rows.n_rows for b in blocks], dtype=np.int64)
         schema = self.arrow_schema
         describe = self._describer(located, blocks, counts)
-        arrays = self._meta_arrays(located, blocks, counts)
+        arrays = raw_blocks.meta_arrays(located, blocks, counts)
         for image, indexes in ((located.after, range(self.n_columns)), (located.before, self.key_index)):
             plans = [self.plans[j] for j in indexes]
             if image is None:
@@ -340,22 +328,6 @@ class RowBuffer:
                 )
         arrays.append(pa.nulls(rows, arrow_types.ABSENT_TYPE))  # whole images: the layout proves it
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-    def _meta_arrays(self, located: LocatedRows, blocks: list[RawBlock], counts: Any) -> list[pa.Array]:
-        ops = [
-            _OPS[_op_code(b, a)].value
-            for b, a in zip(located.block_has_before, located.block_has_after, strict=True)
-        ]
-        out = [
-            _repeat_per_block(ops, counts, pa.string()),
-            _repeat_per_block([b.keyspace for b in blocks], counts, pa.string()),
-            _repeat_per_block([b.shard for b in blocks], counts, pa.string()),
-            _repeat_per_block([b.commit_ts for b in blocks], counts, pa.int64()),
-        ]
-        first = np.array([b.first_seq for b in blocks], dtype=np.int64)
-        starts = np.cumsum(counts) - counts
-        out.append(pa.array(np.repeat(first - starts, counts) + np.arange(located.rows, dtype=np.int64)))
-        return out
 
     def _describer(
         self, located: LocatedRows, blocks: list[RawBlock], counts: Any
@@ -433,20 +405,3 @@ class RowBuffer:
                     f"{want} columns {names} (row {i} of the batch)"
                 )
         return StagingError(f"table {self.table!r}: row images do not match the schema")
-
-
-def _op_code(has_before: bool, has_after: bool) -> int:
-    """Index in ``_OPS`` of the operation of an event's rows, as ``RowChange.operation`` says."""
-    if not has_before:
-        return 0
-    return 1 if has_after else 2
-
-
-def _repeat_per_block(values: list[Any], counts: Any, type_: pa.DataType) -> pa.Array:
-    """``values[k]`` repeated ``counts[k]`` times: a ``pa.repeat`` when they are all equal."""
-    rows = int(counts.sum())
-    if values.count(values[0]) == len(values):
-        return pa.repeat(pa.scalar(values[0], type_), rows)
-    distinct = list(dict.fromkeys(values))
-    codes = np.repeat(np.array([distinct.index(v) for v in values], dtype=np.int32), counts)
-    return pa.array(distinct, type=type_).take(pa.array(codes))

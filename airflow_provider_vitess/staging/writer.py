@@ -28,7 +28,7 @@ from typing import Any
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation, RawRows, RowChange
 from airflow_provider_vitess.exceptions import StagingError, staged_before
-from airflow_provider_vitess.staging.buffer import RawBlock, RowBuffer, W
+from airflow_provider_vitess.staging.buffer import RowBuffer, W
 from airflow_provider_vitess.staging.files import (
     MANIFEST_NAME,
     check_name,
@@ -46,6 +46,7 @@ from airflow_provider_vitess.staging.manifest import (
     TableSchema,
 )
 from airflow_provider_vitess.staging.part_files import PartFiles
+from airflow_provider_vitess.staging.raw_blocks import RawBlock
 from airflow_provider_vitess.staging.row_images import absent_columns
 from airflow_provider_vitess.staging.zero_dates import ZeroDatePolicies
 from airflow_provider_vitess.vgtid import Vgtid
