@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The package as imported: the checkout's, or the installed wheel's (make test-compat runs the
+# tests from a copy of the repo without the package).
+PACKAGE_SOURCE = Path(importlib.util.find_spec("airflow_provider_vitess").origin or "").parent  # type: ignore[union-attr]
 
 
 def pyspark_home() -> Path:

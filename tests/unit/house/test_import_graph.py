@@ -9,20 +9,17 @@ there is one, else at the package's ``__init__``.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.local import REPO
+from tests.support.local import PACKAGE_SOURCE, REPO
 
 PACKAGE = "airflow_provider_vitess"
 ROOT = REPO
-# The package as imported: the checkout's, or the installed wheel's (make test-compat runs the
-# tests from a copy of the repo without the package).
-SOURCE = Path(importlib.util.find_spec(PACKAGE).origin or "").parent  # type: ignore[union-attr]
+SOURCE = PACKAGE_SOURCE
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 # Rooms (dotted paths below the package) by layer, as docs/architecture.md's table states them;
