@@ -4,6 +4,7 @@ fail here, not silently change the merge)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import json
@@ -210,3 +211,11 @@ def test_the_installed_airflows_task_api_builds_with_its_pins() -> None:
     assert create_task_execution_api_app() is not None
     paths = [getattr(route, "path", "") for route in execution_api_router.routes]
     assert any(p.startswith("/task-instances") for p in paths), paths
+
+
+def test_the_celery_executor_of_the_fleet_imports_with_the_installed_celery() -> None:
+    """`make fleet`'s workers run this module; Celery 5.7 broke it (``retry`` left
+    ``celery.backends.database``) and dev/constraints.txt holds Celery back: a release that
+    breaks it again fails here, in `make test`, not only at the fleet's start."""
+    module = importlib.import_module("airflow.providers.celery.executors.celery_executor")
+    assert module.app.main is not None
