@@ -121,7 +121,7 @@ ensure_celery_provider() {
     pin="$(grep -oE 'apache-airflow-providers-celery[^"]*' "$repo/pyproject.toml" | head -n1)"
     airflow_version="$("$python" -c 'from importlib.metadata import version; print(version("apache-airflow"))')"
     log "installing $pin from PyPI (Airflow $airflow_version stays)"
-    "$python" -m pip install -q "$pin" "apache-airflow==$airflow_version"
+    "$python" -m pip install -q -c "$repo/dev/constraints.txt" "$pin" "apache-airflow==$airflow_version"
 }
 
 # --- the servers ------------------------------------------------------------------------------
