@@ -69,9 +69,15 @@ class RowChange:
 
     @property
     def operation(self) -> Operation:
-        if self.before is None:
-            return Operation.INSERT
-        return Operation.DELETE if self.after is None else Operation.UPDATE
+        return operation_of(self.before is not None, self.after is not None)
+
+
+def operation_of(has_before: bool, has_after: bool) -> Operation:
+    """A row change's operation by the images it has: no before image an INSERT, no after image
+    a DELETE, both an UPDATE (decoded changes and raw blocks alike)."""
+    if not has_before:
+        return Operation.INSERT
+    return Operation.UPDATE if has_after else Operation.DELETE
 
 
 def _bitmap(bitmap: binlogdata_pb2.RowChange.Bitmap) -> list[bool]:

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_vitess._proto import binlogdata_pb2
-from airflow_provider_vitess.decoding.events import Operation, decode_changes
+from airflow_provider_vitess.decoding.events import Operation, decode_changes, operation_of
 from airflow_provider_vitess.decoding.rowwire import LocatedRows, locate_rows
 from airflow_provider_vitess.decoding.values import RowDecoder
 from airflow_provider_vitess.exceptions import StagingError
@@ -250,7 +250,7 @@ class RowBuffer:
             for block, has_before, has_after in zip(
                 run_blocks, located.block_has_before, located.block_has_after, strict=True
             ):
-                self.op_counts[raw_blocks.operation(has_before, has_after).value] += block.rows.n_rows
+                self.op_counts[operation_of(has_before, has_after).value] += block.rows.n_rows
                 self.keyspaces.setdefault(block.keyspace, None)
         self.next_check = len(self.flat) + W
         return added - removed

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_vitess.decoding.events import Operation, RawRows
+from airflow_provider_vitess.decoding.events import RawRows, operation_of
 from airflow_provider_vitess.decoding.rowwire import LocatedRows
 
 
@@ -28,19 +28,11 @@ class RawBlock:
     first_seq: int  # seq of its first row; the others follow one by one
 
 
-def operation(has_before: bool, has_after: bool) -> Operation:
-    """The operation of an event's rows, as ``RowChange.operation`` says."""
-    if not has_before:
-        return Operation.INSERT
-    return Operation.UPDATE if has_after else Operation.DELETE
-
-
 def meta_arrays(located: LocatedRows, blocks: list[RawBlock], counts: Any) -> list[pa.Array]:
     """The metadata columns of ``located`` (rows of ``blocks``, ``counts[k]`` of block k), in
     the staged schema's order: op, keyspace, shard, commit_ts, seq."""
-    ops = [
-        operation(b, a).value for b, a in zip(located.block_has_before, located.block_has_after, strict=True)
-    ]
+    images = zip(located.block_has_before, located.block_has_after, strict=True)
+    ops = [operation_of(before, after).value for before, after in images]
     out = [
         _repeat_per_block(ops, counts, pa.string()),
         _repeat_per_block([b.keyspace for b in blocks], counts, pa.string()),
