@@ -62,7 +62,8 @@ CONTEXT_SECONDS = 5
 # The shards' MySQL servers (and, for an old manifest's created_at, the capturing worker) keep
 # clocks of their own: allow them to differ.
 CLOCK_SKEW_SECONDS = 60
-# _seq of context events is shifted below the window's own: k windows back, k * this much lower.
+# _seq of context events is shifted below the window's own: k windows back, k * this much lower
+# (window_rows.read_window).
 SEQ_SHIFT = 1 << 40
 
 
@@ -84,10 +85,6 @@ class ContextWindow:
     back: int  # 1 for the window just before
     since: int
     reach: Reach = Reach.SECONDS
-
-    @property
-    def seq_shift(self) -> int:
-        return -self.back * SEQ_SHIFT
 
 
 def created_epoch(manifest: Manifest) -> float | None:

@@ -202,9 +202,17 @@ def _context(
         return known[seq]
 
     frames = []
-    for earlier in lookback.context_windows(manifest, table, found[0], load):
+    for batch in _batches(lookback.context_windows(manifest, table, found[0], load), table):
+        earlier = batch[0]
         tm = earlier.manifest.tables[table]
-        rows = read_window(spark, earlier.manifest, tm, window_columns(tm, target))
+        rows = read_window(
+            spark,
+            earlier.manifest,
+            tm,
+            window_columns(tm, target),
+            context_of=manifest.window_seq,
+            earlier=[e.manifest for e in batch[1:]],
+        )
         ts = col(A.COMMIT_TS)
         counted = ts >= earlier.since
         # A grouped snapshot's copied rows count as of their group's copy end (lookback.copy_ends).
@@ -222,26 +230,41 @@ def _context(
             counted = counted | ((ts > 0) & (ts >= col("_newest") - F.lit(lookback.CONTEXT_SECONDS)))
         rows = rows.where(counted)
         have = set(rows.columns)
-        out = [
-            col(A.OP),
-            col(A.SHARD),
-            col(A.COMMIT_TS),
-            (col(A.SEQ) + F.lit(earlier.seq_shift)).alias(A.SEQ),
-        ]
+        out = [col(A.OP), col(A.SHARD), col(A.COMMIT_TS), col(A.SEQ)]
         for name in [c for c in staged.columns if c not in (A.OP, A.SHARD, A.COMMIT_TS, A.SEQ)]:
             dtype = staged.schema[name].dataType
             value = col(name) if name in have else F.lit(None)
             out.append(value.cast(dtype).alias(name))
         frames.append(rows.select(*out))
-        log.info(
-            "window %d table %s: events of window %d count too (%s; since commit second %d)",
-            step.seq,
-            table,
-            earlier.manifest.window_seq,
-            earlier.reach.value,
-            earlier.since,
-        )
+        for each in batch:
+            log.info(
+                "window %d table %s: events of window %d count too (%s; since commit second %d)",
+                step.seq,
+                table,
+                each.manifest.window_seq,
+                each.reach.value,
+                each.since,
+            )
     return reduce(DataFrame.unionByName, frames) if frames else None
+
+
+def _batches(context: list[lookback.ContextWindow], table: str) -> list[list[lookback.ContextWindow]]:
+    """The context windows in groups read in one scan each (``read_window``'s ``earlier``):
+    windows counted whole, with no grouped copy, whose table has the same schema versions (so
+    the same filter, columns and types); each other window alone."""
+    batches: list[list[lookback.ContextWindow]] = []
+    alike: dict[tuple[str, ...], list[lookback.ContextWindow]] = {}
+    for each in context:
+        if each.reach is lookback.Reach.WHOLE and not lookback.copy_ends(each.manifest):
+            schemas = tuple(s.to_json() for s in each.manifest.tables[table].schemas)
+            if schemas in alike:
+                alike[schemas].append(each)
+                continue
+            alike[schemas] = [each]
+            batches.append(alike[schemas])
+        else:
+            batches.append([each])
+    return batches
 
 
 def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Mapping[str, tuple[str, ...]]:

@@ -193,8 +193,8 @@ def test_tiny_windows_and_windows_without_the_table_are_walked_through(tmp_path:
     w.add(5, 1000, 1001)
     assert w.pick(5, first=1001) == [(4, 996), (2, 996)]
     picked = context_windows(w.by_seq[5], "t", 1001, w.by_seq.get, lambda m, _t: w.ranges[m.window_seq])
-    # Nearer windows' events come later: window 4's shift is above window 2's.
-    assert [c.seq_shift for c in picked] == [-lookback.SEQ_SHIFT, -3 * lookback.SEQ_SHIFT]
+    # How far back each is (its events' _seq is shifted by that many SEQ_SHIFTs, read_window).
+    assert [c.back for c in picked] == [1, 3]
 
 
 def test_clock_skew_between_worker_and_server_is_tolerated(tmp_path: Path) -> None:
