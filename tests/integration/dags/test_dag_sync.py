@@ -1,6 +1,10 @@
 """The sync DAG from ``vitess_sync_dag`` run through Airflow itself (``dag.test()``): the first
 run snapshots, later runs catch up, a failed merge is rerun safely, a re-snapshot replaces only
-its table, and bad input fails the first task with a clear message. Real Vitess, Spark, Delta."""
+its table, and bad input fails the first task with a clear message. Real Vitess, Spark, Delta.
+
+The merges run on the suite's Spark Connect server (no JVM start per merge task), except the
+failed merge's test: its runs go through spark-submit (the operator's default, which ``make demo``
+also runs), wrapped to fail after the job committed."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.support.airflow_env import AirflowEnv, assert_succeeded, make_airflow_env
+from tests.support.airflow_env import CONNECT_UNLESS_SUBMIT, AirflowEnv, assert_succeeded, make_airflow_env
 from tests.support.customer_workload import run_workload
 from tests.support.delta_check import assert_delta_equals_source, delta_txns
 from tests.support.local import LocalVitess, connection_uri_env
@@ -44,8 +48,7 @@ for dag_id, sync, tables, keyspace in [
         schedule=None,
         sensor_timeout=20,
         default_args={{"retries": 0}},
-        spark_conf={{"spark.jars.ivy": os.environ["VITESS_SPARK_IVY"], "spark.sql.shuffle.partitions": "4"}},
-        merge_kwargs={{"spark_binary": os.environ.get("VITESS_TEST_SPARK_SUBMIT") or None}},
+        merge_kwargs={merge_kwargs},
     )
 """
 
@@ -65,9 +68,11 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
-    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
-    env.write_dag("vitess_sync_dags", DAG_FILE.format(lake=lake))
+def airflow(
+    vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory, spark_connect: str
+) -> AirflowEnv:
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
+    env.write_dag("vitess_sync_dags", DAG_FILE.format(lake=lake, merge_kwargs=CONNECT_UNLESS_SUBMIT))
     return env
 
 
