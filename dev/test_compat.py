@@ -58,6 +58,8 @@ MERGE = [
     "not killed_at_random_points and not standalone_spark_cluster",
 ]
 STEPS: dict[str, list[str]] = {"unit": UNIT, "dag-sync": DAG_SYNC, "merge": MERGE}
+# The spark-submit the DAG tests' merges go through instead of the suite's Spark Connect server.
+SUBMIT_ENV = "VITESS_TEST_SPARK_SUBMIT"
 # Not a pytest run: the writer is another venv than the cell's (run_spark4_tables).
 SPARK4_TABLES = "spark4-tables"
 
@@ -276,11 +278,16 @@ def main() -> int:
                     cell.results[step] = "pass" if ok else "fail"
                     print(f"[compat]   {step}: {cell.results[step]} ({log})", flush=True)
                     continue
+                # The DAG's merges through the cell's own spark-submit (the suite's run on Spark
+                # Connect: tests/integration/dags/test_dag_sync.py).
+                step_env = dict(env)
+                if step == "dag-sync":
+                    step_env[SUBMIT_ENV] = str(venv / "bin" / "spark-submit")
                 ok = run(
                     [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *STEPS[step]],
                     log,
                     cwd=src,
-                    env=env,
+                    env=step_env,
                 )
                 cell.results[step] = "pass" if ok else "fail"
                 print(f"[compat]   {step}: {cell.results[step]} ({log})", flush=True)

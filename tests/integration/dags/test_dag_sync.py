@@ -4,10 +4,12 @@ its table, and bad input fails the first task with a clear message. Real Vitess,
 
 The merges run on the suite's Spark Connect server (no JVM start per merge task), except the
 failed merge's test: its runs go through spark-submit (the operator's default, which ``make demo``
-also runs), wrapped to fail after the job committed."""
+also runs), wrapped to fail after the job committed. ``make test-compat`` sets
+``VITESS_TEST_SPARK_SUBMIT`` to each Spark line's spark-submit: every merge then goes through it."""
 
 from __future__ import annotations
 
+import os
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -69,9 +71,12 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def airflow(
-    vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory, spark_connect: str
+    vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> AirflowEnv:
-    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=spark_connect)
+    # With VITESS_TEST_SPARK_SUBMIT (make test-compat: the Spark line's own spark-submit) every
+    # run merges through it, and no Spark Connect server is started.
+    connect = None if os.environ.get("VITESS_TEST_SPARK_SUBMIT") else request.getfixturevalue("spark_connect")
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess, spark_connect=connect)
     env.write_dag("vitess_sync_dags", DAG_FILE.format(lake=lake, merge_kwargs=CONNECT_UNLESS_SUBMIT))
     return env
 
