@@ -11,8 +11,8 @@ import is the installed wheel's):
 
 * unit     tests/unit and tests/job (but the repository checks of test_repo_standalone.py,
            which need git)
-* dag-sync the DAG factory's sync through dag.test(): snapshot, workload, catch-up, merge,
-           Delta == SELECT * (tests/integration/dags/test_dag_sync.py)
+* dag-sync the DAG factory's sync through dag.test(): snapshot, workload, catch-up, merge
+           through the cell's spark-submit, Delta == SELECT * (tests/integration/dags/test_dag_sync.py)
 * merge    the merge tests whose behaviour depends on the Spark/Delta line
            (tests/integration/merge/test_merge_delta.py but the kill and standalone-cluster tests,
            test_merge_drop_columns.py)
