@@ -34,21 +34,16 @@ from airflow_provider_vitess.utils.airflow_compat import (
 from airflow_provider_vitess.utils.failures import fail_permanently, task_failures
 from airflow_provider_vitess.utils.task import airflow_conf
 from airflow_provider_vitess.vgtid import Vgtid
+from airflow_provider_vitess.vstream.change_watch import ChangeWatch
 from airflow_provider_vitess.vstream.changes import (
     SCAN_UNFINISHED,
     Change,
-    ChangeDetector,
-    lag_verdict,
     parse_start_vgtid,
-    read_changes,
     start_verdict,
     unscanned_verdict,
     watched_columns,
 )
 from airflow_provider_vitess.vstream.moves import refuse_moved
-from airflow_provider_vitess.vstream.position import capture_stop_position
-from airflow_provider_vitess.vstream.request import StreamTarget
-from airflow_provider_vitess.vstream.source_clock import stop_and_time
 
 
 def default_deferrable() -> bool:
@@ -139,13 +134,8 @@ class VitessChangesSensor(BaseSensorOperator):
         self.lag_check_interval = lag_check_interval
         self.poke_read_seconds = poke_read_seconds
         self.skip_on_timeout = skip_on_timeout
-        # committed VGTID (JSON) -> a position read up to without a change (poke mode).
-        self._scanned: dict[str, Vgtid] = {}
-        # Poke mode: the position of the first poke (what "no change" must have read up to) and
-        # how far the pokes read.
-        self._watch_stop: Vgtid | None = None
-        self._watch_stop_at: datetime | None = None  # the source time it stands for
-        self._read_to: Vgtid | None = None
+        # Poke mode: the reads, from the first poke's position on (vstream/change_watch.py).
+        self._watch: ChangeWatch | None = None
         # Tables under column control: their key columns only are streamed (read with the
         # committed position from the sync's config; capture/columns.watched_columns).
         self._columns: dict[str, list[str]] = {}
@@ -238,7 +228,9 @@ class VitessChangesSensor(BaseSensorOperator):
             try:
                 return super().execute(context)
             except AirflowSensorTimeout:
-                unscanned = unscanned_verdict(self.keyspace, self._read_to, self._watch_stop)
+                watch = self._watch
+                read_to, stop = (None, None) if watch is None else (watch.read_to, watch.watch_stop)
+                unscanned = unscanned_verdict(self.keyspace, read_to, stop)
                 if unscanned is not None:
                     return self._done(unscanned)
                 raise self._no_change(committed, self._watch_stop_at) from None
@@ -290,54 +282,26 @@ class VitessChangesSensor(BaseSensorOperator):
         finally:
             hook.close()
         if change is None:
+            read_to = self._watch.read_to if self._watch is not None else None
+            where = read_to.to_json() if read_to is not None else "its start"
+            self.log.info("No change yet (read up to %s); the next poke goes on", where)
             return False
         return PokeReturnValue(is_done=True, xcom_value=self._done(change))
 
     def read_once(self, hook: VitessHook, committed: Vgtid) -> Change | None:
         """One bounded read: the first change between ``committed`` and now, or None."""
-        target = StreamTarget.of(hook.config)
+        if self._watch is None:
+            self._watch = ChangeWatch(
+                self.keyspace,
+                self.tables,
+                what=f"the changes sensor of sync {self.sync_id!r}",
+                read_seconds=self.poke_read_seconds,
+                lag_threshold=self.lag_threshold,
+                columns=self._columns,
+            )
+        return self._watch.read_once(hook, committed)
 
-        def take() -> Vgtid:
-            return capture_stop_position(
-                hook.open_vstream_raw, self.keyspace, target=target, timeout=self.poke_read_seconds
-            )
-
-        if self._watch_stop is None:
-            # The position a "no change" reads up to, and the source time it stands for (a
-            # replica's is as old as its lag; None: not known, no freshness is claimed).
-            stop, taken_at, _ = stop_and_time(
-                hook, self.keyspace, target.tablet_type, take, f"the changes sensor of sync {self.sync_id!r}"
-            )
-        else:
-            stop, taken_at = take(), self._watch_stop_at
-        lag = lag_verdict(committed, stop, self.lag_threshold)
-        if lag is not None:
-            return lag
-        if self._watch_stop is None:
-            self._watch_stop, self._watch_stop_at = stop, taken_at
-        start = self._scanned.get(committed.to_json(), committed)
-        self._read_to = start
-        if start.has_reached(stop):
-            self.log.info("No change: nothing was committed since %s", start.to_json())
-            return None
-        scan = read_changes(
-            lambda request: hook.open_vstream_raw(request, timeout=self.poke_read_seconds + 30),
-            ChangeDetector(self.keyspace, self.tables),
-            start,
-            stop,
-            target=target,
-            seconds=self.poke_read_seconds,
-            columns=self._columns,
-        )
-        if scan.change is not None and not scan.reached_stop:
-            return scan.change
-        self._scanned[committed.to_json()] = self._read_to = scan.read_to
-        if scan.reached_stop:
-            self.log.info("No change of the tables up to %s", stop.to_json())
-        else:
-            self.log.info(
-                "No change of the tables within %gs of reading (read up to %s); the next poke goes on",
-                self.poke_read_seconds,
-                scan.read_to.to_json(),
-            )
-        return scan.change
+    @property
+    def _watch_stop_at(self) -> datetime | None:
+        """The source time of the position the first poke took (None: none, or not known)."""
+        return None if self._watch is None else self._watch.watch_stop_at
