@@ -37,6 +37,7 @@ from airflow_provider_vitess.operators.capture_groups import (
     VitessSnapshotGroupOperator,
     VitessSnapshotPlanOperator,
 )
+from airflow_provider_vitess.operators.follow import VitessFollowOperator
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.sensors.changes import VitessChangesSensor
 from airflow_provider_vitess.utils.airflow_compat import DeadlineSafeDAG
@@ -229,7 +230,21 @@ def _sync_dag(
         minimize_skew = sync.capture.minimize_skew
         catch_up: Any
         read: Any
-        if split != 1:
+        merge_changes: Any = None
+        if wait.follow_seconds is not None:
+            # Rounds of catch-up and merge in one task while the source is busy (capture/follow.py).
+            catch_up = read = VitessFollowOperator(
+                task_id="follow",
+                catch_up={
+                    **common,
+                    "max_events": max_events,
+                    "max_seconds": read_for,
+                    "minimize_skew": minimize_skew,
+                },
+                follow_seconds=wait.follow_seconds,
+                **merge,
+            )
+        elif split != 1:
             plan = VitessCatchUpPlanOperator(task_id="plan_catch_up", capture_parallelism=split, **common)
             groups = VitessCatchUpGroupOperator.partial(
                 task_id="catch_up",
@@ -248,7 +263,8 @@ def _sync_dag(
                 minimize_skew=minimize_skew,
                 **common,
             )
-        merge_changes = VitessMergeOperator(task_id="merge", **merge)
+        if wait.follow_seconds is None:
+            merge_changes = VitessMergeOperator(task_id="merge", **merge)
         if wait.wait_for_changes:
             sense = VitessChangesSensor(
                 task_id="wait_for_changes",
@@ -268,5 +284,6 @@ def _sync_dag(
             copied >> merge_snapshot >> sense >> catch_up
         else:
             copied >> merge_snapshot >> catch_up
-        read >> merge_changes
+        if merge_changes is not None:
+            read >> merge_changes
     return dag

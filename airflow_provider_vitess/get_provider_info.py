@@ -31,6 +31,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_vitess.operators.capture",
                     "airflow_provider_vitess.operators.merge",
+                    "airflow_provider_vitess.operators.follow",
                 ],
             }
         ],

@@ -244,6 +244,17 @@ class VitessSync(FrozenModel):
                 "wait.on_changes: on_changes=True waits for changes with the deferrable sensor; "
                 "drop wait_for_changes=False / deferrable=False (or on_changes)"
             )
+        if self.wait.follow_seconds is not None:
+            if not self.wait.on_changes:
+                raise SyncSettingsError(
+                    "wait.follow_seconds: a run follows the source after its sensor saw a change; "
+                    "set on_changes=True too (or drop follow_seconds)"
+                )
+            if group_split(self.capture_parallelism) != 1:
+                raise SyncSettingsError(
+                    "wait.follow_seconds: the follow task reads in one process; drop "
+                    "capture_parallelism (or follow_seconds)"
+                )
         return self
 
     # -- what the tasks are built from: the per-table mappings derived in this one place --

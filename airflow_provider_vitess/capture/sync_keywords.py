@@ -52,6 +52,7 @@ def sync_from_keywords(
     sensor_timeout: float | None = None,
     sensor_deferrable: bool = True,
     on_changes: bool = False,
+    follow_seconds: float | None = None,
     lag_threshold: int | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     merge_kwargs: Mapping[str, Any] | None = None,
@@ -113,6 +114,7 @@ def sync_from_keywords(
                 "sensor_timeout": sensor_timeout,
                 "deferrable": sensor_deferrable,
                 "on_changes": on_changes,
+                "follow_seconds": follow_seconds,
                 "lag_threshold": lag_threshold,
             },
             "target": {

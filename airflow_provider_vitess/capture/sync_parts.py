@@ -86,6 +86,15 @@ class ChangeWait(FrozenModel):
         "and merges at once. Replaces the schedule; needs the deferrable sensor "
         "([design](design.md#event-driven-syncs))",
     )
+    follow_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="with `on_changes`: once its sensor sees a change, a run catches up and "
+        "merges in one task (`follow`), window after window, for up to this many seconds, and "
+        "ends when no change came for a minute; fresh in seconds on a busy source, at the cost "
+        "of a worker slot while it follows. Needs a Spark Connect merge to pay off "
+        "([design](design.md#event-driven-syncs))",
+    )
     lag_threshold: int | None = Field(
         default=None,
         description="also go on when a shard is more than this many transactions (of any table) "

@@ -120,7 +120,8 @@ def emit(
     for table, extra in events.items():
         if table in uris:
             asset = Asset(uri=uris[table])
-            task.outlets = [*task.outlets, asset]
+            if asset not in task.outlets:  # a follow task's tables change round after round
+                task.outlets = [*task.outlets, asset]
             context["outlet_events"][asset].extra = dict(extra)
             emitted.append(asset.uri)
     return emitted

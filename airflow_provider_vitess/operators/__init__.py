@@ -1,8 +1,9 @@
-"""Airflow operators: snapshot, catch-up window, and the Spark/Delta merge."""
+"""Airflow operators: snapshot, catch-up window, the Spark/Delta merge, and the follow task
+that does both in rounds."""
 
 from airflow_provider_vitess.operators.capture import VitessCatchUpOperator, VitessSnapshotOperator
 
-__all__ = ["VitessCatchUpOperator", "VitessMergeOperator", "VitessSnapshotOperator"]
+__all__ = ["VitessCatchUpOperator", "VitessFollowOperator", "VitessMergeOperator", "VitessSnapshotOperator"]
 
 
 def __getattr__(name: str) -> object:
@@ -12,4 +13,8 @@ def __getattr__(name: str) -> object:
         from airflow_provider_vitess.operators.merge import VitessMergeOperator
 
         return VitessMergeOperator
+    if name == "VitessFollowOperator":
+        from airflow_provider_vitess.operators.follow import VitessFollowOperator
+
+        return VitessFollowOperator
     raise AttributeError(name)

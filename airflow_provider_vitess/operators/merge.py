@@ -265,6 +265,11 @@ class VitessMergeOperator(BaseOperator):
     # Returns the merge summary (the XCom value).
     def execute(self, context: Any) -> dict[str, Any]:
         self.outlets = lineage_assets.withhold(self.outlets, self.table_uris)  # emit() adds back
+        return self.merge_staged(context)
+
+    def merge_staged(self, context: Any) -> dict[str, Any]:
+        """Merge and commit what the sync has staged (nothing: a summary with ``merged`` None);
+        its changed tables join the task's asset events. The follow task calls it once a round."""
         paths = [("target_location", self.target_location)]
         for table, target in (self.targets or {}).items():
             if isinstance(target, Mapping) and target.get("path"):

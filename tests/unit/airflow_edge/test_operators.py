@@ -16,6 +16,7 @@ from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.runner import build_plan
 from airflow_provider_vitess.operators._sync import as_tables, store_url, sync_spec
 from airflow_provider_vitess.operators.capture import VitessSnapshotOperator
+from airflow_provider_vitess.operators.follow import VitessFollowOperator
 from airflow_provider_vitess.vgtid import Vgtid
 
 
@@ -126,6 +127,36 @@ def test_on_changes_runs_continuously_behind_a_long_deferred_wait() -> None:
         vitess_sync_dag(
             "sync_e", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
             on_changes=True, wait_for_changes=False,
+        )  # fmt: skip
+
+
+def test_follow_seconds_puts_one_task_that_catches_up_and_merges_behind_the_sensor() -> None:
+    dag = vitess_sync_dag(
+        "sync_f", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+        on_changes=True, follow_seconds=300, max_events=50,
+    )  # fmt: skip
+    assert set(dag.task_dict) == {"snapshot", "merge_snapshot", "wait_for_changes", "follow"}
+    follow = dag.get_task("follow")
+    assert isinstance(follow, VitessFollowOperator)
+    assert [t.task_id for t in follow.upstream_list] == ["wait_for_changes"] and not follow.downstream_list
+    assert follow.bounds.seconds == 300.0 and follow.bounds.idle_seconds == 60.0
+    assert follow.sync_id == "sync_f" and follow.target_location == "/t"
+    assert follow.catch_up["max_events"] == 50 and follow.catch_up["tables"] == ["t"]
+    assert follow.catch_up["staging_location"] == "/s" and follow.catch_up["max_seconds"] is None
+    with pytest.raises(ValueError, match="set on_changes=True too"):
+        vitess_sync_dag(
+            "sync_h", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+            follow_seconds=300,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="the follow task reads in one process; drop capture_parallelism"):
+        vitess_sync_dag(
+            "sync_i", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+            on_changes=True, follow_seconds=300, capture_parallelism=2,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="follow_seconds"):
+        vitess_sync_dag(
+            "sync_j", keyspace="ks", tables=["t"], staging_location="/s", target_location="/t",
+            on_changes=True, follow_seconds=0,
         )  # fmt: skip
 
 
