@@ -173,6 +173,8 @@ def _sync_dag(
     freshness_sla = sync.freshness_sla
     if freshness_sla is not None and "deadline" not in dag_kwargs:
         sensor_wait = sensor_timeout if wait.wait_for_changes else None
+        if wait.follow_seconds is not None:  # the follow task's rounds go on after the wait
+            sensor_wait = (sensor_wait or 0.0) + wait.follow_seconds
         dag_kwargs["deadline"] = freshness_deadline(sync_id, freshness_sla, sensor_wait, freshness_callback)
     # DeadlineSafeDAG: ``airflow dags test`` of a DAG with a deadline works (see the class).
     dag = DeadlineSafeDAG(

@@ -7,7 +7,8 @@ run that gets as far as the merge or a look at the page; a sync whose runs fail 
 unreachable) is flagged by Airflow itself with a deadline on each DAG run: a run that has not
 *succeeded* by
 
-    its queue time + the sensor's longest wait (when it waits for changes) + ``freshness_sla``
+    its queue time + the sensor's longest wait (when it waits for changes) + ``follow_seconds``
+    (when a follow task catches up and merges in rounds after it) + ``freshness_sla``
 
 missed its deadline, and Airflow's triggerer calls the callback. That bound is the latest a
 healthy run ends: a quiet source's run waits the sensor's time, then succeeds (skipped tasks)

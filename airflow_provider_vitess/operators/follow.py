@@ -83,7 +83,13 @@ class VitessFollowOperator(VitessMergeOperator):
 
         def round_() -> dict[str, Any]:
             nonlocal rows
-            staged = read.execute(context)
+            try:
+                staged = read.execute(context)
+            finally:  # each round's read opens its own connections: not hundreds left open
+                if read._running is not None:
+                    if isinstance(read._running.hook, VitessHook):
+                        read._running.hook.close()
+                    read._running.store.close()
             rows += int(staged.get("rows_all_windows") or 0)
             merged = self.merge_staged(context)
             windows.extend(staged.get("windows") or ())

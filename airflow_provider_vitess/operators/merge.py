@@ -28,6 +28,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.checkpoints.freshness import seconds_behind, window_breached
+from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import open_store, refuse_single_host, s3_settings
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
@@ -275,9 +276,16 @@ class VitessMergeOperator(BaseOperator):
             if isinstance(target, Mapping) and target.get("path"):
                 paths.append((f"targets[{table!r}]['path']", str(target["path"])))
         refuse_single_host(context, self.checkpoint_conn_id, paths)
+        store = open_store(self.checkpoint_conn_id)
+        try:  # closed each time: the follow task merges hundreds of times in one process
+            return self._merge(context, store)
+        finally:
+            store.close()
+
+    def _merge(self, context: Any, store: CheckpointStore) -> dict[str, Any]:
         s3 = s3_settings(self.aws_conn_id)
         runner = MergeRunner(
-            open_store(self.checkpoint_conn_id),
+            store,
             self.sync_id,
             self.target_location,
             self.targets,

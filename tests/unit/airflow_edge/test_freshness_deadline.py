@@ -39,6 +39,8 @@ def _alert(dag: Any) -> Any:
         ({"freshness_sla": 120, "wait_for_changes": False}, 120),
         ({"freshness_sla": 120, "sensor_timeout": 300}, 300 + 120),
         ({"freshness_sla": 30, "on_changes": True}, ON_CHANGES_SENSOR_TIMEOUT + 30),
+        # A follow task goes on for its seconds after the sensor's wait, committing as it goes.
+        ({"freshness_sla": 30, "on_changes": True, "follow_seconds": 300}, ON_CHANGES_SENSOR_TIMEOUT + 330),
     ],
 )
 def test_a_run_s_deadline_is_its_queue_time_plus_the_sensor_s_wait_plus_the_objective(
