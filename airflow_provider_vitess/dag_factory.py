@@ -229,7 +229,12 @@ def _sync_dag(
             merge_snapshot = VitessMergeOperator(task_id="merge_snapshot", **merge)
         max_events, max_seconds = sync.budget.max_events, sync.budget.max_seconds
         read_for = default_max_seconds(schedule) if max_seconds is None else max_seconds
-        minimize_skew = sync.capture.minimize_skew
+        # What bounds a catch-up read, the same whichever task reads.
+        reads: dict[str, Any] = {
+            "max_events": max_events,
+            "max_seconds": read_for,
+            "minimize_skew": sync.capture.minimize_skew,
+        }
         catch_up: Any
         read: Any
         merge_changes: Any = None
@@ -237,34 +242,19 @@ def _sync_dag(
             # Rounds of catch-up and merge in one task while the source is busy (capture/follow.py).
             catch_up = read = VitessFollowOperator(
                 task_id="follow",
-                catch_up={
-                    **common,
-                    "max_events": max_events,
-                    "max_seconds": read_for,
-                    "minimize_skew": minimize_skew,
-                },
+                catch_up={**common, **reads},
                 follow_seconds=wait.follow_seconds,
                 **merge,
             )
         elif split != 1:
             plan = VitessCatchUpPlanOperator(task_id="plan_catch_up", capture_parallelism=split, **common)
-            groups = VitessCatchUpGroupOperator.partial(
-                task_id="catch_up",
-                max_events=max_events,
-                max_seconds=read_for,
-                minimize_skew=minimize_skew,
-                **common,
-            ).expand(group=plan.output)
+            groups = VitessCatchUpGroupOperator.partial(task_id="catch_up", **reads, **common).expand(
+                group=plan.output
+            )
             plan >> groups
             catch_up, read = plan, groups
         else:
-            catch_up = read = VitessCatchUpOperator(
-                task_id="catch_up",
-                max_events=max_events,
-                max_seconds=read_for,
-                minimize_skew=minimize_skew,
-                **common,
-            )
+            catch_up = read = VitessCatchUpOperator(task_id="catch_up", **reads, **common)
         if wait.follow_seconds is None:
             merge_changes = VitessMergeOperator(task_id="merge", **merge)
         if wait.wait_for_changes:

@@ -23,6 +23,7 @@ from airflow_provider_vitess.capture.progress import LiveCopyProgress
 from airflow_provider_vitess.capture.run import SyncRun
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS, SnapshotRun
 from airflow_provider_vitess.capture.targets import refuse_windows_of_another_store
+from airflow_provider_vitess.checkpoints.store import CheckpointStore
 from airflow_provider_vitess.connections import hash_salt, open_store, refuse_single_host, s3_settings
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.lineage.openlineage import CaptureLineage, capture_facets
@@ -132,6 +133,7 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         self.hash_salt_conn_id = hash_salt_conn_id
         self._lineage: CaptureLineage | None = None
         self._running: SyncRun | None = None
+        self._opened: tuple[VitessHook, CheckpointStore] | None = None  # what _runner opened
 
     def on_kill(self) -> None:
         """A killed task cancels its open stream and releases the sync's lock at once."""
@@ -143,11 +145,13 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         # Credentials join the options here, at run time: never in a (rendered) operator field.
         s3 = s3_settings(self.aws_conn_id)
         options = {**(s3.storage_options() if s3 else {}), **dict(self.storage_options or {})}
+        hook, store = VitessHook(self.vitess_conn_id), open_store(self.checkpoint_conn_id)
+        self._opened = (hook, store)
         run = cast(
             Run,
             self.job(
-                VitessHook(self.vitess_conn_id),
-                open_store(self.checkpoint_conn_id),
+                hook,
+                store,
                 sync_spec(
                     sync_id=self.sync_id,
                     keyspace=self.keyspace,
@@ -175,6 +179,15 @@ class _CaptureOperatorBase(BaseOperator, Generic[Run]):
         )
         self._running = run
         return run
+
+    def _close(self) -> None:
+        """Close the connections :meth:`_runner` opened (the follow task reads hundreds of times
+        in one process)."""
+        if self._opened is not None:
+            hook, store = self._opened
+            self._opened = None
+            hook.close()
+            store.close()
 
     def _staged(self, runner: SyncRun, outcome: WindowOutcome) -> dict[str, Any]:
         """The task's summary; remembers what was read for OpenLineage."""
@@ -332,7 +345,10 @@ class VitessCatchUpOperator(_CaptureOperatorBase[CatchUpRun]):
 
     def execute(self, context: Any) -> dict[str, Any]:
         with task_failures(self.log):
-            return self._catch_up(context)
+            try:
+                return self._catch_up(context)
+            finally:
+                self._close()
 
     def _catch_up(self, context: Any) -> dict[str, Any]:
         runner = self._runner(context, minimize_skew=self.minimize_skew)

@@ -83,13 +83,7 @@ class VitessFollowOperator(VitessMergeOperator):
 
         def round_() -> dict[str, Any]:
             nonlocal rows
-            try:
-                staged = read.execute(context)
-            finally:  # each round's read opens its own connections: not hundreds left open
-                if read._running is not None:
-                    if isinstance(read._running.hook, VitessHook):
-                        read._running.hook.close()
-                    read._running.store.close()
+            staged = read.execute(context)  # it closes what it opened, as the merge does
             rows += int(staged.get("rows_all_windows") or 0)
             merged = self.merge_staged(context)
             windows.extend(staged.get("windows") or ())
@@ -120,26 +114,25 @@ class VitessFollowOperator(VitessMergeOperator):
 
 
 class _ChangeCheck:
-    """Between rounds: has the sync a change past its committed position? A watch per committed
-    position, so a quiet stream is read on from where the last check stopped."""
+    """Between rounds: has the sync a change past its committed position? One watch for the
+    task: it reads on from where its last check of the same committed position stopped."""
 
     def __init__(self, task: VitessFollowOperator, hook: VitessHook, store: CheckpointStore) -> None:
         self.task, self.hook, self.store = task, hook, store
-        self._watch: tuple[str, ChangeWatch] | None = None
+        self._watch: ChangeWatch | None = None
 
     def changed(self) -> bool:
         task, store = self.task, self.store
         committed, _ = store.committed(task.sync_id)
         if committed is None:
             return True  # nothing committed (a re-snapshot dropped it): the round says why
-        if self._watch is None or self._watch[0] != committed.to_json():
-            watch = ChangeWatch(
+        if self._watch is None:  # the column choice is the sync's as the first round left it
+            self._watch = ChangeWatch(
                 str(task.catch_up["keyspace"]),
                 as_tables(task.catch_up["tables"]),
                 what=f"the follow task of sync {task.sync_id!r}",
                 read_seconds=CHECK_READ_SECONDS,
                 columns=watched_columns(store.sync_config(task.sync_id)),
             )
-            self._watch = (committed.to_json(), watch)
         with task_failures(task.log):
-            return self._watch[1].read_once(self.hook, committed) is not None
+            return self._watch.read_once(self.hook, committed) is not None
