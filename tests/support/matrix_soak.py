@@ -3,21 +3,23 @@ changes and operator events, run through the DAG factory in real Airflow (merges
 Connect), every target checked by its mode's oracle (``mode_oracles``) after every DAG run.
 
 The configuration: a target mode per table (three tables, three of the four modes), shard groups
-(``capture_parallelism`` 1 or 2), a column choice on one table's non-key column ``note``
-(none, include the others, exclude it, hash it), ``max_events`` small or unbounded, the changes
-sensor on or off. The script: steps, each optional operator events (``ADD COLUMN``, ``MODIFY
-COLUMN`` widening ``qty`` INT -> BIGINT or ``note`` VARCHAR(64) -> VARCHAR(128), a re-snapshot of
-one table, a key override of one table (``key_overrides`` ``id, vid`` written into the DAG, then
-the documented remedy ``{"resnapshot_tables": [t]}``), a fault in the step's DAG run: a SIGKILL of
-the process running its tasks at a drawn point (rows staged, a group's part written, a merge's
-write started or committed) and the killed task's rerun once its lock is stale, or with shard
-groups one group's ``catch_up`` failing and that map index cleared and run again alone) and source
-changes (``modes_workload.EVENTS``: inserts, updates, deletes, moves between shards with either
-half first, key changes, same-second delete and re-insert, a key written and deleted in one
-second by two transactions, a large and a long transaction), then a DAG run and the oracles, and
-the consistent cut at the committed position: every table read at its cut version holds the
-same rows (the same statements ran on each in the same transactions). The first step is the
-snapshot (killed too, in some seeds).
+(``capture_parallelism`` 1 or 2), a column choice on one table's non-key column ``note`` (none,
+include the others, exclude it, hash it), ``max_events`` small or unbounded, the changes sensor on
+or off, and with the sensor and one group a ``follow`` task (``on_changes`` and
+``follow_seconds``: rounds of catch-up and merge in one task, killed mid-round too). The script:
+steps, each optional operator events (``ADD COLUMN``, ``MODIFY COLUMN`` widening ``qty`` INT ->
+BIGINT or ``note`` VARCHAR(64) -> VARCHAR(128), a re-snapshot of one table, a key override of one
+table (``key_overrides`` ``id, vid`` written into the DAG, then the documented remedy
+``{"resnapshot_tables": [t]}``), a fault in the step's DAG run: a SIGKILL of the process running
+its tasks at a drawn point (rows staged, a group's part written, a merge's write started or
+committed) and the killed task's rerun once its lock is stale, or with shard groups one group's
+``catch_up`` failing and that map index cleared and run again alone) and source changes
+(``modes_workload.EVENTS``: inserts, updates, deletes, moves between shards with either half
+first, key changes, same-second delete and re-insert, a key written and deleted in one second by
+two transactions, a large and a long transaction), then a DAG run and the oracles, and the
+consistent cut at the committed position: every table read at its cut version holds the same rows
+(the same statements ran on each in the same transactions). The first step is the snapshot (killed
+too, in some seeds).
 
 A failure names the seed, the configuration, the script and the step whose check failed (the
 steps before it passed theirs: the script up to it is the shortest prefix that fails).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,7 @@ SALT = "mx-salt-7f3a"
 SALT_CONN = "mx_hash_salt"
 SMALL_MAX_EVENTS = 25
 SENSOR_TIMEOUT = 30
+FOLLOW_SECONDS = 5  # a follow task's rounds after its first: the step's changes are in by then
 # Changes a step draws from (``big`` and ``long_transaction`` rarer, and last: they take many keys).
 COMMON_EVENTS = (
     "insert", "update", "delete", "move", "move_insert_first", "key_change", "delete_reinsert",
@@ -82,6 +85,7 @@ class Config:
     column_table: str
     max_events: int | None
     sensor: bool
+    follow: bool = False  # on_changes and follow_seconds: a follow task catches up and merges
 
     def summary(self) -> str:
         cols = "" if self.column_choice == "none" else f" {self.column_choice}({self.column_table}.note)"
@@ -89,6 +93,7 @@ class Config:
             " ".join(f"{t}={m}" for t, m in self.modes.items())
             + f" groups={self.capture_parallelism}{cols} max_events={self.max_events or 'unbounded'}"
             + f" sensor={'on' if self.sensor else 'off'}"
+            + (" follow" if self.follow else "")
         )
 
 
@@ -157,6 +162,9 @@ def draw(seed: int, *, steps: int | None = None, every_event: bool = False, no_k
         max_events=rng.choice((SMALL_MAX_EVENTS, None)),
         sensor=rng.random() < 0.5,
     )
+    # Drawn apart, so that the seeds drawn before the follow task existed keep their plans.
+    if config.sensor and config.capture_parallelism == 1 and random.Random(f"follow {seed}").random() < 0.7:
+        config = replace(config, follow=True)
     n = steps if steps is not None else rng.randint(3, 5)
     initial_rows = rng.randint(30, 60)
     snapshot_faults = None if no_kill or rng.random() >= 0.2 else _kill(rng, config.capture_parallelism, 40)
@@ -195,6 +203,8 @@ dag = vitess_sync_dag(
     target_location="{lake}/delta",
     schedule=None,
     wait_for_changes={sensor},
+    on_changes={follow},
+    follow_seconds={follow_seconds},
     sensor_timeout={sensor_timeout},
     max_events={max_events},
     capture_parallelism={parallelism},
@@ -329,6 +339,8 @@ class MatrixSoak:
             tables=list(TABLES),
             lake=self.lake,
             sensor=c.sensor,
+            follow=c.follow,
+            follow_seconds=FOLLOW_SECONDS if c.follow else None,
             sensor_timeout=SENSOR_TIMEOUT,
             max_events=c.max_events,
             parallelism=c.capture_parallelism,
@@ -367,7 +379,8 @@ class MatrixSoak:
                 f"DAG run {result['state']}: tasks {result['tasks']}\n{str(result['log'])[-4000:]}"
             )
             if runs == 1:  # a run with the sensor finds no change after a first snapshot
-                must = ["merge_snapshot"] if snapshot else ["merge"] + (["merge_snapshot"] if conf else [])
+                merge = "follow" if self.config.follow else "merge"
+                must = ["merge_snapshot"] if snapshot else [merge] + (["merge_snapshot"] if conf else [])
                 idle = {t: result["tasks"].get(t) for t in must if result["tasks"].get(t) != "success"}
                 assert not idle, f"the run's merges did not run: {result['tasks']}"
             faults = None

@@ -1,5 +1,5 @@
 """The matrix soak (``matrix_soak``): per seed a drawn configuration (target mode per table, shard
-groups, column choice, ``max_events``, the sensor) and script (changes, moves, same-second
+groups, column choice, ``max_events``, the sensor, a follow task) and script (changes, moves, same-second
 deletes, key changes, long transactions, ADD COLUMN, MODIFY COLUMN, a re-snapshot, a key
 override and its re-snapshot, a task killed at a drawn point and rerun, a shard group's task
 failed and run again alone), through the DAG factory in real Airflow, each mode's oracle and the
@@ -98,7 +98,8 @@ def test_matrix(vitess: LocalVitess, hook: VitessHook, tmp_path: Path, spark_con
 
 def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
     """A seed draws one plan (reproducible), and fifty seeds draw every mode, both group
-    counts, each column choice, both max_events, the sensor both ways, every event, each
+    counts, each column choice, both max_events, the sensor both ways, a follow task (killed in
+    some seeds) and none, every event, each
     operator event (a re-snapshot and a key override of a table in every mode) and each fault."""
     assert draw(7) == draw(7) and draw(7) != draw(8)
     plans = [draw(s) for s in range(50)]
@@ -110,6 +111,12 @@ def test_the_plans_are_the_seeds_and_cover_the_matrix() -> None:
         True,
         False,
     }
+    assert {c.follow for c in configs} == {True, False}
+    assert not any(c.follow and (c.capture_parallelism != 1 or not c.sensor) for c in configs)
+    kills = ("kill_after_rows", "kill_at_merge_phase")
+    assert any(p.config.follow and any(set(s.faults or ()) & set(kills) for s in p.steps) for p in plans), (
+        "no seed kills a follow task"
+    )
     events = {e for p in plans for s in p.steps for e in s.events}
     from tests.support.modes_workload import EVENTS
 
