@@ -61,10 +61,15 @@ class WindowBook:
             return None
         # The factory's task names. A STAGED window is finished by its merge, not by its capture
         # task: a rerun of that task hands the same window back, and this run is refused again.
+        # A DAG with follow_seconds catches up and merges in its follow task.
         snapshot = window.kind is WindowKind.SNAPSHOT
-        merge_task = f"its merge task ({'merge_snapshot' if snapshot else 'merge'}) commits it"
+        if snapshot:
+            capture_task, merge_task = "snapshot", "its merge task (merge_snapshot) commits it"
+        else:
+            capture_task = "catch_up"
+            merge_task = "its merge task (merge; follow in a DAG with follow_seconds) commits it"
         remedy = (
-            f"its {'snapshot' if snapshot else 'catch_up'} task resumes it, then {merge_task}"
+            f"its {capture_task} task resumes it, then {merge_task}"
             if window.state is WindowState.PLANNED
             else f"{merge_task} (clear that task if it failed)"
         )
@@ -90,7 +95,7 @@ class WindowBook:
             # MERGED: its changes are in the target already; only its commit is left to do.
             raise CheckpointError(
                 f"sync {self.sync_id!r} window {seq} is {window.state.value} but {problem} in "
-                f"{self.location!r}; run the merge task to commit it"
+                f"{self.location!r}; run the merge task (follow in a DAG with follow_seconds) to commit it"
             )
         self.discard_lost(window, problem or "unreadable")
         return None

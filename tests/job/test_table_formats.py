@@ -144,6 +144,27 @@ def test_a_merged_window_is_applied_once(each: Each, tmp_path: Path) -> None:
     assert _at(each, path, 1) == merged
 
 
+def test_the_commits_of_a_marked_block_carry_the_mark_which_the_state_reads_back(
+    each: Each, tmp_path: Path
+) -> None:
+    """A window's commits carry its mark (``merge/job/marks.py``); the state reads the marks of
+    the commits after the version the sync last recorded (``restores_after``), and none before it.
+    A write outside the block carries none, and a skipped write commits nothing."""
+    path = str(tmp_path / "marked")
+    _create(each, path)  # version 0, unmarked
+    two = '{"vitess_window":2,"read":"r2"}'
+    with each.fmt.marked(each.spark, two):
+        assert _merge(each, path, 2, [(2, "b2")]) is not None  # version 1
+        assert _merge(each, path, 2, [(2, "again")]) is None  # skipped: no commit
+    with each.fmt.marked(each.spark, '{"vitess_window":3,"read":"r3"}'):
+        assert _merge(each, path, 3, [(4, "d")]) is not None  # version 2
+    assert _merge(each, path, 4, [(5, "e")]) is not None  # version 3, unmarked
+    assert each.fmt.state(each.spark, path, APP, 0).marks == {2: "r2", 3: "r3"}
+    assert each.fmt.state(each.spark, path, APP, 1).marks == {3: "r3"}
+    assert each.fmt.state(each.spark, path, APP, 3).marks == {}
+    assert each.fmt.state(each.spark, path, APP, None).marks == {}  # nothing recorded: not read
+
+
 def test_an_append_creates_the_table_then_adds_each_window_once(each: Each, tmp_path: Path) -> None:
     path = str(tmp_path / "appended")
     first = each.fmt.append(_rows(each.spark, FIRST[:2]), path, APP, 1, create={}, column_mapping=False)

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess.merge.job.checksum import read_checksum
 from airflow_provider_vitess.merge.job.delta_log import log_dir, log_file
-from airflow_provider_vitess.merge.job.delta_sql import restores
+from airflow_provider_vitess.merge.job.delta_sql import history_since
 from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
 from airflow_provider_vitess.merge.job.steps import TableSize, TableState
 from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES
@@ -179,13 +179,15 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         txn = crc.txn_version(app_id)
     else:
         txn = txn_version(spark, path, app_id, version, int(props.get("delta.checkpointInterval") or 10))
+    since = history_since(spark, path, restores_after, version)
     return TableState(
         exists=True,
         schema=spark.read.format("delta").load(path).schema,
         txn_version=txn,
         column_mapping=props.get("delta.columnMapping.mode", "none") != "none",
         version=version,
-        restores=restores(spark, path, restores_after, version),
+        restores=since.restores,
+        marks=since.marks,
         size=crc.size if crc is not None else None,
         properties={k: v for k, v in props.items() if k in SHAPE_PROPERTIES},
     )

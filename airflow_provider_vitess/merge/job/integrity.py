@@ -15,6 +15,9 @@ the checkpoint store recorded when the sync last merged into it (``TableTarget.l
   window would otherwise be taken for already applied);
 * its Delta version must not be below the recorded commit's (recreated), and no ``RESTORE``
   may have been committed since.
+* a window of the plan that the table holds already must hold the same read of the source
+  (its commit's mark, :mod:`.marks`): another read of the same seq means the store planned the
+  window again from an older position (restored from a backup, its staging gone).
 
 Any mismatch raises :class:`TargetIntegrityError` naming the table, what was expected and found,
 and the remedy: re-snapshot that table (nothing was written; other tables are unaffected).
@@ -34,14 +37,23 @@ from airflow_provider_vitess.merge.modes import recorded_shape, shape_change, sh
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
 
 
-def check_targets(plan: MergePlan, states: Mapping[str, TableState]) -> None:
+def check_targets(
+    plan: MergePlan, states: Mapping[str, TableState], reads: Mapping[int, str] | None = None
+) -> None:
     """Raise :class:`TargetIntegrityError` for the first table of ``states`` that is not what
     the sync wrote. ``states``: the tables the plan writes (the job reads no others: a table a
-    run does not write cannot be made wrong by it, and is checked by the run that writes it)."""
+    run does not write cannot be made wrong by it, and is checked by the run that writes it).
+    ``reads``: per window seq of the plan, the read its manifest names (:mod:`.marks`)."""
     last_seq = max(w.seq for w in plan.windows)
     for table in sorted(states):
         target, state = plan.targets[table], states[table]
         _refuse_shape_change(plan, table, state)
+        other = _other_read(state, reads or {})
+        if other is not None:
+            raise TargetIntegrityError(
+                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {other}; "
+                f"nothing was written. {STORE_REMEDY}"
+            )
         ahead = _ahead(target, state, last_seq)
         if ahead is not None:
             # Not a re-snapshot: its window would be numbered below the table's and taken for
@@ -80,6 +92,22 @@ def _refuse_shape_change(plan: MergePlan, table: str, state: TableState) -> None
         "in, or give the table a new target location (its entry in targets, or target_location) "
         f'and re-snapshot it (trigger the DAG with {{"resnapshot_tables": ["{table}"]}})'
     )
+
+
+def _other_read(state: TableState, reads: Mapping[int, str]) -> str | None:
+    """A window of the plan that the table holds from another read of the source (its commit's
+    mark): the seq was planned again from an older position. Taken for applied, the changes
+    read past the old window would be lost."""
+    for seq in sorted(state.marks):
+        if seq in reads and state.marks[seq] != reads[seq]:
+            return (
+                f"holds window {seq} of this sync from another read of the source (read "
+                f"{state.marks[seq]}; the window to merge now is read {reads[seq]}): the checkpoint "
+                "store was restored from an older backup, or its windows were planned again, after "
+                f"window {seq} was merged, so this window would be taken for applied and the "
+                "changes read past the old one lost"
+            )
+    return None
 
 
 def _ahead(target: TableTarget, state: TableState, last_seq: int) -> str | None:

@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.merge.job import shapes, window_step
 from airflow_provider_vitess.merge.job.formats import TableFormat, for_session
+from airflow_provider_vitess.merge.job.marks import read_id
 from airflow_provider_vitess.merge.job.sessions import TableSessions
 from airflow_provider_vitess.merge.job.steps import Step, TableState, plan_steps, touched_tables
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError
@@ -97,7 +98,7 @@ def merge(
     # What the sync last wrote is checked for each table before this run writes it; a table
     # the windows do not write is left as it is, and checked when a window writes it.
     states = pool.map(read_state, {t: t for t in touched_tables(plan, manifests)})
-    fmt.check(plan, states)
+    fmt.check(plan, states, {m.window_seq: read_id(m) for m in manifests})
     steps = plan_steps(plan, manifests, states)
     timed["states"] = time.monotonic() - started - timed["manifests"]
     by_seq = {m.window_seq: m for m in manifests}

@@ -56,6 +56,9 @@ class TableState:
     version: int | None = None  # the table's latest Delta version
     # Delta versions of RESTORE commits after the version the sync last wrote (target integrity).
     restores: tuple[int, ...] = ()
+    # Per window seq of this sync committed after that version, the read its commit holds
+    # (:mod:`.marks`): another read of the same seq is not the same window.
+    marks: Mapping[int, str] = field(default_factory=dict)
     # Data files and their bytes at ``version``, when known without rebuilding the version's file
     # list (Spark Connect: the version's checksum file, :mod:`.checksum`).
     size: TableSize | None = None

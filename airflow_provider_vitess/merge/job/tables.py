@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job.delta_sql import restores
+from airflow_provider_vitess.merge.job.delta_sql import history_since
 from airflow_provider_vitess.merge.job.steps import TableSize, TableState
 from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES
 
@@ -44,7 +44,8 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
 
 def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int | None = None) -> TableState:
     """Whether the table exists, its schema, version and the latest txn version of ``app_id``
-    in it; with ``restores_after``, the versions of the RESTORE commits after that version."""
+    in it; with ``restores_after``, the versions of the RESTORE commits after that version and
+    the marks of the windows committed since (:mod:`.marks`)."""
     snap = _latest_snapshot(spark, path)
     if snap.version() < 0:
         return TableState(exists=False)
@@ -58,13 +59,15 @@ def table_state(spark: SparkSession, path: str, app_id: str, restores_after: int
         value = configuration.get(name)
         if value.isDefined():
             props[name] = str(value.get())
+    since = history_since(spark, path, restores_after, version)
     return TableState(
         exists=True,
         schema=schema,
         txn_version=int(txn.get()) if txn.isDefined() else None,
         column_mapping=bool(mode.isDefined() and mode.get() != "none"),
         version=version,
-        restores=restores(spark, path, restores_after, version),
+        restores=since.restores,
+        marks=since.marks,
         properties=props,
     )
 

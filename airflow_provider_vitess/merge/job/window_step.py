@@ -25,6 +25,7 @@ from pyspark.sql import types as T
 from airflow_provider_vitess import keyrange
 from airflow_provider_vitess.merge.job import conflicts, lookback, strategies
 from airflow_provider_vitess.merge.job.formats import Commit, TableFormat
+from airflow_provider_vitess.merge.job.marks import commit_mark
 from airflow_provider_vitess.merge.job.schema import window_columns, write_types
 from airflow_provider_vitess.merge.job.steps import Action, Step, TableSize, TableState
 from airflow_provider_vitess.merge.job.strategies import StepContext, Strategy, Write, WriteKind
@@ -128,9 +129,17 @@ def write(
     fmt: TableFormat, s: StepContext, w: Write, size: TableSize | None, key_type: T.DataType | None = None
 ) -> Commit | None:
     """``w`` as one commit marked with the window's (app id, seq), through ``fmt``; the commit
-    it made, None when the table holds the window already. A MERGE's ``size`` is the table's if
+    it made, None when the table holds the window already; the commit carries the window's mark
+    (:mod:`.marks`). A MERGE's ``size`` is the table's if
     known (a schema change leaves it as it is), and its first key (of ``key_type``) bounds the
     files it reads (:meth:`.formats.TableFormat.merge`)."""
+    with fmt.marked(s.spark, commit_mark(s.manifest)):
+        return _write(fmt, s, w, size, key_type)
+
+
+def _write(
+    fmt: TableFormat, s: StepContext, w: Write, size: TableSize | None, key_type: T.DataType | None
+) -> Commit | None:
     path, keys, seq = s.target.path, s.keys, s.step.seq
     if w.kind is WriteKind.REPLACE:
         return fmt.replace(

@@ -45,6 +45,7 @@ from airflow_provider_vitess.exceptions import (
     KeyChoiceError,
     MergeSchemaError,
     StagingError,
+    TargetIntegrityError,
     TargetModeChangedError,
     TargetModeError,
 )
@@ -54,6 +55,7 @@ from airflow_provider_vitess.merge.modes import ModeOptions
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner, build_plan
+from airflow_provider_vitess.staging.files import window_dir
 from tests.support import merge_workload as wl
 from tests.support.local import LocalVitess
 from tests.support.mode_oracles import assert_history, delta_dicts, source_dicts
@@ -86,7 +88,20 @@ def _change(hook: VitessHook, table: str, tag: str) -> None:
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
     hook = wl.hook_for(vitess, "vitess_rem2")
     yield hook
-    made = (GROUPED, STAGED, MODE, SIDE, WIDEN, DEFAULTED, KEYLESS, NARROWED, PARTED, CLASHED, RESTORED)
+    made = (
+        GROUPED,
+        STAGED,
+        MODE,
+        SIDE,
+        WIDEN,
+        DEFAULTED,
+        KEYLESS,
+        NARROWED,
+        PARTED,
+        CLASHED,
+        RESTORED,
+        UNSTAGED,
+    )
     for table in made:
         wl.execute(hook, f"DROP TABLE IF EXISTS customer.{table}")
 
@@ -216,7 +231,10 @@ def test_a_catch_up_before_its_snapshot_is_merged_and_a_resnapshot_before_a_comm
         sync.snapshot_task((STAGED,))
     text = str(refused.value)
     assert f"has an unfinished catchup window {seq} (MERGED)" in text, text
-    assert "finish it before a snapshot: its merge task (merge) commits it" in text, text
+    assert (
+        "finish it before a snapshot: its merge task (merge; follow in a DAG with follow_seconds) commits it"
+        in text
+    ), text
     assert sync.merge().seq == seq  # what it says: the merge task, rerun
     assert sync.snapshot_task((STAGED,)) == seq + 1
     assert sync.merge().seq == seq + 1
@@ -502,3 +520,43 @@ def test_a_store_restored_from_an_older_backup_is_refused_and_the_store_that_wro
     sync.runner().catch_up()
     assert sync.merge().seq == 3
     assert sync.assert_exact(RESTORED) == 41  # 40, one deleted, two inserted
+
+
+UNSTAGED = "rem2_unstaged"
+
+
+def test_a_store_restored_from_an_older_backup_with_its_staging_gone_is_refused_not_taken_for_applied(
+    hook: VitessHook, sync_of: Any
+) -> None:
+    """As above, but the staged files of the window the backup lacks are gone too (a new staging
+    location, retention): the restored store plans that window's number again from its older
+    position, and only the mark of the table's commit (``merge/job/marks.py``) tells the new
+    window from the one merged. Without it the merge took the new window for applied and lost
+    what it read past the old one (this test failed so). Refused naming the cause and the
+    store's remedy; the store that wrote the tables then streams on, exact."""
+    _create(hook, UNSTAGED)
+    sync = sync_of(UNSTAGED)
+    sync.snapshot_task()
+    sync.merge()
+    shutil.copy(sync.root / "store.db", sync.root / "backup.db")
+    _change(hook, UNSTAGED, "one")
+    sync.runner().catch_up()
+    assert sync.merge().seq == 2
+    newer = sync.root / "store.db"
+    restored = sync.root / "restored.db"
+    shutil.copy(sync.root / "backup.db", restored)
+    sync.use_store(restored)
+    shutil.rmtree(window_dir(str(sync.root / "stage"), sync.sync_id, 2))
+    _change(hook, UNSTAGED, "second")
+    assert sync.runner().catch_up().seq == 2  # nothing in the store or staging tells them apart
+    with pytest.raises(TargetIntegrityError) as refused:
+        sync.merge()
+    text = str(refused.value)
+    held = f"the Delta table at {sync.delta / UNSTAGED} holds window 2 of this sync from another read"
+    assert f"table {UNSTAGED!r}: {held}" in text, text
+    assert "restored from an older backup" in text and STORE_REMEDY in text, text
+
+    sync.use_store(newer)  # what it says: the store that wrote the tables
+    sync.runner().catch_up()
+    assert sync.merge().seq == 3
+    assert sync.assert_exact(UNSTAGED) == 41  # 40, one deleted, two inserted

@@ -256,6 +256,33 @@ def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None
         assert "resnapshot_tables" not in str(refused.value)
     check_targets(plan([(4, ["t"])], None, None), ok)  # a snapshot rerun after its Delta commit
 
+    # A window the table holds from another read of the source (its commit's mark): the store
+    # planned that seq again from an older position (restored, its staging gone). The same read
+    # (a merge rerun after its Delta commit) and a commit without a mark pass.
+    held = {"t": TableState(exists=True, txn_version=5, version=10, marks={5: "aaaa"})}
+    check_targets(plan([(5, [])], 4, 9), held, {5: "aaaa"})
+    check_targets(plan([(5, [])], 4, 9), {"t": TableState(exists=True, txn_version=5, version=10)}, {5: "b"})
+    with pytest.raises(TargetIntegrityError) as refused:
+        check_targets(plan([(5, []), (6, [])], 4, 9), held, {5: "bbbb", 6: "cccc"})
+    text = str(refused.value)
+    other = "from another read of the source (read aaaa; the window to merge now is read bbbb)"
+    assert f"holds window 5 of this sync {other}" in text, text
+    assert "restored from an older backup" in text and "copy that store into this one" in text, text
+
+
+def test_a_windows_mark_names_its_read_and_parses_back() -> None:
+    from airflow_provider_vitess.merge.job.marks import commit_mark, parse_mark, read_id
+    from airflow_provider_vitess.staging.manifest import Manifest
+
+    def manifest(seq: int, end: Vgtid) -> Manifest:
+        return Manifest("s1", seq, START, end, end, {})
+
+    one, again, other = manifest(5, _end(20)), manifest(5, _end(20)), manifest(5, _end(21))
+    assert read_id(one) == read_id(again) != read_id(other)
+    assert parse_mark(commit_mark(one)) == (5, read_id(one))
+    for text in (None, "", "not json", "[1]", '{"vitess_window": true, "read": "x"}', '{"read": "x"}'):
+        assert parse_mark(text) is None, text
+
 
 def _end(n: int) -> Vgtid:
     return Vgtid.from_json(

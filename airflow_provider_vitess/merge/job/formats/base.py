@@ -12,6 +12,7 @@ later. ``tests/job/test_table_formats.py`` runs the same assertions over every i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -143,9 +144,16 @@ class TableFormat(Protocol):
         rewritten with the wider type."""
         ...
 
-    def check(self, plan: MergePlan, states: Mapping[str, TableState]) -> None:
+    def check(self, plan: MergePlan, states: Mapping[str, TableState], reads: Mapping[int, str]) -> None:
         """Refuse (``TargetIntegrityError``) a table that is not what the sync last wrote
-        (rolled back, replaced, recreated, another writer's), before anything is written."""
+        (rolled back, replaced, recreated, another writer's, a window of the plan from another
+        read: ``reads``, per seq, the plan's, :mod:`..marks`), before anything is written."""
+        ...
+
+    def marked(self, spark: SparkSession, mark: str) -> AbstractContextManager[None]:
+        """The commits ``spark`` makes in the block carry ``mark`` (:mod:`..marks`) in their
+        metadata, which :meth:`state` reads back for the windows committed since the version
+        the sync last wrote."""
         ...
 
     def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:

@@ -12,14 +12,16 @@ the protocol:
   :mod:`..delta_log`;
 * the schema changes and their type-widening guard: :func:`..apply.evolve_table`
   (:mod:`..delta_features`);
-* the integrity check: :mod:`..integrity` (pure, over the states);
+* the integrity check: :mod:`..integrity` (pure, over the states), with each window's mark
+  (:mod:`..marks`) in its commits' ``userMetadata``;
 * time travel: ``versionAsOf`` (the consistent cut, :mod:`airflow_provider_vitess.consistent_reads`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.exceptions import UnsupportedDeltaError
@@ -31,6 +33,9 @@ from airflow_provider_vitess.merge.job.delta_sql import version_sql
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement
 from airflow_provider_vitess.merge.job.integrity import check_targets
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE
+
+# Delta's commit metadata for the session's commits (``userMetadata`` in the table's history).
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,8 +75,17 @@ class DeltaFormat:
     def activate(self, spark: SparkSession) -> None:
         self.access.activate(spark)
 
-    def check(self, plan: MergePlan, states: Mapping[str, TableState]) -> None:
-        check_targets(plan, states)
+    def check(self, plan: MergePlan, states: Mapping[str, TableState], reads: Mapping[int, str]) -> None:
+        check_targets(plan, states, reads)
+
+    @contextmanager
+    def marked(self, spark: SparkSession, mark: str) -> Iterator[None]:
+        # The session's user metadata: a DataFrame write and a SQL MERGE alike take it.
+        spark.conf.set(USER_METADATA_CONF, mark)
+        try:
+            yield
+        finally:
+            spark.conf.unset(USER_METADATA_CONF)
 
     # -- writes -------------------------------------------------------------------------------
 
