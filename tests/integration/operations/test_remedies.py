@@ -490,6 +490,23 @@ def test_a_source_column_named_like_a_metadata_column_heals_with_another_metadat
 RESTORED = "rem2_restored"
 
 
+def _restored_one_window_behind(hook: VitessHook, sync_of: Any, table: str) -> tuple[Sync, Path]:
+    """``table`` snapshotted and merged, its store backed up, window 2 merged; then the sync on
+    the backup (restored one window behind). Returns the sync and the store that wrote the tables."""
+    _create(hook, table)
+    sync = sync_of(table)
+    sync.snapshot_task()
+    sync.merge()
+    shutil.copy(sync.root / "store.db", sync.root / "backup.db")
+    _change(hook, table, "one")
+    sync.runner().catch_up()
+    assert sync.merge().seq == 2
+    restored = sync.root / "restored.db"
+    shutil.copy(sync.root / "backup.db", restored)
+    sync.use_store(restored)
+    return sync, sync.root / "store.db"
+
+
 def test_a_store_restored_from_an_older_backup_is_refused_and_the_store_that_wrote_the_tables_heals(
     hook: VitessHook, sync_of: Any
 ) -> None:
@@ -497,18 +514,7 @@ def test_a_store_restored_from_an_older_backup_is_refused_and_the_store_that_wro
     the number Delta already holds, which a merge would take for applied. The catch-up refuses
     (that number's staged files exist), naming the cause and the remedy; pointing the sync back
     at the store that wrote the tables, it streams on, exact."""
-    _create(hook, RESTORED)
-    sync = sync_of(RESTORED)
-    sync.snapshot_task()
-    sync.merge()
-    shutil.copy(sync.root / "store.db", sync.root / "backup.db")
-    _change(hook, RESTORED, "one")
-    sync.runner().catch_up()
-    assert sync.merge().seq == 2
-    newer = sync.root / "store.db"
-    restored = sync.root / "restored.db"
-    shutil.copy(sync.root / "backup.db", restored)
-    sync.use_store(restored)
+    sync, newer = _restored_one_window_behind(hook, sync_of, RESTORED)
     _change(hook, RESTORED, "second")
     with pytest.raises(StagingError) as refused:
         sync.runner().catch_up()
@@ -534,18 +540,7 @@ def test_a_store_restored_from_an_older_backup_with_its_staging_gone_is_refused_
     window from the one merged. Without it the merge took the new window for applied and lost
     what it read past the old one (this test failed so). Refused naming the cause and the
     store's remedy; the store that wrote the tables then streams on, exact."""
-    _create(hook, UNSTAGED)
-    sync = sync_of(UNSTAGED)
-    sync.snapshot_task()
-    sync.merge()
-    shutil.copy(sync.root / "store.db", sync.root / "backup.db")
-    _change(hook, UNSTAGED, "one")
-    sync.runner().catch_up()
-    assert sync.merge().seq == 2
-    newer = sync.root / "store.db"
-    restored = sync.root / "restored.db"
-    shutil.copy(sync.root / "backup.db", restored)
-    sync.use_store(restored)
+    sync, newer = _restored_one_window_behind(hook, sync_of, UNSTAGED)
     shutil.rmtree(window_dir(str(sync.root / "stage"), sync.sync_id, 2))
     _change(hook, UNSTAGED, "second")
     assert sync.runner().catch_up().seq == 2  # nothing in the store or staging tells them apart
