@@ -43,6 +43,7 @@ from airflow_provider_vitess.operators.merge_backends import (
     TEMPLATED_SUBMIT_ARGS,
     SparkConnectMerge,
     SparkSubmitMerge,
+    refuse_newer_submit_args,
 )
 from airflow_provider_vitess.plugins.links import DeltaTableLink, SparkUILink, VitessSyncStatusLink
 from airflow_provider_vitess.utils.failures import task_failures
@@ -202,6 +203,7 @@ class VitessMergeOperator(BaseOperator):
         python = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         binary = spark_binary or _default_spark_binary()
         submit = {k: kwargs.pop(k) for k in list(kwargs) if k in SUBMIT_ARGS}
+        refuse_newer_submit_args(submit)
         super().__init__(**kwargs)
         self.application = application or default_application()
         # SparkSubmitHook's arguments: the templated ones as attributes Airflow renders.

@@ -15,11 +15,13 @@ per task run, as the Airflow Spark provider's hooks each carry their own ``on_ki
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
@@ -60,6 +62,26 @@ SUBMIT_ARGS = frozenset(
         "yarn_track_via_rm_api", "yarn_rm_auth",
     }
 )  # fmt: skip
+
+
+def hook_parameters() -> frozenset[str]:
+    """The installed Spark provider's ``SparkSubmitHook`` parameters."""
+    return frozenset(inspect.signature(SparkSubmitHook.__init__).parameters)
+
+
+def refuse_newer_submit_args(given: Iterable[str]) -> None:
+    """Arguments of :data:`SUBMIT_ARGS` that the installed Spark provider's hook does not take (they
+    came in a later release than the floor, 5.6.0, has) are refused by name when the DAG is
+    parsed, instead of a ``TypeError`` from the hook when the task submits."""
+    missing = sorted(set(given) - hook_parameters())
+    if missing:
+        installed = importlib.metadata.version("apache-airflow-providers-apache-spark")
+        raise ValueError(
+            f"VitessMergeOperator: {', '.join(missing)}: not taken by the installed "
+            f"apache-airflow-providers-apache-spark {installed}'s SparkSubmitHook; upgrade that "
+            "provider to a release that has them, or drop them"
+        )
+
 
 REPORT_ARG = "--report-file"
 PLAN_ARG = "--plan-file"
