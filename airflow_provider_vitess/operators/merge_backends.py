@@ -15,6 +15,7 @@ per task run, as the Airflow Spark provider's hooks each carry their own ``on_ki
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
 import json
@@ -64,8 +65,10 @@ SUBMIT_ARGS = frozenset(
 )  # fmt: skip
 
 
+@functools.cache
 def hook_parameters() -> frozenset[str]:
-    """The installed Spark provider's ``SparkSubmitHook`` parameters."""
+    """The installed Spark provider's ``SparkSubmitHook`` parameters (read once a process: every
+    merge operator a DAG file builds asks)."""
     return frozenset(inspect.signature(SparkSubmitHook.__init__).parameters)
 
 
