@@ -40,6 +40,9 @@ class SparkLine:
     # What else the client venv pins for this line (make test-compat installs them with it;
     # docs/installation.md lists them): the Spark provider release first.
     pins: tuple[str, ...] = ()
+    # Apache Iceberg's Spark runtime for this line (Maven coordinates), where one can carry a
+    # window's marker (:data:`ICEBERG_UNSUPPORTED` says why the others cannot).
+    iceberg: str | None = None
 
     @property
     def delta_package(self) -> str:
@@ -84,6 +87,7 @@ SPARK_LINES: tuple[SparkLine, ...] = (
         "delta-spark_4.1_2.13",
         "3.4.2",
         pins=("apache-airflow-providers-apache-spark==6.3.4", "pyspark-client==4.1.3"),
+        iceberg="org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0",
     ),
     SparkLine(
         "4.2",
@@ -104,6 +108,20 @@ UNSUPPORTED_SPARK: dict[str, str] = {
         "io.delta:delta-spark_4.3_2.13, and delta-spark 4.4 requires pyspark<=4.2.0)"
     ),
 }
+
+# Why a Spark line has no Iceberg target. A window's commit carries the sync's marker in its
+# snapshot summary through the session setting spark.sql.iceberg.snapshot-property.*, which
+# Iceberg's Spark runtime reads from release 1.11 on and only for Spark 4.0 and later.
+ICEBERG_UNSUPPORTED: dict[str, str] = {
+    "3.5": (
+        "Iceberg's runtime for Spark 3.5 does not take snapshot properties from the session, "
+        "which carry each window's exactly-once marker"
+    ),
+    "4.0": "Maven Central serves Iceberg's runtime for Spark 4.0 only up to 1.10, before snapshot "
+    "properties from the session (1.11)",
+    "4.2": "Apache Iceberg publishes no Spark runtime for Spark 4.2 yet",
+}
+
 
 # Delta features the merge job uses that older Delta releases lack: the feature, and the first
 # Delta major that has it. Checked by the job before it changes a table (merge/schema.py).
@@ -134,6 +152,18 @@ def spark_line(spark_version: str) -> SparkLine:
         f"Spark {spark_version}: {why}. The merge job runs on Spark {supported}. Remedy: run the "
         "merge on one of those, or name the Delta package yourself (the Spark connection's extra "
         "'delta_package', or the operator's packages=) and own its compatibility"
+    )
+
+
+def iceberg_runtime(line: SparkLine) -> str:
+    """The Iceberg runtime package for ``line``; refused by name on a line without one."""
+    if line.iceberg is not None:
+        return line.iceberg
+    why = ICEBERG_UNSUPPORTED.get(line.spark, "no Iceberg runtime is tested for it")
+    lines = ", ".join(f"{x.spark} ({x.iceberg})" for x in SPARK_LINES if x.iceberg)
+    raise UnsupportedSparkVersionError(
+        f"Iceberg targets on Spark {line.spark}: {why}. Iceberg targets run on Spark {lines}. "
+        "Remedy: run the merge of an Iceberg sync on one of those, or keep the sync on Delta"
     )
 
 

@@ -22,6 +22,9 @@ from airflow_provider_vitess.exceptions import MergePlanError as MergePlanError
 from airflow_provider_vitess.merge.modes import TargetShape
 from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
 
+# The table formats a sync can write (``merge.job.formats`` implements each).
+TABLE_FORMATS = ("delta", "iceberg")
+
 
 @dataclass(frozen=True)
 class TableTarget:
@@ -89,6 +92,8 @@ class MergePlan(JsonDocument):
     sync_id: str
     windows: tuple[WindowToMerge, ...]
     targets: Mapping[str, TableTarget]
+    # The tables' format (``merge.job.formats``): "delta" or "iceberg".
+    table_format: str = "delta"
     document = "merge plan"
     error = MergePlanError
 
@@ -96,13 +101,48 @@ class MergePlan(JsonDocument):
         seqs = [w.seq for w in self.windows]
         if seqs != sorted(set(seqs)):
             raise MergePlanError(f"sync {self.sync_id!r}: windows must be distinct and in order, got {seqs}")
+        if self.table_format not in TABLE_FORMATS:
+            raise MergePlanError(
+                f"sync {self.sync_id!r}: table format {self.table_format!r} is not one of "
+                f"{', '.join(TABLE_FORMATS)}"
+            )
+        for target in self.targets.values():
+            problem = format_problem(self.table_format, target.table, target.shape)
+            if problem:
+                raise MergePlanError(problem)
         for w in self.windows:
             unknown = sorted(set(w.replace_tables) - set(self.targets))
             if unknown:
                 raise MergePlanError(f"window {w.seq} replaces table(s) {unknown} that have no target")
 
+    @model_serializer(mode="wrap")
+    def _omit_delta(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A Delta sync's plan is written as before Iceberg (no ``table_format``)."""
+        out: dict[str, Any] = handler(self)
+        if self.table_format == "delta":
+            out.pop("table_format", None)
+        return out
+
     def txn_app_id(self, table: str) -> str:
         return txn_app_id(self.sync_id, table)
+
+
+def format_problem(table_format: str, table: str, shape: TargetShape) -> str | None:
+    """What ``table_format`` cannot do of ``shape`` (None: nothing): Delta's change data feed and
+    table features have no meaning on Iceberg, whose every snapshot's changes can be read."""
+    if table_format != "iceberg":
+        return None
+    asked = [
+        *(["change_data_feed"] if shape.change_data_feed else []),
+        *([f"table_features {list(shape.features)}"] if shape.features else []),
+    ]
+    if not asked:
+        return None
+    return (
+        f"table {table!r}: {' and '.join(asked)} are Delta's and an Iceberg table has no such "
+        "thing (Iceberg keeps every snapshot's changes: its create_changelog_view procedure reads "
+        "them). Remedy: leave them out for table_format='iceberg', or write the table to Delta"
+    )
 
 
 def target_path(

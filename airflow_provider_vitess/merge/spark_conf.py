@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 from airflow_provider_vitess.object_storage import is_s3_url
-from airflow_provider_vitess.versions import SparkLine, newest_spark_line, spark_line
+from airflow_provider_vitess.versions import SparkLine, iceberg_runtime, newest_spark_line, spark_line
 
 
 def installed_spark_line() -> SparkLine:
@@ -101,20 +101,40 @@ COLUMN_MAPPING_PROPERTIES: Mapping[str, str] = {
 
 
 def packages_for(
-    locations: Iterable[str], *, spark_version: str | None = None, delta_package: str | None = None
+    locations: Iterable[str],
+    *,
+    spark_version: str | None = None,
+    delta_package: str | None = None,
+    iceberg: bool = False,
 ) -> str:
     """``--packages`` for a job touching ``locations``: Delta (``delta_package``, else the one
-    for ``spark_version``, else for the installed PySpark), plus S3A for S3 URLs."""
+    for ``spark_version``, else for the installed PySpark), plus S3A for S3 URLs, plus Iceberg's
+    runtime for the line (``iceberg``: refused on a line without one)."""
     line = spark_line(spark_version) if spark_version else installed_spark_line()
-    delta = delta_package or line.delta_package
-    s3 = any(is_s3_url(loc) for loc in locations)
-    return ",".join((delta, line.hadoop_aws_package) if s3 else (delta,))
+    packages = [delta_package or line.delta_package]
+    if any(is_s3_url(loc) for loc in locations):
+        packages.append(line.hadoop_aws_package)
+    if iceberg:
+        packages.append(iceberg_runtime(line))
+    return ",".join(packages)
 
 
-def spark_conf(*, local: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+# Iceberg's SQL (MERGE INTO, its procedures) beside Delta's, for a job with Iceberg targets.
+EXTENSIONS_CONF = "spark.sql.extensions"
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
+def spark_conf(
+    *, local: bool = False, extra: Mapping[str, str] | None = None, iceberg: bool = False
+) -> dict[str, str]:
     """The ``--conf`` values of a job run (``extra`` wins), with the Delta package; ``local``:
-    a spark-submit on a local master (:data:`LOCAL_SUBMIT_CONF`)."""
-    conf = {"spark.jars.packages": installed_spark_line().delta_package, **BASE_CONF}
+    a spark-submit on a local master (:data:`LOCAL_SUBMIT_CONF`); ``iceberg``: with Iceberg's
+    runtime and SQL too (refused on a Spark line without one, :func:`.versions.iceberg_runtime`)."""
+    line = installed_spark_line()
+    conf = {"spark.jars.packages": line.delta_package, **BASE_CONF}
+    if iceberg:
+        conf["spark.jars.packages"] += "," + iceberg_runtime(line)
+        conf[EXTENSIONS_CONF] += "," + ICEBERG_EXTENSIONS
     if local:
         conf.update(LOCAL_SUBMIT_CONF)
     conf.update(extra or {})

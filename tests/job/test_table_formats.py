@@ -1,8 +1,10 @@
 """The table-format contract (``merge/job/formats``): the same assertions over every implementation.
 
 Each test takes ``each``, one :class:`TableFormat` on its own kind of session: Delta on a classic
-local session, and Delta over Spark Connect (a server started by the ``spark_connect`` fixture,
-``dev/spark_connect.sh``); Iceberg joins as a third parameter. What the merge relies on: a
+local session, Delta over Spark Connect (a server started by the ``spark_connect`` fixture,
+``dev/spark_connect.sh``), and Apache Iceberg on the classic session where the installed Spark
+line has an Iceberg runtime (``versions.SparkLine.iceberg``: Spark 4.1, ``make test-iceberg``;
+skipped with the reason elsewhere). What the merge relies on: a
 replace creates the table, every write is one commit marked with (app id, window seq) and a
 window the table holds is not written again (``applied``, and the write answers None), an append,
 a schema change, and a read at an earlier version (the consistent cut). Small tables, no Vitess.
@@ -19,12 +21,23 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from airflow_provider_vitess.merge.job import connect, connect_tables, formats, merge_sql, tables
+from airflow_provider_vitess.merge.job import (
+    connect,
+    connect_tables,
+    formats,
+    iceberg_log,
+    iceberg_sql,
+    merge_sql,
+    tables,
+)
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.formats import Statement, TableFormat
 from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
+from airflow_provider_vitess.merge.job.formats.iceberg import IcebergFormat, metadata_log
 from airflow_provider_vitess.merge.job.merge_sql import Then, When
 from airflow_provider_vitess.merge.job.schema import Evolution
+from airflow_provider_vitess.merge.spark_conf import installed_spark_line
+from airflow_provider_vitess.versions import UnsupportedSparkVersionError, iceberg_runtime
 from tests.support.delta_check import spark_session
 
 APP = "sync-contract"
@@ -38,10 +51,18 @@ class Each:
     fmt: TableFormat
 
 
-@pytest.fixture(scope="module", params=["delta classic", "delta connect"])
+@pytest.fixture(scope="module", params=["delta classic", "delta connect", "iceberg classic"])
 def each(request: pytest.FixtureRequest) -> Iterator[Each]:
     """A format on its session (module scope: pytest runs one parameter's tests, then the next;
     a Connect block holds the process's Connect mark, so the classic ones run outside it)."""
+    if request.param == "iceberg classic":
+        try:
+            iceberg_runtime(installed_spark_line())
+        except UnsupportedSparkVersionError as exc:
+            pytest.skip(f"no Iceberg here: {exc}")
+        spark = spark_session()
+        yield Each(request.param, spark, formats.for_session(spark, "iceberg"))
+        return
     if request.param == "delta classic":
         spark = spark_session()
         yield Each(request.param, spark, formats.for_session(spark))
@@ -96,8 +117,11 @@ def _merge(each: Each, path: str, seq: int, data: Sequence[tuple[Any, ...]]) -> 
     )
 
 
-def test_the_delta_format_reads_state_the_way_its_session_can(each: Each) -> None:
+def test_the_format_is_the_one_asked_for_and_reads_state_the_way_its_session_can(each: Each) -> None:
     """Delta's classic/Connect choice is made inside the format, from the session."""
+    if each.kind == "iceberg classic":
+        assert isinstance(each.fmt, IcebergFormat) and each.fmt.name == "iceberg"
+        return
     assert isinstance(each.fmt, DeltaFormat) and each.fmt.name == "delta"
     assert each.fmt.access is (connect_tables if each.kind == "delta connect" else tables)
 
@@ -133,7 +157,10 @@ def test_a_merged_window_is_applied_once(each: Each, tmp_path: Path) -> None:
 
     commit = _merge(each, path, 2, [(2, "b2"), (4, "d")])
     assert commit is not None and commit.version == 1
-    assert (commit.rows_inserted, commit.rows_updated, commit.rows_deleted) == (1, 1, 0)
+    if each.fmt.name == "iceberg":  # Iceberg counts the rows a MERGE wrote, not what each was
+        assert (commit.rows_written, commit.rows_inserted) == (2, 0)
+    else:
+        assert (commit.rows_inserted, commit.rows_updated, commit.rows_deleted) == (1, 1, 0)
     assert each.fmt.applied(each.spark, path, APP, 2) is True
     merged = [(1, "a"), (2, "b2"), (3, "c"), (4, "d")]
     assert _at(each, path, 1) == merged
@@ -200,7 +227,8 @@ def test_evolve_adds_a_column_the_next_window_writes(each: Each, tmp_path: Path)
         size=None,
         view_prefix="contract_",
     )
-    assert commit is not None and commit.rows_inserted == 1
+    assert commit is not None
+    assert (commit.rows_written if each.fmt.name == "iceberg" else commit.rows_inserted) == 1
     assert _at(each, path, commit.version) == [(1, "a", None), (2, "b", None), (3, "c", None), (4, "d", 40)]
 
 
@@ -211,6 +239,70 @@ def test_a_read_at_an_earlier_version_gives_that_versions_rows(each: Each, tmp_p
     later = _merge(each, path, 2, [(1, "a2")])
     assert later is not None and later.version == 1
     assert _at(each, path, 0) == FIRST
-    assert sorted(tuple(r) for r in each.spark.sql(each.fmt.sql_at(path, 0)).collect()) == FIRST
-    assert sorted(tuple(r) for r in each.spark.sql(formats.sql_at(path, 0)).collect()) == FIRST
+    if each.fmt.name == "delta":  # an Iceberg table's SQL at a version names a snapshot id
+        assert sorted(tuple(r) for r in each.spark.sql(each.fmt.sql_at(path, 0)).collect()) == FIRST
+        assert sorted(tuple(r) for r in each.spark.sql(formats.sql_at(path, 0)).collect()) == FIRST
     assert _at(each, path, 1) == [(1, "a2"), (2, "b"), (3, "c")]
+
+
+def _roll_back(each: Each, path: str, version: int) -> None:
+    """Another program rolls the table back to ``version``: Delta's RESTORE, Iceberg's
+    rollback_to_snapshot procedure (the snapshot current at that version)."""
+    if each.fmt.name == "delta":
+        each.spark.sql(f"RESTORE TABLE delta.{q(path)} TO VERSION AS OF {version}")
+        return
+    table = iceberg_sql.register(each.spark, iceberg_sql.at(path))
+    snapshot = iceberg_log.snapshot_at(metadata_log(each.spark, table), version)
+    each.spark.sql(
+        f"CALL {q(table.catalog)}.system.rollback_to_snapshot('{table.namespace}.{table.name}', {snapshot})"
+    )
+
+
+def test_a_table_rolled_back_under_the_sync_shows_it_in_its_state(each: Each, tmp_path: Path) -> None:
+    """What the integrity check reads (``merge/job/integrity.py``): a rollback past the sync's
+    last window is seen after the version the sync recorded. Delta's RESTORE keeps the table's
+    transaction ids, so the window rolled away still counts as held there: the RESTORE in
+    ``restores`` is what tells (the check refuses it). Iceberg's rollback makes an older
+    snapshot current, whose line holds only the windows before it, at its older version."""
+    path = str(tmp_path / "rolled")
+    _create(each, path)  # window 1, version 0
+    assert _merge(each, path, 2, [(4, "d")]) is not None  # version 1
+    assert _merge(each, path, 3, [(5, "e")]) is not None  # version 2
+    _roll_back(each, path, 1)
+    state = each.fmt.state(each.spark, path, APP, 2)  # the sync recorded version 2
+    assert sorted(tuple(r) for r in each.fmt.read(each.spark, path).collect()) == [*FIRST, (4, "d")]
+    if each.fmt.name == "delta":
+        assert (state.version, state.txn_version, state.restores) == (3, 3, (3,))
+        assert each.fmt.applied(each.spark, path, APP, 3) is True
+    else:
+        assert (state.version, state.txn_version, state.restores) == (1, 2, (1,))
+        assert each.fmt.applied(each.spark, path, APP, 3) is False
+
+
+def test_evolve_widens_and_drops_columns_keeping_every_value_and_the_windows_held(
+    each: Each, tmp_path: Path
+) -> None:
+    """A widening the format does in place (Iceberg: INT to BIGINT) and one it cannot (INT to
+    DECIMAL(20,0): Iceberg replaces the table with its rows cast; Delta without type widening
+    rewrites for both), and a dropped column: every value survives, and the table still holds
+    the windows it held (a replace that rewrites carries the marker of the snapshot it replaces)."""
+    path = str(tmp_path / "widened")
+    rows = each.spark.createDataFrame(
+        [(1, "a", 10, 20), (2, "b", 11, 21)], "id BIGINT, v STRING, n INT, m INT"
+    )
+    commit = each.fmt.replace(rows, path, ["id"], APP, 1, files=1, column_mapping=False, properties=None)
+    assert commit is not None
+    wide = T.DecimalType(20, 0)
+    ev = Evolution(
+        "contract", widen=(("n", T.IntegerType(), T.LongType()), ("m", T.IntegerType(), wide)), drop=("v",)
+    )
+    each.fmt.evolve(each.spark, path, ev, widen_in_place=False)
+    state = each.fmt.state(each.spark, path, APP, None)
+    assert [(f.name, f.dataType) for f in state.schema.fields] == [
+        ("id", T.LongType()),
+        ("n", T.LongType()),
+        ("m", wide),
+    ]
+    assert state.txn_version == 1 and each.fmt.applied(each.spark, path, APP, 1) is True
+    got = sorted(tuple(r) for r in each.fmt.read(each.spark, path).collect())
+    assert [(i, n, int(m)) for i, n, m in got] == [(1, 10, 20), (2, 11, 21)]

@@ -41,14 +41,16 @@ def spark_session() -> Any:
     after it on that worker."""
     from pyspark.sql import SparkSession
 
-    from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF, spark_conf
+    from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF, installed_spark_line, spark_conf
 
     active = SparkSession._instantiatedSession
     if active is not None and not _jvm_alive(active):
         _forget_dead_session(active)
     JVM_ERROR_FILE.parent.mkdir(exist_ok=True)
     builder = SparkSession.builder.master("local[2]").appName("vitess-tests")
-    conf = {**spark_conf(extra=LOCAL_CONF), **TEST_SESSION_CONF}
+    # Iceberg's runtime where the installed Spark line has one (tests/job/test_table_formats.py).
+    iceberg = installed_spark_line().iceberg is not None
+    conf = {**spark_conf(extra=LOCAL_CONF, iceberg=iceberg), **TEST_SESSION_CONF}
     ivy = os.environ.get("VITESS_SPARK_IVY")
     if ivy:
         conf["spark.jars.ivy"] = ivy

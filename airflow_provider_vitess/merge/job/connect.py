@@ -258,7 +258,8 @@ def run_merge(
             new_session=new_session,
             parallelism=parallelism,
             timings=timed,
-            table_format=DeltaFormat(connect_tables),
+            # Iceberg's format is the same on either kind of session: run.merge picks it.
+            table_format=DeltaFormat(connect_tables) if plan.table_format == "delta" else None,
         )
         stopping = time.monotonic()
     timed["session stop"] = time.monotonic() - stopping

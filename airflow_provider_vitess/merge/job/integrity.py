@@ -83,7 +83,9 @@ def _refuse_shape_change(plan: MergePlan, table: str, state: TableState) -> None
     if not state.exists:
         return
     target = plan.targets[table]
-    change = shape_change(recorded_shape(shape_marker(state.schema)), target.shape)
+    # Delta records the shape in the schema's column metadata, Iceberg (which keeps none) in the
+    # table's properties: the state carries both.
+    change = shape_change(recorded_shape({**shape_marker(state.schema), **state.properties}), target.shape)
     if change is None:
         return
     raise TargetModeChangedError(

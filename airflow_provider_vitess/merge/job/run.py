@@ -83,7 +83,7 @@ def merge(
     benchmark's breakdown. ``table_format``: the tables' format (:mod:`.formats`), chosen here
     for the kind of ``spark`` unless the caller gives it."""
     started = time.monotonic()
-    fmt = table_format or for_session(spark)
+    fmt = table_format or for_session(spark, plan.table_format)
     timed = timings if timings is not None else {}
     manifests = load_windows(plan)
     timed["manifests"] = time.monotonic() - started

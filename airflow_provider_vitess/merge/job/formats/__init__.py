@@ -1,9 +1,10 @@
 """The table formats the merge writes, behind one protocol (:class:`.base.TableFormat`).
 
 The merge's mode logic reaches a format only through the object :func:`for_session` returns
-(:mod:`..run` picks it once per merge; :mod:`..window_step` writes through it). Delta is the one
-format today (:mod:`.delta`, classic session or Spark Connect chosen inside it). Importing this
-package loads no PySpark: :func:`sql_at` serves the status page, which may run without it.
+(:mod:`..run` picks it once per merge; :mod:`..window_step` writes through it): Delta
+(:mod:`.delta`, classic session or Spark Connect chosen inside it) and Apache Iceberg
+(:mod:`.iceberg`). Importing this package loads no PySpark: :func:`sql_at` serves the status
+page, which may run without it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_FORMAT", "Commit", "Statement", "TableFormat", "for_session", "sql_at"]
 
+from airflow_provider_vitess.merge.plan import TABLE_FORMATS as FORMATS
+
 DEFAULT_FORMAT = "delta"
-FORMATS = ("delta",)
 
 
 def _known(name: str) -> None:
@@ -29,6 +31,10 @@ def _known(name: str) -> None:
 def for_session(spark: SparkSession, name: str = DEFAULT_FORMAT) -> TableFormat:
     """The format ``name`` for ``spark``'s kind of session."""
     _known(name)
+    if name == "iceberg":
+        from airflow_provider_vitess.merge.job.formats.iceberg import IcebergFormat
+
+        return IcebergFormat()
     from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 
     return DeltaFormat.for_session(spark)
@@ -36,8 +42,11 @@ def for_session(spark: SparkSession, name: str = DEFAULT_FORMAT) -> TableFormat:
 
 def sql_at(path: str, version: int, name: str = DEFAULT_FORMAT) -> str:
     """Spark SQL that reads the table at ``path`` as of ``version`` (:meth:`TableFormat.sql_at`),
-    without a session or PySpark."""
+    without a session or PySpark (Delta's; an Iceberg table's names a snapshot only a session can
+    look up)."""
     _known(name)
+    if name != DEFAULT_FORMAT:
+        raise ValueError(f"no SQL at a version without a session for a {name} table")
     from airflow_provider_vitess.merge.job.delta_sql import version_sql
 
     return version_sql(path, version)

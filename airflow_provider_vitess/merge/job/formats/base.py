@@ -5,8 +5,8 @@ The merge's mode logic (ordering, look-back, each target mode's rows and stateme
 differs per format is behind this protocol: a table's state, the exactly-once marker ("was this
 window applied"), the writes (each one commit carrying the window's marker), a schema change,
 the integrity check before a run writes, and a read at an earlier version (the consistent cut).
-Delta (classic session or Spark Connect, chosen inside it) is :mod:`.delta`; Iceberg joins
-later. ``tests/job/test_table_formats.py`` runs the same assertions over every implementation.
+Delta (classic session or Spark Connect, chosen inside it) is :mod:`.delta`; Apache Iceberg is
+:mod:`.iceberg`. ``tests/job/test_table_formats.py`` runs the same assertions over every implementation.
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""An Iceberg table at a location, as Spark SQL names it.
+
+The merge knows a target by its location, as with Delta. Iceberg's Spark SQL names a table
+through a catalog, so the location is read as a Hadoop (file) catalog's table: its warehouse the
+location's grandparent, its namespace the parent's name, its name the last part
+(``s3a://lake/cdc/orders`` is ``orders`` in namespace ``cdc`` of the warehouse ``s3a://lake``).
+The catalog is registered on the session under a name derived from the warehouse
+(:func:`register`), so two warehouses never share one. Every part is quoted: a location is data,
+never SQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_provider_vitess.merge.job.delta_sql import q
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
+EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# A session setting whose keys Iceberg copies into the summary of every snapshot the session
+# commits (Iceberg 1.11+ on Spark 4.0+): how a window's commit carries its app id, seq and mark.
+SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+
+
+@dataclass(frozen=True)
+class IcebergTable:
+    """The table at ``location``: a Hadoop catalog's ``namespace.name`` under ``warehouse``."""
+
+    location: str
+    warehouse: str
+    namespace: str
+    name: str
+
+    @property
+    def catalog(self) -> str:
+        return "vitess_" + hashlib.sha256(self.warehouse.encode()).hexdigest()[:12]
+
+    @property
+    def sql(self) -> str:
+        """The table's name in Spark SQL."""
+        return f"{q(self.catalog)}.{q(self.namespace)}.{q(self.name)}"
+
+    def metadata(self, kind: str) -> str:
+        """One of the table's metadata tables (``snapshots``, ``metadata_log_entries``...)."""
+        return f"{self.sql}.{q(kind)}"
+
+
+def at(location: str) -> IcebergTable:
+    """The table at ``location`` (a path or a URI with at least a warehouse, a namespace and a
+    name below its root)."""
+    scheme, sep, rest = location.rstrip("/").rpartition("://")
+    prefix = f"{scheme}{sep}"
+    table_dir, name = posixpath.split(rest)
+    warehouse, namespace = posixpath.split(table_dir)
+    if not name or not namespace or not warehouse.strip("/"):
+        raise ValueError(
+            f"Iceberg target {location!r}: an Iceberg target's path needs two levels below the "
+            "warehouse it is in (<warehouse>/<namespace>/<table>, e.g. s3a://lake/cdc/orders). "
+            "Remedy: give the table a path with a namespace directory above it."
+        )
+    return IcebergTable(location.rstrip("/"), prefix + warehouse, namespace, name)
+
+
+def register(spark: SparkSession, table: IcebergTable) -> IcebergTable:
+    """Make ``table``'s catalog known to ``spark`` (each session has its own catalogs; setting the
+    same values again is a no-op)."""
+    prefix = f"spark.sql.catalog.{table.catalog}"
+    if spark.conf.get(prefix, None) != CATALOG_CLASS:
+        spark.conf.set(prefix, CATALOG_CLASS)
+        spark.conf.set(f"{prefix}.type", "hadoop")
+        spark.conf.set(f"{prefix}.warehouse", table.warehouse)
+    return table
