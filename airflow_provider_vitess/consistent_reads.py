@@ -54,8 +54,10 @@ def consistent_tables(
     *,
     window: int | None = None,
     as_of: datetime | None = None,
+    table_format: str = "delta",
 ) -> dict[str, DataFrame]:
-    """Every table of the sync as a DataFrame at one cut (see :func:`consistent_cut`).
+    """Every table of the sync as a DataFrame at one cut (see :func:`consistent_cut`);
+    ``table_format``: the sync's (``target.table_format``).
 
     Raises :class:`CutUnavailableError` when Delta no longer has a version of the cut (its log
     retention, ``delta.logRetentionDuration``, passed it), instead of reading another version.
@@ -65,7 +67,7 @@ def consistent_tables(
     from airflow_provider_vitess.merge.job.formats import for_session
 
     taken = consistent_cut(store, sync_id, window=window, as_of=as_of)
-    fmt = for_session(spark)
+    fmt = for_session(spark, table_format)
     frames = {}
     for t in taken.tables.values():
         try:

@@ -320,6 +320,7 @@ class VitessSync(FrozenModel):
             "metadata_prefix": self.target.metadata_prefix,
             "change_data_feed": self.target.change_data_feed,
             "table_features": list(self.target.table_features),
+            "table_format": self.target.table_format,
             **({"targets": targets} if targets is not None else {}),
             **({"spark_history_url": self.spark_history_url} if self.spark_history_url else {}),
             **self.merge.merge_arguments(),

@@ -62,6 +62,7 @@ def sync_from_keywords(
     metadata_prefix: str = "_vitess_",
     change_data_feed: bool = False,
     table_features: Sequence[str] = (),
+    table_format: str = "delta",
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     capture_parallelism: int | Sequence[str] = 1,
 ) -> VitessSync:
@@ -123,6 +124,7 @@ def sync_from_keywords(
                 "metadata_prefix": metadata_prefix,
                 "change_data_feed": change_data_feed,
                 "table_features": table_features,
+                "table_format": table_format,
             },
             "capture": {"zero_date_policy": zero_date_policy},
             "freshness_sla": freshness_sla,

@@ -122,6 +122,10 @@ class TargetDefaults(FrozenModel):
         "(none by default: every Delta reader reads the tables; [reading the tables]"
         "(reading-the-tables.md))",
     )
+    table_format: Literal["delta", "iceberg"] = Field(
+        default="delta",
+        description="`delta` or `iceberg` ([Iceberg targets](iceberg.md): Spark 4.1, through spark-submit)",
+    )
 
     def options(self) -> ModeOptions:
         return ModeOptions(

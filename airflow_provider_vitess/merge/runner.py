@@ -91,6 +91,7 @@ def build_plan(
     target_location: str,
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     modes: ModeOptions | None = None,
+    table_format: str = "delta",
 ) -> MergePlan:
     """The plan for staged windows (one, or a chain staged with the same keys, in order): each
     table's Delta path, the key the windows were staged with, its target mode (``modes`` and
@@ -126,7 +127,7 @@ def build_plan(
         if w.manifest_path is None:
             raise CheckpointError(f"sync {sync_id!r} window {w.seq} is STAGED without a manifest path")
         to_merge.append(WindowToMerge(w.seq, w.manifest_path, replace))
-    return MergePlan(sync_id, tuple(to_merge), planned)
+    return MergePlan(sync_id, tuple(to_merge), planned, table_format)
 
 
 def mergeable(windows: Sequence[Window], committed: Vgtid | None) -> list[Window]:
@@ -222,9 +223,10 @@ class MergeRunner:
         storage_options: Mapping[str, Any] | None = None,
         freshness_sla: float | None = None,
         modes: ModeOptions | None = None,
+        table_format: str = "delta",
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
-        self.modes = modes
+        self.modes, self.table_format = modes, table_format
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
         self._keep, self._storage_options = keep_staged_windows, storage_options
@@ -264,7 +266,13 @@ class MergeRunner:
             if batch:
                 self._hand_back_lost(batch)
                 plan = build_plan(
-                    self.store, self.sync_id, batch, self.target_location, self.targets, self.modes
+                    self.store,
+                    self.sync_id,
+                    batch,
+                    self.target_location,
+                    self.targets,
+                    self.modes,
+                    self.table_format,
                 )
                 merged = submit(plan)
                 report = joined(report, merged)
@@ -280,7 +288,13 @@ class MergeRunner:
             last = done[-1]
             if plan is None:
                 plan = build_plan(
-                    self.store, self.sync_id, last, self.target_location, self.targets, self.modes
+                    self.store,
+                    self.sync_id,
+                    last,
+                    self.target_location,
+                    self.targets,
+                    self.modes,
+                    self.table_format,
                 )
             committed = self.store.committed(self.sync_id)[0]
             assert committed is not None

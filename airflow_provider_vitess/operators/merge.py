@@ -34,7 +34,7 @@ from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions, check_features
-from airflow_provider_vitess.merge.plan import MergePlanError
+from airflow_provider_vitess.merge.plan import TABLE_FORMATS, MergePlanError, format_problem
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
 from airflow_provider_vitess.operators._sync import accepts_sync, merge_parts
@@ -104,6 +104,9 @@ class VitessMergeOperator(BaseOperator):
         place instead of rewriting the table) and ``deletion_vectors`` (a MERGE marks changed rows
         instead of rewriting their files). None by default: every Delta reader reads the tables
         (``docs/reading-the-tables.md``).
+    :param table_format: ``delta`` (default) or ``iceberg``: Apache Iceberg tables at the same
+        locations, read as a Hadoop catalog's (``docs/iceberg.md``); on Spark 4.1, refused by name
+        on a Spark line without an Iceberg runtime.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
         the first submit resolves them and later ones pass ``--jars`` (default
@@ -176,6 +179,7 @@ class VitessMergeOperator(BaseOperator):
         metadata_prefix: str = DEFAULT_PREFIX,
         change_data_feed: bool = False,
         table_features: Sequence[str] = (),
+        table_format: str = "delta",
         **kwargs: Any,
     ) -> None:
         if sync_id is None or target_location is None:
@@ -231,7 +235,16 @@ class VitessMergeOperator(BaseOperator):
         )
         # Bad options fail the DAG's parse, naming them (templated targets: when the task runs).
         given = targets if isinstance(targets, Mapping) else None
-        self.modes.shapes({*([] if isinstance(tables, str) else tables or ()), *(given or {})}, given)
+        shapes = self.modes.shapes(
+            {*([] if isinstance(tables, str) else tables or ()), *(given or {})}, given
+        )
+        if table_format not in TABLE_FORMATS:
+            raise ValueError(f"table_format {table_format!r} is not one of {', '.join(TABLE_FORMATS)}")
+        for table, shape in shapes.items():
+            problem = format_problem(table_format, table, shape)
+            if problem:
+                raise ValueError(problem)
+        self.table_format = table_format
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url
         self.freshness_sla = freshness_sla
@@ -296,6 +309,7 @@ class VitessMergeOperator(BaseOperator):
             storage_options=s3.storage_options() if s3 else None,
             freshness_sla=self.freshness_sla,
             modes=self.modes,
+            table_format=self.table_format,
         )
         backend = self._merge_backend = self._make_backend()
         started = time.monotonic()

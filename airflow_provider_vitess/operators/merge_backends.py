@@ -38,7 +38,13 @@ from airflow_provider_vitess.exceptions import (
 )
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.report import MergeReport
-from airflow_provider_vitess.merge.spark_conf import LOCAL_SUBMIT_CONF, packages_for
+from airflow_provider_vitess.merge.spark_conf import (
+    BASE_CONF,
+    EXTENSIONS_CONF,
+    ICEBERG_EXTENSIONS,
+    LOCAL_SUBMIT_CONF,
+    packages_for,
+)
 from airflow_provider_vitess.merge.submit_env import spark_submit_problem
 from airflow_provider_vitess.utils.airflow_compat import AirflowException
 from airflow_provider_vitess.utils.failures import fail_permanently
@@ -160,9 +166,16 @@ class SparkSubmitMerge:
             # a small window's merge time, the quick JIT tier much of the rest; the user's own
             # conf still wins.
             job["conf"] = {**LOCAL_SUBMIT_CONF, **(job.get("conf") or {})}
+        iceberg = plan.table_format == "iceberg"
+        if iceberg:  # Iceberg's SQL beside Delta's (the extensions are fixed when Spark starts)
+            conf = dict(job.get("conf") or {})
+            extensions = str(conf.get(EXTENSIONS_CONF) or BASE_CONF[EXTENSIONS_CONF])
+            if ICEBERG_EXTENSIONS not in extensions.split(","):
+                conf[EXTENSIONS_CONF] = f"{extensions},{ICEBERG_EXTENSIONS}"
+            job["conf"] = conf
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            job["packages"] = packages_for(paths, **_cluster_spark(self.spark_conn_id))
+            job["packages"] = packages_for(paths, **_cluster_spark(self.spark_conn_id), iceberg=iceberg)
         s3 = s3_settings(self.aws_conn_id)
         if s3 is not None:
             master = _connection_host(self.spark_conn_id) or ""

@@ -20,7 +20,12 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from airflow_provider_vitess.merge.spark_conf import installed_spark_line, packages_for
+from airflow_provider_vitess.merge.spark_conf import (
+    ICEBERG_EXTENSIONS,
+    installed_spark_line,
+    packages_for,
+    spark_conf,
+)
 from airflow_provider_vitess.operators import merge_backends
 from airflow_provider_vitess.operators.merge import VitessMergeOperator
 from airflow_provider_vitess.operators.merge_backends import SUBMIT_ARGS
@@ -29,6 +34,7 @@ from airflow_provider_vitess.versions import (
     AIRFLOW_RELEASES,
     SPARK_LINES,
     UnsupportedSparkVersionError,
+    iceberg_runtime,
     newest_spark_line,
     spark_line,
 )
@@ -89,6 +95,16 @@ def test_the_claimed_spark_and_delta_releases_are_the_tested_ones(package: str, 
         re.MULTILINE,
     )
     assert make is not None and make[1] == tested[-1] == getattr(newest_spark_line(), package.split("-")[0])
+
+
+def test_the_iceberg_tests_spark_is_the_line_with_an_iceberg_runtime() -> None:
+    """The PySpark ``make test`` installs for the Iceberg tests is the one Spark line whose
+    Iceberg runtime carries the window's marker (versions.py)."""
+    from tests.support.iceberg_spark import PYSPARK
+
+    [line] = [x for x in SPARK_LINES if x.iceberg]
+    make = re.search(r"^ICEBERG_PYSPARK \?= (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert make is not None and make[1] == PYSPARK == line.pyspark
 
 
 def test_the_installed_pyspark_and_delta_are_a_tested_pair() -> None:
@@ -176,6 +192,25 @@ def test_a_spark_without_a_tested_delta_is_refused_by_name(spark: str) -> None:
     assert "3.5, 4.0, 4.1, 4.2" in message
     if spark == "4.3.0":
         assert "no Delta Lake release supports Spark 4.3 yet" in message
+
+
+@pytest.mark.parametrize("spark", ["3.5", "4.0", "4.2"])
+def test_iceberg_targets_are_refused_by_name_on_a_spark_line_without_an_iceberg_runtime(spark: str) -> None:
+    """Iceberg on the lines whose runtime carries a window's marker (Spark 4.1); the others are
+    refused with why and where Iceberg runs, as is the job's conf that would load it."""
+    assert iceberg_runtime(spark_line("4.1.3")) == "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+    with pytest.raises(UnsupportedSparkVersionError) as err:
+        iceberg_runtime(spark_line(spark))
+    message = str(err.value)
+    assert f"Iceberg targets on Spark {spark}:" in message and "Spark 4.1 (org.apache.iceberg" in message
+    assert "Remedy" in message
+    if installed_spark_line().iceberg is None:
+        with pytest.raises(UnsupportedSparkVersionError):
+            spark_conf(iceberg=True)
+    else:
+        conf = spark_conf(iceberg=True)
+        assert conf["spark.jars.packages"].endswith(installed_spark_line().iceberg or "")
+        assert conf["spark.sql.extensions"].endswith(ICEBERG_EXTENSIONS)
 
 
 def test_the_merge_operator_reads_the_clusters_spark_from_the_connection(

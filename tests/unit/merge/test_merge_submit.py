@@ -123,3 +123,74 @@ def test_a_spark_submit_that_can_start_is_not_refused() -> None:
     assert spark_submit_problem(op.submit_binary, {**env, **(op.env_vars or {})}) is None
     pyspark = Path(importlib.import_module("pyspark").__file__ or "").parent
     assert spark_submit_problem(op.submit_binary, {**env, "SPARK_HOME": str(pyspark)}) is None
+
+
+@pytest.mark.parametrize("spark", ["4.1.3", "4.2.0"])
+def test_an_iceberg_plans_submit_loads_icebergs_runtime_for_the_clusters_spark_or_is_refused(
+    spark: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cluster's Spark (the connection's ``spark_version``) picks Iceberg's runtime beside
+    Delta's, and Iceberg's SQL extensions join Delta's; a line without a runtime is refused by
+    name before spark-submit runs."""
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+    from airflow_provider_vitess.versions import UnsupportedSparkVersionError
+
+    conn = {"conn_type": "spark", "host": "local[2]", "extra": {"spark_version": spark}}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_X", json.dumps(conn))
+    op = VitessMergeOperator(
+        task_id="merge",
+        sync_id="s",
+        target_location=str(tmp_path / "lake"),
+        conn_id="spark_x",
+        table_format="iceberg",
+    )
+    plan = MergePlan(
+        "s",
+        (WindowToMerge(1, str(tmp_path / "staging" / "window=0000000001" / "_manifest.json")),),
+        {"t": TableTarget("t", str(tmp_path / "lake" / "t"), ("id",), ("id",))},
+        "iceberg",
+    )
+    from airflow_provider_vitess.operators.merge_backends import SparkSubmitMerge
+
+    backend = op._make_backend()
+    assert isinstance(backend, SparkSubmitMerge)
+    if spark == "4.2.0":
+        with pytest.raises(UnsupportedSparkVersionError, match=r"Iceberg targets on Spark 4\.2: .*Remedy"):
+            backend.job(plan, tmp_path / "plan.json", tmp_path / "report.json")
+        return
+    job = backend.job(plan, tmp_path / "plan.json", tmp_path / "report.json")
+    assert job["packages"] == (
+        "io.delta:delta-spark_4.1_2.13:4.4.0,org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+    )
+    assert job["conf"]["spark.sql.extensions"] == (
+        "io.delta.sql.DeltaSparkSessionExtension,org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+    )
+    # A Delta plan of the same operator loads neither.
+    delta = backend.job(MergePlan("s", plan.windows, plan.targets), tmp_path / "p", tmp_path / "r")
+    assert "iceberg" not in delta["packages"] and "Iceberg" not in str(delta.get("conf"))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"change_data_feed": True},
+        {"table_features": ["deletion_vectors"]},
+        {"targets": {"t": {"change_data_feed": True}}},
+    ],
+)
+def test_delta_only_choices_of_an_iceberg_sync_are_refused_when_the_dag_is_parsed(
+    given: dict[str, Any],
+) -> None:
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    with pytest.raises(ValueError, match=r"are Delta's and an Iceberg table has no such thing.*Remedy"):
+        VitessMergeOperator(
+            task_id="merge",
+            sync_id="s",
+            target_location="/lake/x",
+            tables=["t"],
+            table_format="iceberg",
+            **given,
+        )
+    with pytest.raises(ValueError, match=r"table_format 'hudi' is not one of delta, iceberg"):
+        VitessMergeOperator(task_id="merge", sync_id="s", target_location="/lake/x", table_format="hudi")

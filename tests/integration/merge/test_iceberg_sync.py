@@ -1,0 +1,193 @@
+"""An Iceberg sync through the DAG factory (``table_format="iceberg"``), run by Airflow
+(``dag.test()``), merged by Spark 4.1's spark-submit with Iceberg 1.12 (``tests/support/iceberg_spark.py``).
+
+One table per target mode, the target-mode tests' workload (moves between shards with either
+half first, key changes, a same-second delete and re-insert, large and long transactions) in small
+windows: ``pyiceberg`` reads each table, and each mode's oracle holds against ``SELECT *`` through
+vtgate and the workload's record. A merge killed after its Iceberg commits is rerun and holds
+each window once. A column added at the source lands in every table."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
+from airflow_provider_vitess.hooks.vitess import VitessHook
+from tests.support.airflow_env import IVY_CACHE, AirflowEnv, assert_succeeded, make_airflow_env
+from tests.support.iceberg_spark import driver_env, iceberg_dicts, spark_submit, windows_held
+from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.mode_oracles import (
+    P,
+    assert_changelog_changes,
+    assert_history_states,
+    assert_mirror,
+    assert_soft_delete,
+    source_dicts,
+)
+from tests.support.modes_workload import ModesWorkload, Record, create_tables
+
+pytestmark = pytest.mark.integration
+
+MIRROR, SOFT, HIST, LOG = "ice_mirror", "ice_soft", "ice_hist", "ice_log"
+TABLES = (MIRROR, SOFT, HIST, LOG)
+SYNC = "iceberg_modes"
+
+DAG = """
+import os
+from airflow_provider_vitess.dag_factory import vitess_sync_dag
+
+dag = vitess_sync_dag(
+    "{sync}",
+    keyspace="customer",
+    tables={tables!r},
+    staging_location="{lake}/staging",
+    target_location="{lake}/iceberg",
+    table_format="iceberg",
+    schedule=None,
+    wait_for_changes=False,
+    max_events=80,
+    targets={{
+        "{soft}": {{"mode": "soft_delete"}},
+        "{hist}": {{"mode": "history"}},
+        "{log}": {{"mode": "changelog"}},
+    }},
+    default_args={{"retries": 0}},
+    spark_conn_id="spark_iceberg",
+    merge_kwargs={{
+        "spark_binary": os.environ.get("ICEBERG_TEST_SPARK_SUBMIT") or "{spark_submit}",
+        "env_vars": {env_vars!r},
+        "conf": {{"spark.jars.ivy": "{ivy}", "spark.sql.shuffle.partitions": "2"}},
+    }},
+)
+"""
+
+# The real spark-submit, then a failure: the job committed to Iceberg, the task fails before the
+# checkpoint store records the windows MERGED (a kill after the commits).
+FAIL_AFTER = """#!/bin/sh
+"{real}" "$@"
+echo "injected failure after spark-submit (exit $?)" >&2
+exit 3
+"""
+
+
+@pytest.fixture(scope="module")
+def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
+    name, value = connection_uri_env("vitess_iceberg", vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(name, value)
+        hook = VitessHook("vitess_iceberg")
+        create_tables(hook, TABLES)
+        yield hook
+        hook.close()
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lake")
+
+
+@pytest.fixture(scope="module")
+def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+    submit = spark_submit()
+    env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
+    # The cluster's Spark is 4.1 (not the Airflow worker's PySpark): its Delta and Iceberg jars.
+    env.env["AIRFLOW_CONN_SPARK_ICEBERG"] = json.dumps(
+        {"conn_type": "spark", "host": "local[2]", "extra": {"spark_version": "4.1.3"}}
+    )
+    source = DAG.format(
+        sync=SYNC,
+        tables=list(TABLES),
+        lake=lake,
+        soft=SOFT,
+        hist=HIST,
+        log=LOG,
+        spark_submit=submit,
+        env_vars=driver_env(),
+        ivy=IVY_CACHE,
+    )
+    env.write_dag("iceberg_dags", source)
+    return env
+
+
+@pytest.fixture(scope="module")
+def workload(hook: VitessHook) -> ModesWorkload:
+    return ModesWorkload(hook, TABLES, seed=41)
+
+
+def _store(airflow: AirflowEnv) -> CheckpointStore:
+    return CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
+
+
+def _rows(lake: Path, table: str) -> list[dict[str, Any]]:
+    return iceberg_dicts(lake / "iceberg" / table)
+
+
+def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
+    mirror = _rows(lake, MIRROR)
+    assert mirror and all(not c.startswith(P) for c in mirror[0]), "a plain mirror has no metadata columns"
+    assert_mirror(MIRROR, mirror, source_dicts(hook, "customer", MIRROR))
+    gone = {k for k, states in record.states.items() if states[-1] is None}
+    assert_soft_delete(SOFT, _rows(lake, SOFT), source_dicts(hook, "customer", SOFT), gone)
+    assert_history_states(HIST, _rows(lake, HIST), record)
+    assert_changelog_changes(LOG, _rows(lake, LOG), record)
+    for table in TABLES:
+        held = windows_held(lake / "iceberg" / table)
+        assert held and all(n == 1 for n in held.values()), (table, held)
+
+
+def test_each_mode_to_iceberg_through_the_dag_factory(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+) -> None:
+    workload.initial(40)
+    assert_succeeded(airflow.run_dag(SYNC), "snapshot", "merge_snapshot", "catch_up", "merge")
+    for i in range(3):
+        workload.round(big=i == 1)
+    run = airflow.run_dag(SYNC)
+    assert_succeeded(run, "snapshot", "merge_snapshot", "catch_up", "merge")
+    assert _store(airflow).committed(SYNC)[1] >= 4, "small windows: a chain of several"
+    _assert_all(hook, lake, workload.record)
+    metadata = json.loads(max((lake / "iceberg" / MIRROR / "metadata").glob("v*.metadata.json")).read_text())
+    assert metadata["format-version"] == 2 and metadata["properties"]["write.merge.mode"] == "merge-on-read"
+
+
+def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window_once(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, tmp_path: Path
+) -> None:
+    store = _store(airflow)
+    before = store.committed(SYNC)[1]
+    for _ in range(2):
+        workload.round()
+    wrapper = tmp_path / "spark-submit-then-fail"
+    wrapper.write_text(FAIL_AFTER.format(real=spark_submit()))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    failing = AirflowEnv(airflow.home, {**airflow.env, "ICEBERG_TEST_SPARK_SUBMIT": str(wrapper)})
+    killed = failing.run_dag(SYNC)
+    assert killed["tasks"]["merge"] == "failed", killed["tasks"]
+    assert "injected failure after spark-submit (exit 0)" in killed["log"]
+    staged = [w.seq for w in store.open_windows(SYNC) if w.state is WindowState.STAGED]
+    assert staged and store.committed(SYNC)[1] == before, "the windows are in Iceberg, not committed"
+    held = {seq for app, seq in windows_held(lake / "iceberg" / MIRROR) if app.endswith(f":{MIRROR}")}
+    assert set(staged) & held, (staged, held)
+
+    rerun = airflow.run_dag(SYNC)
+    assert_succeeded(rerun, "snapshot", "merge_snapshot", "catch_up", "merge")
+    assert "already_applied" in rerun["log"]
+    assert store.committed(SYNC)[1] >= max(staged)
+    _assert_all(hook, lake, workload.record)
+
+
+def test_a_column_added_at_the_source_lands_in_every_iceberg_table(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+) -> None:
+    workload.add_column("tag")
+    workload.round()
+    assert_succeeded(airflow.run_dag(SYNC), "snapshot", "merge_snapshot", "catch_up", "merge")
+    for table in TABLES:
+        assert "tag" in _rows(lake, table)[0], table
+    _assert_all(hook, lake, workload.record)

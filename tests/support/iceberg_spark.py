@@ -1,0 +1,71 @@
+"""The Spark line Iceberg runs on, beside the suite's, and Iceberg tables read as users read them.
+
+The repo's venv has PySpark 4.2, for which Apache Iceberg publishes no runtime; Iceberg targets
+run on Spark 4.1 (``versions.SparkLine.iceberg``). ``make test`` installs PySpark 4.1 into a
+directory of its own (``ICEBERG_SPARK``, the Makefile's ``iceberg-spark``): an Iceberg sync's
+merges go through that Spark's ``spark-submit``, its driver running this Python with that PySpark
+first on its path, as a Spark 4.1 cluster's would. The tables are read back with ``pyiceberg``
+(Iceberg's Python library, no Spark), straight from their metadata files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_vitess.merge.job.iceberg_log import APP, WINDOW
+from tests.support.delta_check import _plain
+from tests.support.local import REPO
+
+PYSPARK = "4.1.3"  # the Makefile's ICEBERG_PYSPARK; versions.py's 4.1 line
+ICEBERG_SPARK = Path(
+    os.environ.get("VITESS_ICEBERG_SPARK")
+    or Path.home() / ".cache" / "airflow-provider-vitess" / f"spark-{PYSPARK}"
+)
+
+
+def spark_submit() -> Path:
+    """Spark 4.1's spark-submit; skips with the command that installs it when it is missing."""
+    binary = ICEBERG_SPARK / "pyspark" / "bin" / "spark-submit"
+    if not binary.exists():
+        pytest.skip(
+            f"no Spark {PYSPARK} at {ICEBERG_SPARK}: `make iceberg-spark` installs it (make test does)"
+        )
+    return binary
+
+
+def driver_env() -> dict[str, str]:
+    """The merge driver's environment: Spark 4.1's PySpark before the venv's, and the checkout."""
+    return {"PYTHONPATH": f"{ICEBERG_SPARK}{os.pathsep}{REPO}"}
+
+
+def _metadata_file(path: Path) -> Path:
+    """The table's current metadata file (a Hadoop catalog's ``v<N>.metadata.json``, highest N)."""
+    files = list((path / "metadata").glob("v*.metadata.json"))
+    assert files, f"{path}: no Iceberg metadata"
+    return max(files, key=lambda f: int(f.name[1:].split(".")[0]))
+
+
+def _table(path: Path) -> Any:
+    from pyiceberg.table import StaticTable
+
+    return StaticTable.from_metadata(str(_metadata_file(path)))
+
+
+def iceberg_dicts(path: Path) -> list[dict[str, Any]]:
+    """The table's rows as ``pyiceberg`` reads them (position deletes applied)."""
+    return [{k: _plain(v) for k, v in r.items()} for r in _table(path).scan().to_arrow().to_pylist()]
+
+
+def windows_held(path: Path) -> Counter[tuple[str, int]]:
+    """How many snapshots of the table carry each (app id, window seq): each window once."""
+    out: Counter[tuple[str, int]] = Counter()
+    for snapshot in _table(path).snapshots():
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if APP in props:
+            out[(props[APP], int(props[WINDOW]))] += 1
+    return out
