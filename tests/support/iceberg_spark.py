@@ -10,7 +10,11 @@ first on its path, as a Spark 4.1 cluster's would. The tables are read back with
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_vitess.merge.job.iceberg_log import APP, WINDOW
+from airflow_provider_vitess.merge.spark_conf import ICEBERG_EXTENSIONS
+from airflow_provider_vitess.versions import iceberg_runtime, spark_line
 from tests.support.delta_check import _plain
+from tests.support.iceberg_spark_read import canonical
 from tests.support.local import REPO
 
 PYSPARK = "4.1.3"  # the Makefile's ICEBERG_PYSPARK; versions.py's 4.1 line
@@ -69,3 +76,37 @@ def windows_held(path: Path) -> Counter[tuple[str, int]]:
         if APP in props:
             out[(props[APP], int(props[WINDOW]))] += 1
     return out
+
+
+def spark_rows(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each table's rows as Spark 4.1 with Iceberg's runtime reads them (``iceberg_spark_read``,
+    one spark-submit), values :func:`canonical`; keyed by location."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        command = [
+            str(spark_submit()),
+            "--master",
+            "local[2]",
+            "--packages",
+            iceberg_runtime(spark_line(PYSPARK)),
+            "--conf",
+            f"spark.sql.extensions={ICEBERG_EXTENSIONS}",
+            "--conf",
+            "spark.sql.session.timeZone=UTC",
+            "--conf",
+            f"spark.jars.ivy={ivy}",
+            str(REPO / "tests" / "support" / "iceberg_spark_read.py"),
+            str(out),
+            *map(str, locations),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+        env.update(driver_env(), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, f"Spark's read failed:\n{done.stderr[-4000:]}"
+        rows: dict[str, list[dict[str, Any]]] = json.loads(out.read_text())
+    return rows
+
+
+def canonical_rows(rows: list[dict[str, Any]]) -> Counter[tuple[tuple[str, Any], ...]]:
+    """Rows as a multiset of their canonical values, to compare two readers' reads."""
+    return Counter(tuple(sorted((k, canonical(v)) for k, v in r.items())) for r in rows)

@@ -20,7 +20,14 @@ import pytest
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from tests.support.airflow_env import IVY_CACHE, AirflowEnv, assert_succeeded, make_airflow_env
-from tests.support.iceberg_spark import driver_env, iceberg_dicts, spark_submit, windows_held
+from tests.support.iceberg_spark import (
+    canonical_rows,
+    driver_env,
+    iceberg_dicts,
+    spark_rows,
+    spark_submit,
+    windows_held,
+)
 from tests.support.local import LocalVitess, connection_uri_env
 from tests.support.mode_oracles import (
     P,
@@ -152,6 +159,12 @@ def test_each_mode_to_iceberg_through_the_dag_factory(
     assert_succeeded(run, "snapshot", "merge_snapshot", "catch_up", "merge")
     assert _store(airflow).committed(SYNC)[1] >= 4, "small windows: a chain of several"
     _assert_all(hook, lake, workload.record)
+    # Spark (4.1, Iceberg's runtime, a Hadoop catalog on the warehouse) reads what pyiceberg read.
+    by_spark = spark_rows([lake / "iceberg" / t for t in TABLES], IVY_CACHE)
+    for table in TABLES:
+        assert canonical_rows(by_spark[str(lake / "iceberg" / table)]) == canonical_rows(
+            _rows(lake, table)
+        ), table
     metadata = json.loads(max((lake / "iceberg" / MIRROR / "metadata").glob("v*.metadata.json")).read_text())
     assert metadata["format-version"] == 2 and metadata["properties"]["write.merge.mode"] == "merge-on-read"
 

@@ -1,0 +1,46 @@
+"""Run by Spark 4.1's spark-submit (``iceberg_spark.spark_rows``): each Iceberg table at the given
+locations read by Spark through a Hadoop catalog, as a user's Spark reads it, its rows written to
+a JSON file with :func:`canonical` values. Imports only what a bare driver has."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+
+def canonical(value: Any) -> Any:
+    """A value as two readers can agree on it in JSON: an instant as naive UTC ISO text, a decimal
+    as text, bytes as hex."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return value
+
+
+def main(out: str, locations: list[str]) -> None:
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_vitess.merge.job.iceberg_sql import at, register
+
+    spark = SparkSession.builder.getOrCreate()
+    tables = {}
+    for location in locations:
+        table = register(spark, at(location))
+        tables[location] = [
+            {k: canonical(v) for k, v in r.asDict().items()} for r in spark.table(table.sql).collect()
+        ]
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(tables, f)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
