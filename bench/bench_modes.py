@@ -10,8 +10,13 @@ merged with the job's ``merge`` (the code the operator's job runs), the modes al
 by window. The median per (mode, size) counts; the ratios to ``mirror`` are printed with the
 issue's targets (``history`` and ``soft_delete`` <= 2x, ``changelog`` <= 1x).
 
+``--formats delta,iceberg`` runs each mode in each table format on the same windows and prints
+Iceberg's time next to Delta's (issue 40); Iceberg needs Spark 4.1's PySpark first on the path
+(``make iceberg-spark``, then ``PYTHONPATH=~/.cache/airflow-provider-vitess/spark-4.1.3``).
+
     .venv/bin/python bench/bench_modes.py [--rows 1000000] [--changes 500,100000] [--windows 3]
         [--rows-per-file 1000000] [--modes mirror,soft_delete,history,changelog] [--dir DIR]
+        [--formats delta]
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from pyspark.sql import functions as F
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.decoding.events import Operation
-from airflow_provider_vitess.merge.job import apply, shapes
+from airflow_provider_vitess.merge.job import formats as table_formats
+from airflow_provider_vitess.merge.job import shapes
 from airflow_provider_vitess.merge.job.run import merge
 from airflow_provider_vitess.merge.modes import (
     COMMIT_TS,
@@ -129,14 +135,14 @@ def stage_window(stage: Path, sync: str, seq: int, size: int, changes: int, rng:
     return stager.finish(VGTID, VGTID, VGTID).path
 
 
-def session(work: Path) -> SparkSession:
+def session(work: Path, iceberg: bool) -> SparkSession:
     builder = SparkSession.builder.master("local[2]").appName("bench_modes")
     extra = {
         "spark.driver.memory": "3g",
         "spark.pyspark.python": sys.executable,
         "spark.local.dir": str(work / "spark-local"),
     }
-    for key, value in spark_conf(local=True, extra=extra).items():
+    for key, value in spark_conf(local=True, extra=extra, iceberg=iceberg).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -151,26 +157,31 @@ def main() -> None:
     p.add_argument("--rows-per-file", type=int, default=1_000_000)
     p.add_argument("--modes", default="mirror,soft_delete,history,changelog")
     p.add_argument("--dir", help="work directory (default: a temp dir, removed at the end)")
+    p.add_argument("--formats", default="delta", help="delta, iceberg or both: delta,iceberg")
     args = p.parse_args()
     sizes = [int(s) for s in args.changes.split(",")]
     modes = [TargetMode(m) for m in args.modes.split(",")]
+    kinds = args.formats.split(",")
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench_modes-"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(29)
-    spark = session(work)
+    spark = session(work, iceberg="iceberg" in kinds)
     try:
         shape_of = {m: TargetShape(m, metadata=m is not TargetMode.MIRROR) for m in modes}
-        for m in modes:
-            started = time.monotonic()
-            path, sync = work / m.value / TABLE, f"bench_{m.value}"
-            app = MergePlan(sync, (), {}).txn_app_id(TABLE)
-            files = -(-args.rows // args.rows_per_file)
-            rows = snapshot_rows(spark, args.rows, shape_of[m])
-            apply.write_replace(rows, str(path), ["id"], app, 1, files=files, column_mapping=False)
-            print(
-                f"{m.value:>11}: built {args.rows:,} rows in {time.monotonic() - started:6.1f}s", flush=True
-            )
-        times: dict[tuple[TargetMode, int], list[float]] = {}
+        for kind in kinds:
+            fmt = table_formats.for_session(spark, kind)
+            for m in modes:
+                started = time.monotonic()
+                path, sync = work / kind / m.value / TABLE, f"bench_{m.value}"
+                app = MergePlan(sync, (), {}).txn_app_id(TABLE)
+                files = -(-args.rows // args.rows_per_file)
+                rows = snapshot_rows(spark, args.rows, shape_of[m])
+                fmt.replace(
+                    rows, str(path), ["id"], app, 1, files=files, column_mapping=False, properties=None
+                )
+                took = time.monotonic() - started
+                print(f"{kind:>7} {m.value:>11}: built {args.rows:,} rows in {took:6.1f}s", flush=True)
+        times: dict[tuple[str, TargetMode, int], list[float]] = {}
         seq = 1
         for _ in range(args.windows):
             for changes in sizes:
@@ -178,35 +189,53 @@ def main() -> None:
                 for m in modes:
                     sync = f"bench_{m.value}"
                     manifest = stage_window(work / "stage", sync, seq, args.rows, changes, rng)
-                    target = TableTarget(
-                        TABLE, str(work / m.value / TABLE), ("id",), ("id",), shape=shape_of[m]
-                    )
-                    plan = MergePlan(sync, (WindowToMerge(seq, manifest),), {TABLE: target})
-                    started = time.monotonic()
-                    report = merge(spark, plan)
-                    took = time.monotonic() - started
-                    result = report.windows[0].table(TABLE)
-                    assert result.status is TableStatus.WRITTEN, result
-                    times.setdefault((m, changes), []).append(took)
-                    print(f"window {seq} {m.value:>11} {changes:>7,} changes: {took:6.2f}s", flush=True)
-        targets = {TargetMode.SOFT_DELETE: 2.0, TargetMode.HISTORY: 2.0, TargetMode.CHANGELOG: 1.0}
-        print(f"\nmedian merge time of one window into {args.rows:,} rows (s), and the ratio to mirror:")
-        print(f"{'mode':>11} " + " ".join(f"{c:>20,}" for c in sizes))
-        for m in modes:
-            cells = []
-            for c in sizes:
-                med = statistics.median(times[(m, c)])
-                base = times.get((TargetMode.MIRROR, c))
-                ratio = (
-                    f" ({med / statistics.median(base):.2f}x)" if base and m is not TargetMode.MIRROR else ""
-                )
-                cells.append(f"{med:>11.2f}{ratio:>9}")
-            goal = f"  target <= {targets[m]:.0f}x" if m in targets else ""
-            print(f"{m.value:>11} " + " ".join(cells) + goal)
+                    for kind in kinds:  # the same window into each format's table
+                        path = str(work / kind / m.value / TABLE)
+                        target = TableTarget(TABLE, path, ("id",), ("id",), shape=shape_of[m])
+                        plan = MergePlan(sync, (WindowToMerge(seq, manifest),), {TABLE: target}, kind)
+                        started = time.monotonic()
+                        report = merge(spark, plan)
+                        took = time.monotonic() - started
+                        result = report.windows[0].table(TABLE)
+                        assert result.status is TableStatus.WRITTEN, result
+                        times.setdefault((kind, m, changes), []).append(took)
+                        print(
+                            f"window {seq} {kind:>7} {m.value:>11} {changes:>7,} changes: {took:6.2f}s",
+                            flush=True,
+                        )
+        report_medians(times, kinds, modes, sizes, args.rows)
     finally:
         spark.stop()
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def report_medians(
+    times: dict[tuple[str, TargetMode, int], list[float]],
+    kinds: list[str],
+    modes: list[TargetMode],
+    sizes: list[int],
+    rows: int,
+) -> None:
+    """Per format and mode the median merge time, its ratio to the format's mirror (with the
+    issue's targets) and, for a second format, to Delta's."""
+    targets = {TargetMode.SOFT_DELETE: 2.0, TargetMode.HISTORY: 2.0, TargetMode.CHANGELOG: 1.0}
+    print(f"\nmedian merge time of one window into {rows:,} rows (s), the ratio to mirror, and to Delta:")
+    print(f"{'format':>7} {'mode':>11} " + " ".join(f"{c:>28,}" for c in sizes))
+    for kind in kinds:
+        for m in modes:
+            cells = []
+            for c in sizes:
+                med = statistics.median(times[(kind, m, c)])
+                base = times.get((kind, TargetMode.MIRROR, c))
+                delta = times.get(("delta", m, c))
+                ratio = (
+                    f" ({med / statistics.median(base):.2f}x)" if base and m is not TargetMode.MIRROR else ""
+                )
+                vs = f" [{med / statistics.median(delta):.2f}x]" if delta and kind != "delta" else ""
+                cells.append(f"{med:>11.2f}{ratio:>9}{vs:>8}")
+            goal = f"  target <= {targets[m]:.0f}x" if m in targets else ""
+            print(f"{kind:>7} {m.value:>11} " + " ".join(cells) + goal)
 
 
 if __name__ == "__main__":
