@@ -21,6 +21,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from airflow_provider_vitess.exceptions import TargetIntegrityError
 from airflow_provider_vitess.merge.job import (
     connect,
     connect_tables,
@@ -36,6 +37,7 @@ from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 from airflow_provider_vitess.merge.job.formats.iceberg import IcebergFormat, metadata_log
 from airflow_provider_vitess.merge.job.merge_sql import Then, When
 from airflow_provider_vitess.merge.job.schema import Evolution
+from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import installed_spark_line
 from airflow_provider_vitess.versions import UnsupportedSparkVersionError, iceberg_runtime
 from tests.support.delta_check import spark_session
@@ -277,6 +279,21 @@ def test_a_table_rolled_back_under_the_sync_shows_it_in_its_state(each: Each, tm
     else:
         assert (state.version, state.txn_version, state.restores) == (1, 2, (1,))
         assert each.fmt.applied(each.spark, path, APP, 3) is False
+    # The check before a run writes refuses the table, naming the rollback or the lost window.
+    target = TableTarget("contract", path, ("id",), ("id",), last_merged_seq=3, last_delta_version=2)
+    plan = MergePlan(
+        APP, (WindowToMerge(4, "/staging/w4/_manifest.json"),), {"contract": target}, each.fmt.name
+    )
+    with pytest.raises(TargetIntegrityError) as refused:
+        each.fmt.check(plan, {"contract": state}, {})
+    if each.fmt.name == "delta":
+        assert "the Delta table at" in str(refused.value) and "RESTORE at Delta version 3" in str(
+            refused.value
+        )
+    else:
+        assert "the Iceberg table at" in str(refused.value)
+        assert "holds this sync's windows only up to 2, but window 3 was merged" in str(refused.value)
+        assert "rolled back (rollback_to_snapshot)" in str(refused.value)
 
 
 def test_evolve_widens_and_drops_columns_keeping_every_value_and_the_windows_held(

@@ -1,4 +1,8 @@
-"""Is each Delta table what the sync last wrote to it? Checked before a merge writes (pure).
+"""Is each table what the sync last wrote to it? Checked before a merge writes (pure).
+
+The same check for both formats, over the states each reads (Delta's transaction ids and
+``RESTORE`` commits; Iceberg's snapshot summaries, sequence numbers and rollbacks:
+:mod:`.iceberg_log`); the messages name the format. Below, Delta's terms.
 
 A catch-up window holds only the changes since the previous window. Merged into a table that
 is not the one the previous windows built, it silently makes a wrong table: into a missing
@@ -51,7 +55,7 @@ def check_targets(
         other = _other_read(state, reads or {})
         if other is not None:
             raise TargetIntegrityError(
-                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {other}; "
+                f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} {other}; "
                 f"nothing was written. {STORE_REMEDY}"
             )
         ahead = _ahead(target, state, last_seq)
@@ -59,7 +63,7 @@ def check_targets(
             # Not a re-snapshot: its window would be numbered below the table's and taken for
             # already applied, so that remedy would loop.
             raise TargetIntegrityError(
-                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {ahead}; "
+                f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} {ahead}; "
                 f"nothing was written. {STORE_REMEDY}"
             )
         if table in plan.windows[0].replace_tables:
@@ -67,10 +71,10 @@ def check_targets(
             # a table this sync never wrote is someone else's, and is not replaced.
             _refuse_foreign(plan, table, state)
             continue
-        problem = _problem(target, state)
+        problem = _problem(target, state, _kind(plan))
         if problem is not None:
             raise TargetIntegrityError(
-                f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {problem}; "
+                f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} {problem}; "
                 "merging this window into it would leave a partial or wrong table, so nothing was "
                 "written. Re-snapshot the table to rebuild it (trigger the DAG with "
                 f'{{"resnapshot_tables": ["{table}"]}}); the other tables are unaffected'
@@ -89,7 +93,7 @@ def _refuse_shape_change(plan: MergePlan, table: str, state: TableState) -> None
     if change is None:
         return
     raise TargetModeChangedError(
-        f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} {change}; a "
+        f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} {change}; a "
         "table's target mode cannot change, so nothing was written. Keep the mode it was built "
         "in, or give the table a new target location (its entry in targets, or target_location) "
         f'and re-snapshot it (trigger the DAG with {{"resnapshot_tables": ["{table}"]}})'
@@ -135,9 +139,9 @@ def _refuse_foreign(plan: MergePlan, table: str, state: TableState) -> None:
         return
     if state.size is not None and state.size.files == 0:
         return  # an empty table made ready for the sync: nothing to lose
-    version = "" if state.version is None else f" (Delta version {state.version})"
+    version = "" if state.version is None else f" ({_kind(plan)} version {state.version})"
     raise TargetIntegrityError(
-        f"sync {plan.sync_id!r} table {table!r}: the Delta table at {target.path} already exists"
+        f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} already exists"
         f"{version} and holds no window of this sync: another sync or program wrote it. Its "
         "snapshot would replace that table, so nothing was written. Give this sync's table "
         "another target (target_location, or its entry in targets); or, if that table may be "
@@ -145,7 +149,12 @@ def _refuse_foreign(plan: MergePlan, table: str, state: TableState) -> None:
     )
 
 
-def _problem(target: TableTarget, state: TableState) -> str | None:
+def _kind(plan: MergePlan) -> str:
+    """The tables' format as the messages name it."""
+    return {"delta": "Delta", "iceberg": "Iceberg"}.get(plan.table_format, plan.table_format)
+
+
+def _problem(target: TableTarget, state: TableState, kind: str = "Delta") -> str | None:
     seq, version = target.last_merged_seq, target.last_delta_version
     if seq is None:
         if not state.exists:
@@ -156,7 +165,7 @@ def _problem(target: TableTarget, state: TableState) -> str | None:
         if version is None:
             return None  # its snapshot copied no rows: this window may create it
         return (
-            f"is missing: this sync last merged window {seq} into it (Delta version {version}); "
+            f"is missing: this sync last merged window {seq} into it ({kind} version {version}); "
             "it was deleted or moved"
         )
     elif state.txn_version is None:
@@ -167,17 +176,16 @@ def _problem(target: TableTarget, state: TableState) -> str | None:
     elif state.txn_version < seq:
         return (
             f"holds this sync's windows only up to {state.txn_version}, but window {seq} was merged "
-            "into it: it was rolled back (RESTORE) or replaced by an older copy"
+            f"into it: it was rolled back ({'RESTORE' if kind == 'Delta' else 'rollback_to_snapshot'}) "
+            "or replaced by an older copy"
         )
     if version is not None and state.version is not None and state.version < version:
         return (
-            f"is at Delta version {state.version}, below version {version} this sync committed "
+            f"is at {kind} version {state.version}, below version {version} this sync committed "
             f"window {seq} as: it was recreated"
         )
     if state.restores:
         at = ", ".join(map(str, state.restores))
-        return (
-            f"was restored to an earlier version (RESTORE at Delta version {at}) after this sync "
-            "last wrote it"
-        )
+        how = f"RESTORE at Delta version {at}" if kind == "Delta" else f"rolled back to version {at}"
+        return f"was restored to an earlier version ({how}) after this sync last wrote it"
     return None
