@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,8 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SPARK_CONNECT_PORT": str(free_port()),
         "SPARK_CONNECT_STATE_DIR": str(tmp_path_factory.mktemp("spark-connect")),
         "SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
+        # This Python (make test-compat runs from a copy of the repo without a .venv).
+        "SPARK_CONNECT_PYTHON": os.environ.get("SPARK_CONNECT_PYTHON") or sys.executable,
     }
     script = str(REPO / "dev" / "spark_connect.sh")
     started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)

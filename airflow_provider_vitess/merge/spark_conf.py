@@ -124,6 +124,20 @@ EXTENSIONS_CONF = "spark.sql.extensions"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
 
+def connect_server_package() -> str | None:
+    """The Spark Connect server's own package where the installed PySpark lacks it: PySpark 4
+    ships the server in ``pyspark/jars``, PySpark 3.5 only the client (its server is
+    ``org.apache.spark:spark-connect_2.12``, from Maven Central)."""
+    try:
+        installed = version("pyspark")
+    except PackageNotFoundError:
+        return None
+    if not installed.startswith("3."):
+        return None
+    scala = installed_spark_line().delta_artifact.rsplit("_", 1)[1]
+    return f"org.apache.spark:spark-connect_{scala}:{installed}"
+
+
 def spark_conf(
     *, local: bool = False, extra: Mapping[str, str] | None = None, iceberg: bool = False
 ) -> dict[str, str]:

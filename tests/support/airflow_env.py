@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -214,3 +215,20 @@ def assert_succeeded(result: dict[str, Any], *tasks: str) -> None:
     assert isinstance(states, dict)
     bad = {t: states.get(t) for t in tasks if states.get(t) != "success"}
     assert not bad, f"tasks not successful: {bad}; all: {states}\n{str(result['log'])[-5000:]}"
+
+
+# The real spark-submit, then a failure: the job committed its windows to the tables, the task
+# fails before the checkpoint store records them MERGED (a kill after the commits).
+_FAIL_AFTER = """#!/bin/sh
+"{real}" "$@"
+echo "injected failure after spark-submit (exit $?)" >&2
+exit 3
+"""
+
+
+def failing_after_submit(real: Path | str, directory: Path) -> Path:
+    """A spark-submit (in ``directory``) that runs ``real``, then fails (:data:`_FAIL_AFTER`)."""
+    wrapper = directory / "spark-submit-then-fail"
+    wrapper.write_text(_FAIL_AFTER.format(real=real))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper

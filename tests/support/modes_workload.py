@@ -21,12 +21,15 @@ import itertools
 import random
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import sqlalchemy
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from tests.support.local import LocalVitess, connection_uri_env
 
 State = tuple[int, str, int] | None  # (vid, note, qty); None: no row
 
@@ -326,3 +329,15 @@ EVENTS = (
     "big",
     "long_transaction",
 )
+
+
+@contextmanager
+def modes_hook(vitess: LocalVitess, name: str, tables: Sequence[str]) -> Iterator[VitessHook]:
+    """A hook on connection ``name`` to the local vtgate, with ``tables`` created afresh."""
+    conn_name, value = connection_uri_env(name, vitess)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(conn_name, value)
+        hook = VitessHook(name)
+        create_tables(hook, tables)
+        yield hook
+        hook.close()

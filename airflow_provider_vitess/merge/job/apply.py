@@ -115,6 +115,13 @@ def _sql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
+def laid_out(rows: DataFrame, keys: Sequence[str], files: int) -> DataFrame:
+    """A replace's rows: about ``files`` files of key ranges, sorted by key (so a later MERGE's
+    key ranges skip most files), strings plain (:func:`plain_strings`). Every format's replace."""
+    key_cols = [col(k) for k in keys]
+    return plain_strings(rows).repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
+
+
 def write_replace(
     rows: DataFrame,
     path: str,
@@ -129,10 +136,9 @@ def write_replace(
     """Create or overwrite the table with ``rows``, range-partitioned and sorted by key (so a later
     MERGE's key ranges skip most files), as one commit carrying (app id, seq); which one, if
     Delta did not skip it, :func:`.delta_log.last_commit` says."""
-    key_cols = [col(k) for k in keys]
-    data = plain_strings(rows).repartitionByRange(max(1, files), *key_cols).sortWithinPartitions(*key_cols)
     writer = (
-        data.write.format("delta")
+        laid_out(rows, keys, files)
+        .write.format("delta")
         .mode("overwrite")
         .option("overwriteSchema", "true")
         .option("txnAppId", app_id)

@@ -30,7 +30,12 @@ from urllib.parse import unquote
 from airflow_provider_vitess.exceptions import MergeInterruptedError
 from airflow_provider_vitess.merge.job import connect_tables, run
 from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, LOCAL_CONF, packages_for
+from airflow_provider_vitess.merge.spark_conf import (
+    BASE_CONF,
+    LOCAL_CONF,
+    connect_server_package,
+    packages_for,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,7 +83,9 @@ def server_args(
     }
     if local_dir:
         conf["spark.local.dir"] = local_dir
-    args = ["--packages", packages_for(locations)]
+    packages = packages_for(locations)
+    server = connect_server_package()
+    args = ["--packages", f"{packages},{server}" if server else packages]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args

@@ -10,7 +10,6 @@ each window once; a column added at the source meanwhile lands in every table.""
 from __future__ import annotations
 
 import json
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,13 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.support.airflow_env import IVY_CACHE, AirflowEnv, assert_succeeded, make_airflow_env
+from tests.support.airflow_env import (
+    IVY_CACHE,
+    AirflowEnv,
+    assert_succeeded,
+    failing_after_submit,
+    make_airflow_env,
+)
 from tests.support.iceberg_spark import (
     canonical_rows,
     driver_env,
@@ -28,7 +33,7 @@ from tests.support.iceberg_spark import (
     spark_submit,
     windows_held,
 )
-from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.local import LocalVitess
 from tests.support.mode_oracles import (
     P,
     assert_changelog_changes,
@@ -37,7 +42,7 @@ from tests.support.mode_oracles import (
     assert_soft_delete,
     source_dicts,
 )
-from tests.support.modes_workload import ModesWorkload, Record, create_tables
+from tests.support.modes_workload import ModesWorkload, Record, modes_hook
 
 pytestmark = pytest.mark.integration
 
@@ -74,24 +79,11 @@ dag = vitess_sync_dag(
 )
 """
 
-# The real spark-submit, then a failure: the job committed to Iceberg, the task fails before the
-# checkpoint store records the windows MERGED (a kill after the commits).
-FAIL_AFTER = """#!/bin/sh
-"{real}" "$@"
-echo "injected failure after spark-submit (exit $?)" >&2
-exit 3
-"""
-
 
 @pytest.fixture(scope="module")
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
-    name, value = connection_uri_env("vitess_iceberg", vitess)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(name, value)
-        hook = VitessHook("vitess_iceberg")
-        create_tables(hook, TABLES)
+    with modes_hook(vitess, "vitess_iceberg", TABLES) as hook:
         yield hook
-        hook.close()
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +170,7 @@ def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window
     workload.add_column("tag")
     for _ in range(2):
         workload.round()
-    wrapper = tmp_path / "spark-submit-then-fail"
-    wrapper.write_text(FAIL_AFTER.format(real=spark_submit()))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    wrapper = failing_after_submit(spark_submit(), tmp_path)
     failing = AirflowEnv(airflow.home, {**airflow.env, "ICEBERG_TEST_SPARK_SUBMIT": str(wrapper)})
     killed = failing.run_dag(SYNC)
     assert killed["tasks"]["merge"] == "failed", killed["tasks"]

@@ -23,7 +23,6 @@ once in every table, the oracles hold (the changelog has no window twice). Table
 from __future__ import annotations
 
 import itertools
-import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,10 +37,11 @@ from tests.support.airflow_env import (
     CONNECT_UNLESS_SUBMIT,
     AirflowEnv,
     assert_succeeded,
+    failing_after_submit,
     make_airflow_env,
 )
 from tests.support.delta_check import delta_txns, source_rows, spark_session
-from tests.support.local import LocalVitess, connection_uri_env
+from tests.support.local import LocalVitess
 from tests.support.mode_oracles import (
     P,
     assert_changelog_changes,
@@ -51,7 +51,7 @@ from tests.support.mode_oracles import (
     delta_dicts,
     source_dicts,
 )
-from tests.support.modes_workload import ModesWorkload, Record, create_tables
+from tests.support.modes_workload import ModesWorkload, Record, modes_hook
 from tests.support.readers import assert_readers_see_what_spark_sees
 
 pytestmark = pytest.mark.integration
@@ -130,24 +130,11 @@ globals()["{sync}_changed"] = vitess_sync_dag(
 )
 """
 
-# The real spark-submit, then a failure: the job committed to Delta, the task fails before the
-# checkpoint store records the windows MERGED (a kill after the Delta commit).
-FAIL_AFTER = """#!/bin/sh
-"{real}" "$@"
-echo "injected failure after spark-submit (exit $?)" >&2
-exit 3
-"""
-
 
 @pytest.fixture(scope="module")
 def hook(vitess: LocalVitess) -> Iterator[VitessHook]:
-    name, value = connection_uri_env("vitess_modes", vitess)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(name, value)
-        hook = VitessHook("vitess_modes")
-        create_tables(hook, TABLES)
+    with modes_hook(vitess, "vitess_modes", TABLES) as hook:
         yield hook
-        hook.close()
 
 
 @pytest.fixture(scope="module")
@@ -286,9 +273,7 @@ def test_a_merge_killed_after_its_delta_commits_is_rerun_and_leaves_each_window_
     for _ in range(2):
         workload.round()
     real = _spark_submit()
-    wrapper = tmp_path / "spark-submit-then-fail"
-    wrapper.write_text(FAIL_AFTER.format(real=real))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    wrapper = failing_after_submit(real, tmp_path)
     failing = AirflowEnv(airflow.home, {**airflow.env, "VITESS_TEST_SPARK_SUBMIT": str(wrapper)})
     killed = failing.run_dag(SYNC)
     assert killed["tasks"]["merge"] == "failed", killed["tasks"]

@@ -107,6 +107,20 @@ def test_the_iceberg_tests_spark_is_the_line_with_an_iceberg_runtime() -> None:
     assert make is not None and make[1] == PYSPARK == line.pyspark
 
 
+@pytest.mark.parametrize(
+    ("pyspark", "server"), [("3.5.9", "org.apache.spark:spark-connect_2.12:3.5.9"), ("4.2.0", None)]
+)
+def test_a_spark_connect_server_on_pyspark_3_gets_the_server_package_pyspark_4_ships(
+    pyspark: str, server: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySpark 3.5 ships Spark Connect's client only: its server (dev/spark_connect.sh, make
+    test-compat's spark-3.5 cell) loads the server package; PySpark 4 has it in pyspark/jars."""
+    from airflow_provider_vitess.merge import spark_conf
+
+    monkeypatch.setattr(spark_conf, "version", lambda name: pyspark)
+    assert spark_conf.connect_server_package() == server
+
+
 def test_the_installed_pyspark_and_delta_are_a_tested_pair() -> None:
     line = installed_spark_line()
     assert (version("pyspark"), version("delta-spark")) == (line.pyspark, line.delta)

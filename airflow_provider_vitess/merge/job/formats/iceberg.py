@@ -130,13 +130,7 @@ class IcebergFormat:
         if self.applied(spark, path, app_id, seq):
             return None
         table = _table(spark, path)
-        key_cols = [col(k) for k in keys]
-        data = (
-            apply.plain_strings(rows)
-            .repartitionByRange(max(1, files), *key_cols)
-            .sortWithinPartitions(*key_cols)
-        )
-        writer = data.writeTo(table.sql).using("iceberg")
+        writer = apply.laid_out(rows, keys, files).writeTo(table.sql).using("iceberg")
         for k, v in _create_properties(rows, properties).items():
             writer = writer.tableProperty(k, v)
         with _window(spark, app_id, seq):
