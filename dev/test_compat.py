@@ -58,6 +58,12 @@ MERGE = [
     "not killed_at_random_points and not standalone_spark_cluster",
 ]
 STEPS: dict[str, list[str]] = {"unit": UNIT, "dag-sync": DAG_SYNC, "merge": MERGE}
+# Left out of the unit step on Spark 3 cells: the table-format contract over Spark Connect. PySpark
+# 3.5 ships no Connect server; its server package (org.apache.spark:spark-connect_2.12 of the
+# cell's release, 3.5.9) is not among the Maven artifacts this machine is served (3.5.7 is: a
+# server one patch release off the cell's Spark would test a mix no user runs). The Connect
+# merge is tested on every Spark 4 cell.
+SPARK3_UNIT_DESELECT = ["-k", "not (test_table_formats and connect)"]
 # The spark-submit the DAG tests' merges go through instead of the suite's Spark Connect server.
 SUBMIT_ENV = "VITESS_TEST_SPARK_SUBMIT"
 # Not a pytest run: the writer is another venv than the cell's (run_spark4_tables).
@@ -283,8 +289,11 @@ def main() -> int:
                 step_env = dict(env)
                 if step == "dag-sync":
                     step_env[SUBMIT_ENV] = str(venv / "bin" / "spark-submit")
+                selected = [*STEPS[step]]
+                if step == "unit" and cell.pyspark.startswith("3."):
+                    selected += SPARK3_UNIT_DESELECT
                 ok = run(
-                    [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *STEPS[step]],
+                    [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *selected],
                     log,
                     cwd=src,
                     env=step_env,

@@ -28,7 +28,12 @@ from airflow_provider_vitess.merge.job.connect import (
 from airflow_provider_vitess.merge.job.delta_access import is_connect
 from airflow_provider_vitess.merge.plan import MergePlan, MergePlanError, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.report import MergeReport
-from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, HADOOP_AWS_PACKAGE
+from airflow_provider_vitess.merge.spark_conf import (
+    BASE_CONF,
+    DELTA_PACKAGE,
+    HADOOP_AWS_PACKAGE,
+    connect_server_package,
+)
 
 
 def conf_of(args: list[str]) -> dict[str, str]:
@@ -38,7 +43,9 @@ def conf_of(args: list[str]) -> dict[str, str]:
 
 def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() -> None:
     args = server_args(port=16123, local_dir="/tmp/x")
-    assert args[:2] == ["--packages", DELTA_PACKAGE]
+    server = connect_server_package()  # PySpark 3's server package; PySpark 4 ships it
+    delta = f"{DELTA_PACKAGE},{server}" if server else DELTA_PACKAGE
+    assert args[:2] == ["--packages", delta]
     conf = conf_of(args)
     assert {k: conf[k] for k in BASE_CONF} == dict(BASE_CONF)
     assert conf["spark.connect.grpc.binding.port"] == "16123"
@@ -47,7 +54,7 @@ def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() 
     assert conf["spark.sql.shuffle.partitions"] == "2"
     assert "spark.driver.extraJavaOptions" not in conf  # a long-lived JVM: C2's code pays back
     cluster = server_args(local=False, s3=True, authenticated=True)
-    assert cluster[1] == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}"
+    assert cluster[1] == f"{DELTA_PACKAGE},{HADOOP_AWS_PACKAGE}" + (f",{server}" if server else "")
     assert "spark.sql.shuffle.partitions" not in conf_of(cluster)
     assert conf_of(cluster)["spark.connect.grpc.binding.address"] == "0.0.0.0"
 
