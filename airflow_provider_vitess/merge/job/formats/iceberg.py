@@ -27,7 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from airflow_provider_vitess.merge.job import apply, iceberg_log, tables
+from airflow_provider_vitess.merge.job import apply, iceberg_log
+from airflow_provider_vitess.merge.job.delta_access import for_session as access_for_session
 from airflow_provider_vitess.merge.job.delta_sql import q
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement
 from airflow_provider_vitess.merge.job.iceberg_log import APP, MARK, WINDOW, Commits, LogEntry, Snapshot
@@ -97,7 +98,8 @@ class IcebergFormat:
         return txn is not None and txn >= seq
 
     def activate(self, spark: SparkSession) -> None:
-        tables.activate(spark)
+        # A classic session is made the thread's active one in the JVM; a Connect one needs nothing.
+        access_for_session(spark).activate(spark)
 
     def check(self, plan: MergePlan, states: Mapping[str, TableState], reads: Mapping[int, str]) -> None:
         check_targets(plan, states, reads)
