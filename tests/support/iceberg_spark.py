@@ -78,7 +78,13 @@ def windows_held(path: Path) -> Counter[tuple[str, int]]:
     return out
 
 
-def spark_rows(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any]]]:
+def roll_back(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each table rolled back to its current snapshot's parent by Spark 4.1 (another program
+    under the sync), then read; as :func:`spark_rows`."""
+    return spark_rows(locations, ivy, "--roll-back")
+
+
+def spark_rows(locations: list[Path], ivy: Path, *flags: str) -> dict[str, list[dict[str, Any]]]:
     """Each table's rows as Spark 4.1 with Iceberg's runtime reads them (``iceberg_spark_read``,
     one spark-submit), values :func:`canonical`; keyed by location."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,6 +102,7 @@ def spark_rows(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any
             "--conf",
             f"spark.jars.ivy={ivy}",
             str(REPO / "tests" / "support" / "iceberg_spark_read.py"),
+            *flags,
             str(out),
             *map(str, locations),
         ]

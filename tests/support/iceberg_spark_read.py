@@ -1,6 +1,8 @@
 """Run by Spark 4.1's spark-submit (``iceberg_spark.spark_rows``): each Iceberg table at the given
 locations read by Spark through a Hadoop catalog, as a user's Spark reads it, its rows written to
-a JSON file with :func:`canonical` values. Imports only what a bare driver has."""
+a JSON file with :func:`canonical` values. With ``--roll-back`` first (``iceberg_spark.roll_back``):
+each table rolled back to its current snapshot's parent, as another program would, with Iceberg's
+procedure. Imports only what a bare driver has."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def canonical(value: Any) -> Any:
     return value
 
 
-def main(out: str, locations: list[str]) -> None:
+def main(out: str, locations: list[str], roll_back: bool = False) -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_vitess.merge.job.iceberg_sql import at, register
@@ -34,6 +36,15 @@ def main(out: str, locations: list[str]) -> None:
     tables = {}
     for location in locations:
         table = register(spark, at(location))
+        if roll_back:
+            [current] = spark.sql(
+                f"SELECT snapshot_id FROM {table.metadata('refs')} WHERE name = 'main'"
+            ).collect()
+            [parent] = spark.sql(
+                f"SELECT parent_id FROM {table.metadata('snapshots')} WHERE snapshot_id = {int(current[0])}"
+            ).collect()
+            name = f"{table.namespace}.{table.name}"
+            spark.sql(f"CALL `{table.catalog}`.system.rollback_to_snapshot('{name}', {int(parent[0])})")
         tables[location] = [
             {k: canonical(v) for k, v in r.asDict().items()} for r in spark.table(table.sql).collect()
         ]
@@ -43,4 +54,6 @@ def main(out: str, locations: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    back = args[0] == "--roll-back"
+    main(args[1] if back else args[0], args[2:] if back else args[1:], roll_back=back)

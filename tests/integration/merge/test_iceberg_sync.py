@@ -29,6 +29,7 @@ from tests.support.iceberg_spark import (
     canonical_rows,
     driver_env,
     iceberg_dicts,
+    roll_back,
     spark_rows,
     spark_submit,
     windows_held,
@@ -187,3 +188,21 @@ def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window
     _assert_all(hook, lake, workload.record)
     for table in TABLES:
         assert "tag" in _rows(lake, table)[0], table
+
+
+def test_a_table_rolled_back_under_the_sync_is_refused_and_a_resnapshot_heals_it(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+) -> None:
+    """Another program rolls the mirror back one snapshot: the next merge refuses it, naming
+    the rollback and the re-snapshot; the re-snapshot the message names heals it."""
+    mirror = lake / "iceberg" / MIRROR
+    roll_back([mirror], IVY_CACHE)
+    workload.round()
+    refused = airflow.run_dag(SYNC)
+    assert refused["tasks"]["merge"] == "failed", refused["tasks"]
+    log = refused["log"]
+    assert f"the Iceberg table at {mirror} holds this sync's windows only up to" in log
+    assert "rolled back (rollback_to_snapshot)" in log and '{"resnapshot_tables": ["ice_mirror"]}' in log
+    healed = airflow.run_dag(SYNC, conf={"resnapshot_tables": [MIRROR]})
+    assert_succeeded(healed, "snapshot", "merge_snapshot", "catch_up", "merge")
+    _assert_all(hook, lake, workload.record)
