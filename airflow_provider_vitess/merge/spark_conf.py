@@ -138,6 +138,11 @@ def connect_server_package() -> str | None:
     return f"org.apache.spark:spark-connect_{scala}:{installed}"
 
 
+def with_iceberg_extensions(extensions: str) -> str:
+    """``spark.sql.extensions`` with Iceberg's added (once)."""
+    return extensions if ICEBERG_EXTENSIONS in extensions.split(",") else f"{extensions},{ICEBERG_EXTENSIONS}"
+
+
 def spark_conf(
     *, local: bool = False, extra: Mapping[str, str] | None = None, iceberg: bool = False
 ) -> dict[str, str]:
@@ -148,7 +153,7 @@ def spark_conf(
     conf = {"spark.jars.packages": line.delta_package, **BASE_CONF}
     if iceberg:
         conf["spark.jars.packages"] += "," + iceberg_runtime(line)
-        conf[EXTENSIONS_CONF] += "," + ICEBERG_EXTENSIONS
+        conf[EXTENSIONS_CONF] = with_iceberg_extensions(conf[EXTENSIONS_CONF])
     if local:
         conf.update(LOCAL_SUBMIT_CONF)
     conf.update(extra or {})

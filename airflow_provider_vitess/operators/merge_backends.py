@@ -41,9 +41,9 @@ from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import (
     BASE_CONF,
     EXTENSIONS_CONF,
-    ICEBERG_EXTENSIONS,
     LOCAL_SUBMIT_CONF,
     packages_for,
+    with_iceberg_extensions,
 )
 from airflow_provider_vitess.merge.submit_env import spark_submit_problem
 from airflow_provider_vitess.utils.airflow_compat import AirflowException
@@ -169,9 +169,9 @@ class SparkSubmitMerge:
         iceberg = plan.table_format == "iceberg"
         if iceberg:  # Iceberg's SQL beside Delta's (the extensions are fixed when Spark starts)
             conf = dict(job.get("conf") or {})
-            extensions = str(conf.get(EXTENSIONS_CONF) or BASE_CONF[EXTENSIONS_CONF])
-            if ICEBERG_EXTENSIONS not in extensions.split(","):
-                conf[EXTENSIONS_CONF] = f"{extensions},{ICEBERG_EXTENSIONS}"
+            conf[EXTENSIONS_CONF] = with_iceberg_extensions(
+                str(conf.get(EXTENSIONS_CONF) or BASE_CONF[EXTENSIONS_CONF])
+            )
             job["conf"] = conf
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]

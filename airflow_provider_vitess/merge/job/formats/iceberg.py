@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.merge.job import apply, iceberg_log
@@ -38,7 +38,7 @@ from airflow_provider_vitess.merge.job.window_rows import col
 from airflow_provider_vitess.merge.modes import SHAPE_PROPERTIES, shape_marker
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, DataFrameWriterV2, SparkSession
     from pyspark.sql import types as T
 
     from airflow_provider_vitess.merge.job.schema import Evolution
@@ -69,7 +69,6 @@ class IcebergFormat:
         if not _exists(spark, table):
             return TableState(exists=False)
         commits = _commits(spark, table, app_id, restores_after)
-        props = {str(k): str(v) for k, v in spark.sql(f"SHOW TBLPROPERTIES {table.sql}").collect()}
         return TableState(
             exists=True,
             schema=spark.table(table.sql).schema,
@@ -78,7 +77,7 @@ class IcebergFormat:
             version=commits.version,
             restores=commits.restores,
             marks=commits.marks,
-            properties={k: v for k, v in props.items() if k in SHAPE_PROPERTIES},
+            properties=_shape_properties(spark, table),
         )
 
     def size(self, spark: SparkSession, path: str) -> TableSize:
@@ -104,13 +103,8 @@ class IcebergFormat:
     def check(self, plan: MergePlan, states: Mapping[str, TableState], reads: Mapping[int, str]) -> None:
         check_targets(plan, states, reads)
 
-    @contextmanager
-    def marked(self, spark: SparkSession, mark: str) -> Iterator[None]:
-        spark.conf.set(SNAPSHOT_PROPERTY + MARK, mark)
-        try:
-            yield
-        finally:
-            spark.conf.unset(SNAPSHOT_PROPERTY + MARK)
+    def marked(self, spark: SparkSession, mark: str) -> AbstractContextManager[None]:
+        return _snapshot_properties(spark, {MARK: mark})
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -132,9 +126,7 @@ class IcebergFormat:
         if self.applied(spark, path, app_id, seq):
             return None
         table = _table(spark, path)
-        writer = apply.laid_out(rows, keys, files).writeTo(table.sql).using("iceberg")
-        for k, v in _create_properties(rows, properties).items():
-            writer = writer.tableProperty(k, v)
+        writer = _creating(apply.laid_out(rows, keys, files), table, _create_properties(rows, properties))
         with _window(spark, app_id, seq):
             writer.createOrReplace()
         return _last_commit(spark, table)
@@ -158,10 +150,7 @@ class IcebergFormat:
             if create is None:
                 data.writeTo(table.sql).append()
             else:
-                writer = data.writeTo(table.sql).using("iceberg")
-                for k, v in _create_properties(rows, create).items():
-                    writer = writer.tableProperty(k, v)
-                writer.create()
+                _creating(data, table, _create_properties(rows, create)).create()
         return _last_commit(spark, table)
 
     def merge(
@@ -299,9 +288,9 @@ def _last_commit(spark: SparkSession, table: IcebergTable) -> Commit:
 
 
 @contextmanager
-def _window(spark: SparkSession, app_id: str, seq: int) -> Iterator[None]:
-    """The commits ``spark`` makes in the block carry (app id, window seq) in their summary."""
-    keys = {SNAPSHOT_PROPERTY + APP: app_id, SNAPSHOT_PROPERTY + WINDOW: str(seq)}
+def _snapshot_properties(spark: SparkSession, summary: Mapping[str, str]) -> Iterator[None]:
+    """The commits ``spark`` makes in the block carry ``summary`` in their snapshot's summary."""
+    keys = {SNAPSHOT_PROPERTY + k: v for k, v in summary.items()}
     for k, v in keys.items():
         spark.conf.set(k, v)
     try:
@@ -309,6 +298,25 @@ def _window(spark: SparkSession, app_id: str, seq: int) -> Iterator[None]:
     finally:
         for k in keys:
             spark.conf.unset(k)
+
+
+def _window(spark: SparkSession, app_id: str, seq: int) -> AbstractContextManager[None]:
+    """The commits ``spark`` makes in the block carry (app id, window seq) in their summary."""
+    return _snapshot_properties(spark, {APP: app_id, WINDOW: str(seq)})
+
+
+def _shape_properties(spark: SparkSession, table: IcebergTable) -> dict[str, str]:
+    """The table's properties that record its shape (``merge.modes.SHAPE_PROPERTIES``)."""
+    rows = spark.sql(f"SHOW TBLPROPERTIES {table.sql}").collect()
+    return {str(k): str(v) for k, v in rows if str(k) in SHAPE_PROPERTIES}
+
+
+def _creating(rows: DataFrame, table: IcebergTable, properties: Mapping[str, str]) -> DataFrameWriterV2:
+    """A writer that creates (or replaces) ``table`` with ``rows`` and ``properties``."""
+    writer = rows.writeTo(table.sql).using("iceberg")
+    for k, v in properties.items():
+        writer = writer.tableProperty(k, v)
+    return writer
 
 
 def _create_properties(rows: DataFrame, properties: Mapping[str, str] | None) -> dict[str, str]:
@@ -349,15 +357,6 @@ def _rewrite(spark: SparkSession, table: IcebergTable, widen: Sequence[tuple[str
     ]
     rows = old.select(*cast).localCheckpoint()  # read whole before the table is replaced
     summary = _current(spark, table)[1]
-    props = {str(k): str(v) for k, v in spark.sql(f"SHOW TBLPROPERTIES {table.sql}").collect()}
-    writer = rows.writeTo(table.sql).using("iceberg")
-    for k, v in {**CREATE_PROPERTIES, **{k: v for k, v in props.items() if k in SHAPE_PROPERTIES}}.items():
-        writer = writer.tableProperty(k, v)
-    carried = {SNAPSHOT_PROPERTY + k: summary[k] for k in (APP, WINDOW, MARK) if k in summary}
-    for k, v in carried.items():
-        spark.conf.set(k, v)
-    try:
+    writer = _creating(rows, table, {**CREATE_PROPERTIES, **_shape_properties(spark, table)})
+    with _snapshot_properties(spark, {k: summary[k] for k in (APP, WINDOW, MARK) if k in summary}):
         writer.createOrReplace()
-    finally:
-        for k in carried:
-            spark.conf.unset(k)
