@@ -1,7 +1,7 @@
 """Settings read from the Airflow connections other than ``vitess``: the checkpoint store's
-SQLAlchemy URL and the object store's S3 settings (and the check that they hold wherever the
-executor runs a task: :func:`refuse_single_host`). Credentials stay in the connections: they are
-read at run time, never put in an operator field or a log.
+SQLAlchemy URL, the object store's S3 settings, an Iceberg sync's JDBC catalog (and the check
+that they hold wherever the executor runs a task: :func:`refuse_single_host`). Credentials stay in
+the connections: they are read at run time, never put in an operator field or a log.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from airflow_provider_vitess.checkpoints import CheckpointStore
 from airflow_provider_vitess.checkpoints.database import default_url
 from airflow_provider_vitess.checkpoints.urls import url_from_connection
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.object_storage import Credentials, S3Settings, hook_extras
 from airflow_provider_vitess.single_host import refuse_single_host_settings, runs_on_one_host
 from airflow_provider_vitess.utils.task import airflow_conf, executor_of
@@ -61,6 +62,25 @@ def s3_settings(aws_conn_id: str | None) -> S3Settings | None:
         password=conn.password,
         extra=extra,
         resolved=_hook_credentials(aws_conn_id) if hook_extras(extra) else None,
+    )
+
+
+def iceberg_catalog(conn_id: str | None) -> IcebergCatalog | None:
+    """The Iceberg JDBC catalog the Airflow connection ``conn_id`` names, if one is named."""
+    if not conn_id:
+        return None
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return IcebergCatalog.from_connection(
+        conn_id=conn_id,
+        conn_type=conn.conn_type,
+        host=conn.host,
+        port=conn.port,
+        schema=conn.schema,
+        login=conn.login,
+        password=conn.password,
+        extra=conn.extra_dejson,
     )
 
 

@@ -321,6 +321,7 @@ class VitessSync(FrozenModel):
             "change_data_feed": self.target.change_data_feed,
             "table_features": list(self.target.table_features),
             "table_format": self.target.table_format,
+            "iceberg_catalog_conn_id": self.target.iceberg_catalog_conn_id,
             **({"targets": targets} if targets is not None else {}),
             **({"spark_history_url": self.spark_history_url} if self.spark_history_url else {}),
             **self.merge.merge_arguments(),

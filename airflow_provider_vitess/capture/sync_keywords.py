@@ -63,6 +63,7 @@ def sync_from_keywords(
     change_data_feed: bool = False,
     table_features: Sequence[str] = (),
     table_format: str = "delta",
+    iceberg_catalog_conn_id: str | None = None,
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     capture_parallelism: int | Sequence[str] = 1,
 ) -> VitessSync:
@@ -125,6 +126,7 @@ def sync_from_keywords(
                 "change_data_feed": change_data_feed,
                 "table_features": table_features,
                 "table_format": table_format,
+                "iceberg_catalog_conn_id": iceberg_catalog_conn_id,
             },
             "capture": {"zero_date_policy": zero_date_policy},
             "freshness_sla": freshness_sla,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
@@ -126,6 +126,21 @@ class TargetDefaults(FrozenModel):
         default="delta",
         description="`delta` or `iceberg` ([Iceberg targets](iceberg.md): Spark 4.1, through spark-submit)",
     )
+    iceberg_catalog_conn_id: str | None = Field(
+        default=None,
+        description="a `postgres` connection to an Iceberg JDBC catalog's database (Iceberg only; "
+        "default: a Hadoop catalog at the tables' locations)",
+    )
+
+    @model_validator(mode="after")
+    def _catalog_is_icebergs(self) -> TargetDefaults:
+        if self.iceberg_catalog_conn_id and self.table_format != "iceberg":
+            raise ValueError(
+                f"iceberg_catalog_conn_id {self.iceberg_catalog_conn_id!r} is given for "
+                f"{self.table_format} tables: a catalog is Iceberg's; set table_format: iceberg, "
+                "or leave it out"
+            )
+        return self
 
     def options(self) -> ModeOptions:
         return ModeOptions(

@@ -94,6 +94,9 @@ class MergePlan(JsonDocument):
     targets: Mapping[str, TableTarget]
     # The tables' format (``merge.job.formats``): "delta" or "iceberg".
     table_format: str = "delta"
+    # An Iceberg sync's JDBC catalog, without its credentials (``IcebergCatalog.document``);
+    # None: a Hadoop catalog per warehouse.
+    iceberg_catalog: Mapping[str, str] | None = None
     document = "merge plan"
     error = MergePlanError
 
@@ -106,6 +109,10 @@ class MergePlan(JsonDocument):
                 f"sync {self.sync_id!r}: table format {self.table_format!r} is not one of "
                 f"{', '.join(TABLE_FORMATS)}"
             )
+        if self.iceberg_catalog is not None and self.table_format != "iceberg":
+            raise MergePlanError(
+                f"sync {self.sync_id!r}: an Iceberg catalog is given for {self.table_format} tables"
+            )
         for target in self.targets.values():
             problem = format_problem(self.table_format, target.table, target.shape)
             if problem:
@@ -117,10 +124,13 @@ class MergePlan(JsonDocument):
 
     @model_serializer(mode="wrap")
     def _omit_delta(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A Delta sync's plan is written as before Iceberg (no ``table_format``)."""
+        """A Delta sync's plan is written as before Iceberg (no ``table_format``), and one without a
+        JDBC catalog as before catalogs."""
         out: dict[str, Any] = handler(self)
         if self.table_format == "delta":
             out.pop("table_format", None)
+        if self.iceberg_catalog is None:
+            out.pop("iceberg_catalog", None)
         return out
 
     def txn_app_id(self, table: str) -> str:

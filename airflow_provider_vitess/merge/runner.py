@@ -92,6 +92,7 @@ def build_plan(
     targets: Mapping[str, Mapping[str, Any]] | None = None,
     modes: ModeOptions | None = None,
     table_format: str = "delta",
+    iceberg_catalog: Mapping[str, str] | None = None,
 ) -> MergePlan:
     """The plan for staged windows (one, or a chain staged with the same keys, in order): each
     table's Delta path, the key the windows were staged with, its target mode (``modes`` and
@@ -127,7 +128,7 @@ def build_plan(
         if w.manifest_path is None:
             raise CheckpointError(f"sync {sync_id!r} window {w.seq} is STAGED without a manifest path")
         to_merge.append(WindowToMerge(w.seq, w.manifest_path, replace))
-    return MergePlan(sync_id, tuple(to_merge), planned, table_format)
+    return MergePlan(sync_id, tuple(to_merge), planned, table_format, iceberg_catalog)
 
 
 def mergeable(windows: Sequence[Window], committed: Vgtid | None) -> list[Window]:
@@ -224,9 +225,10 @@ class MergeRunner:
         freshness_sla: float | None = None,
         modes: ModeOptions | None = None,
         table_format: str = "delta",
+        iceberg_catalog: Mapping[str, str] | None = None,
     ) -> None:
         self.store, self.sync_id, self.holder = store, sync_id, holder
-        self.modes, self.table_format = modes, table_format
+        self.modes, self.table_format, self.iceberg_catalog = modes, table_format, iceberg_catalog
         self.target_location, self.targets = target_location, targets
         self._stale_after = lock_stale_after
         self._keep, self._storage_options = keep_staged_windows, storage_options
@@ -273,6 +275,7 @@ class MergeRunner:
                     self.targets,
                     self.modes,
                     self.table_format,
+                    self.iceberg_catalog,
                 )
                 merged = submit(plan)
                 report = joined(report, merged)
@@ -295,6 +298,7 @@ class MergeRunner:
                     self.targets,
                     self.modes,
                     self.table_format,
+                    self.iceberg_catalog,
                 )
             committed = self.store.committed(self.sync_id)[0]
             assert committed is not None

@@ -29,9 +29,10 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_vitess.checkpoints.freshness import seconds_behind, window_breached
 from airflow_provider_vitess.checkpoints.store import CheckpointStore
-from airflow_provider_vitess.connections import open_store, refuse_single_host, s3_settings
+from airflow_provider_vitess.connections import iceberg_catalog, open_store, refuse_single_host, s3_settings
 from airflow_provider_vitess.lineage import assets as lineage_assets
 from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_facets
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions, check_features
 from airflow_provider_vitess.merge.plan import TABLE_FORMATS, MergePlanError, format_problem
@@ -107,6 +108,10 @@ class VitessMergeOperator(BaseOperator):
     :param table_format: ``delta`` (default) or ``iceberg``: Apache Iceberg tables at the same
         locations, read as a Hadoop catalog's (``docs/iceberg.md``); on Spark 4.1, refused by name
         on a Spark line without an Iceberg runtime.
+    :param iceberg_catalog_conn_id: a ``postgres`` connection to the database of an Iceberg JDBC
+        catalog that registers the tables by name (extra ``catalog``: its name, default the
+        connection id; ``warehouse``; ``sslmode``); without one, each table is a Hadoop catalog's
+        at its location. Iceberg only.
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
         the first submit resolves them and later ones pass ``--jars`` (default
@@ -180,6 +185,7 @@ class VitessMergeOperator(BaseOperator):
         change_data_feed: bool = False,
         table_features: Sequence[str] = (),
         table_format: str = "delta",
+        iceberg_catalog_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if sync_id is None or target_location is None:
@@ -244,7 +250,12 @@ class VitessMergeOperator(BaseOperator):
             problem = format_problem(table_format, table, shape)
             if problem:
                 raise ValueError(problem)
-        self.table_format = table_format
+        if iceberg_catalog_conn_id and table_format != "iceberg":
+            raise ValueError(
+                f"iceberg_catalog_conn_id {iceberg_catalog_conn_id!r} is given for {table_format} "
+                "tables: a catalog is Iceberg's; set table_format='iceberg', or leave it out"
+            )
+        self.table_format, self.iceberg_catalog_conn_id = table_format, iceberg_catalog_conn_id
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url
         self.freshness_sla = freshness_sla
@@ -258,11 +269,16 @@ class VitessMergeOperator(BaseOperator):
         self.submit_binary = binary or "spark-submit"  # None: the provider's, from PATH
         self._merge_backend: SparkSubmitMerge | SparkConnectMerge | None = None
 
-    def _make_backend(self) -> SparkSubmitMerge | SparkConnectMerge:
+    def _make_backend(self, catalog: IcebergCatalog | None = None) -> SparkSubmitMerge | SparkConnectMerge:
         """Where this run's merge job runs: chosen once, with its own ``on_kill``."""
         if self.spark_connect_conn_id:
             return SparkConnectMerge(
-                self.spark_connect_conn_id, self.sync_id, self.aws_conn_id, self.log, conf=self.connect_conf
+                self.spark_connect_conn_id,
+                self.sync_id,
+                self.aws_conn_id,
+                self.log,
+                conf=self.connect_conf,
+                iceberg_catalog=catalog,
             )
         return SparkSubmitMerge(
             self.application,
@@ -272,6 +288,7 @@ class VitessMergeOperator(BaseOperator):
             packages_given=self.packages_given,
             aws_conn_id=self.aws_conn_id,
             jars_cache_dir=self.jars_cache_dir,
+            iceberg_catalog=catalog,
         )
 
     def submit_arguments(self) -> dict[str, Any]:
@@ -299,6 +316,7 @@ class VitessMergeOperator(BaseOperator):
 
     def _merge(self, context: Any, store: CheckpointStore) -> dict[str, Any]:
         s3 = s3_settings(self.aws_conn_id)
+        catalog = iceberg_catalog(self.iceberg_catalog_conn_id)
         runner = MergeRunner(
             store,
             self.sync_id,
@@ -310,8 +328,9 @@ class VitessMergeOperator(BaseOperator):
             freshness_sla=self.freshness_sla,
             modes=self.modes,
             table_format=self.table_format,
+            iceberg_catalog=None if catalog is None else catalog.document(),
         )
-        backend = self._merge_backend = self._make_backend()
+        backend = self._merge_backend = self._make_backend(catalog)
         started = time.monotonic()
         with task_failures(self.log):
             outcome = runner.run(lambda plan: backend.submit(plan, context))

@@ -36,6 +36,7 @@ from airflow_provider_vitess.exceptions import (
     VitessConnectionError,
     permanent_by_name,
 )
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import (
@@ -141,6 +142,7 @@ class SparkSubmitMerge:
         packages_given: bool = False,
         aws_conn_id: str | None = None,
         jars_cache_dir: Path,
+        iceberg_catalog: IcebergCatalog | None = None,
     ) -> None:
         self.application, self.arguments, self.sync_id, self.log = application, dict(arguments), sync_id, log
         self.spark_conn_id: str = self.arguments.get("conn_id") or "spark_default"
@@ -151,14 +153,15 @@ class SparkSubmitMerge:
         )
         # The spark-submit the provider runs (a path, or a name on PATH).
         self.binary: str = self.arguments.get("spark_binary") or "spark-submit"
+        self.iceberg_catalog = iceberg_catalog
         self._hook: SparkSubmitHook | None = None
         self.application_id: str | None = None  # from the job's report, for the "Spark UI" link
 
     def job(self, plan: MergePlan, plan_file: Path, report_file: Path) -> dict[str, Any]:
         """The hook arguments that submit ``plan`` (written to ``plan_file``): this submit's
-        arguments, Spark settings and packages, and the object store's keys in its process
-        environment only (never in a rendered field of the operator, nor on the logged command
-        line)."""
+        arguments, Spark settings and packages, and the object store's keys and the Iceberg
+        catalog's credentials in its process environment only (never in a rendered field of the
+        operator, nor on the logged command line)."""
         job = dict(self.arguments)
         job["application_args"] = [PLAN_ARG, str(plan_file), REPORT_ARG, str(report_file)]
         if (_connection_host(self.spark_conn_id) or "").startswith("local"):
@@ -173,22 +176,31 @@ class SparkSubmitMerge:
                 str(conf.get(EXTENSIONS_CONF) or BASE_CONF[EXTENSIONS_CONF])
             )
             job["conf"] = conf
+        catalog = self.iceberg_catalog
         if not self.packages_given:
             paths = [t.path for t in plan.targets.values()] + [w.manifest_path for w in plan.windows]
-            job["packages"] = packages_for(paths, **_cluster_spark(self.spark_conn_id), iceberg=iceberg)
+            packages = packages_for(paths, **_cluster_spark(self.spark_conn_id), iceberg=iceberg)
+            job["packages"] = packages if catalog is None else f"{packages},{catalog.driver}"
         s3 = s3_settings(self.aws_conn_id)
         if s3 is not None:
-            master = _connection_host(self.spark_conn_id) or ""
-            if master.startswith(("yarn", "k8s")):
-                raise VitessConnectionError(
-                    f"aws_conn_id {self.aws_conn_id!r} cannot be used with the {master!r} master: its "
-                    "spark-submit would put the credentials on its command line; leave aws_conn_id "
-                    "unset and give the cluster S3 credentials of its own (instance role, Hadoop "
-                    "configuration)"
-                )
+            self._refuse_secrets_on_command_line(f"aws_conn_id {self.aws_conn_id!r}", "S3 credentials")
             job["env_vars"] = {**(job.get("env_vars") or {}), **s3.environment()}
+        if catalog is not None and catalog.environment():
+            self._refuse_secrets_on_command_line("iceberg_catalog_conn_id", "catalog credentials")
+            job["env_vars"] = {**(job.get("env_vars") or {}), **catalog.environment()}
         self._check_can_start(job)
         return job
+
+    def _refuse_secrets_on_command_line(self, setting: str, remedy_keys: str) -> None:
+        """Refuse a master whose spark-submit turns the process environment into command-line
+        settings (YARN's and Kubernetes' driver environment)."""
+        master = _connection_host(self.spark_conn_id) or ""
+        if master.startswith(("yarn", "k8s")):
+            raise VitessConnectionError(
+                f"{setting} cannot be used with the {master!r} master: its spark-submit would put "
+                f"the credentials on its command line; leave it unset and give the cluster "
+                f"{remedy_keys} of its own (instance role, Hadoop or Spark configuration)"
+            )
 
     def _check_can_start(self, job: Mapping[str, Any]) -> None:
         """Refuse, naming the setting, a spark-submit that would exit 127 before Spark starts
@@ -269,8 +281,10 @@ class SparkConnectMerge:
         aws_conn_id: str | None,
         log: logging.Logger | Any,
         conf: Mapping[str, str] | None = None,
+        iceberg_catalog: IcebergCatalog | None = None,
     ) -> None:
         self.conn_id, self.sync_id, self.aws_conn_id, self.log = conn_id, sync_id, aws_conn_id, log
+        self.iceberg_catalog = iceberg_catalog
         self.conf = dict(conf or {})  # session settings (the operator's _connect_conf)
         self._sessions: RemoteSessions | None = None
         self.application_id: str | None = None
@@ -300,6 +314,7 @@ class SparkConnectMerge:
                     progress=progress,
                     started=self._started,
                     conf=self.conf,
+                    iceberg_catalog=self.iceberg_catalog,
                 )
             except Exception as exc:
                 if self._sessions is None or not self._sessions.interrupted:

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+from sqlalchemy.engine import make_url
 
 from airflow_provider_vitess.exceptions import TargetIntegrityError
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.merge.job import (
     connect,
     connect_tables,
@@ -40,6 +42,7 @@ from airflow_provider_vitess.merge.job.schema import Evolution
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget, WindowToMerge
 from airflow_provider_vitess.merge.spark_conf import installed_spark_line
 from airflow_provider_vitess.versions import UnsupportedSparkVersionError, iceberg_runtime
+from tests.support.databases import start_postgres
 from tests.support.delta_check import spark_session
 
 APP = "sync-contract"
@@ -53,17 +56,32 @@ class Each:
     fmt: TableFormat
 
 
-@pytest.fixture(scope="module", params=["delta classic", "delta connect", "iceberg classic"])
-def each(request: pytest.FixtureRequest) -> Iterator[Each]:
+@pytest.fixture(scope="module", params=["delta classic", "delta connect", "iceberg classic", "iceberg jdbc"])
+def each(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Each]:
     """A format on its session (module scope: pytest runs one parameter's tests, then the next;
-    a Connect block holds the process's Connect mark, so the classic ones run outside it)."""
-    if request.param == "iceberg classic":
+    a Connect block holds the process's Connect mark, so the classic ones run outside it).
+    ``iceberg jdbc``: Iceberg's tables in a JDBC catalog on a throwaway PostgreSQL."""
+    if request.param.startswith("iceberg"):
         try:
             iceberg_runtime(installed_spark_line())
         except UnsupportedSparkVersionError as exc:
             pytest.skip(f"no Iceberg here: {exc}")
         spark = spark_session()
-        yield Each(request.param, spark, formats.for_session(spark, "iceberg"))
+        if request.param == "iceberg classic":
+            yield Each(request.param, spark, formats.for_session(spark, "iceberg"))
+            return
+        server = start_postgres()
+        try:
+            url = make_url(server.create_database())
+            catalog = IcebergCatalog.from_connection(
+                conn_id="contract_catalog", conn_type="postgres", host=url.host, port=url.port,
+                schema=url.database, login=url.username, password="unchecked-by-trust-auth",
+                # A warehouse elsewhere: each table is still made at its own location.
+                extra={"catalog": "lake", "warehouse": str(tmp_path_factory.mktemp("warehouse"))},
+            )  # fmt: skip
+            yield Each(request.param, spark, formats.for_session(spark, "iceberg", catalog))
+        finally:
+            server.stop()
         return
     if request.param == "delta classic":
         spark = spark_session()
@@ -121,7 +139,7 @@ def _merge(each: Each, path: str, seq: int, data: Sequence[tuple[Any, ...]]) -> 
 
 def test_the_format_is_the_one_asked_for_and_reads_state_the_way_its_session_can(each: Each) -> None:
     """Delta's classic/Connect choice is made inside the format, from the session."""
-    if each.kind == "iceberg classic":
+    if each.fmt.name == "iceberg":
         assert isinstance(each.fmt, IcebergFormat) and each.fmt.name == "iceberg"
         return
     assert isinstance(each.fmt, DeltaFormat) and each.fmt.name == "delta"
@@ -150,6 +168,29 @@ def test_a_replace_creates_the_table_as_one_commit_marked_with_its_window(each: 
     )
     assert again is None
     assert each.fmt.state(each.spark, path, APP, None).version == 0 and _at(each, path, 0) == FIRST
+
+
+def test_a_catalogs_table_is_at_the_syncs_location_and_one_elsewhere_is_refused(
+    each: Each, tmp_path: Path
+) -> None:
+    """A JDBC catalog (its warehouse elsewhere) registers the sync's table at the sync's location;
+    a table of the same name the catalog has at another location is not the sync's: refused."""
+    if each.kind != "iceberg jdbc":
+        pytest.skip("a JDBC catalog's")
+    assert isinstance(each.fmt, IcebergFormat) and each.fmt.jdbc is not None
+    path = tmp_path / "ns" / "placed"
+    each.fmt.replace(
+        _rows(each.spark, FIRST), str(path), ["id"], APP, 1, files=1, column_mapping=False, properties=None
+    )
+    assert (path / "metadata").is_dir() and any((path / "data").iterdir())
+    assert each.spark.sql("SHOW TABLES IN lake.ns").collect()[0]["tableName"] == "placed"
+    elsewhere = tmp_path / "other" / "ns" / "placed"  # same namespace and name: the same catalog table
+    with pytest.raises(
+        TargetIntegrityError, match=r"has a table ns.placed at .*, not at the sync's location .*other"
+    ):
+        each.fmt.state(each.spark, str(elsewhere), APP, None)
+    with pytest.raises(TargetIntegrityError, match=r"Remedy: give the sync's table another path"):
+        each.fmt.applied(each.spark, str(elsewhere), APP, 1)
 
 
 def test_a_merged_window_is_applied_once(each: Each, tmp_path: Path) -> None:
@@ -253,7 +294,8 @@ def _roll_back(each: Each, path: str, version: int) -> None:
     if each.fmt.name == "delta":
         each.spark.sql(f"RESTORE TABLE delta.{q(path)} TO VERSION AS OF {version}")
         return
-    table = iceberg_sql.register(each.spark, iceberg_sql.at(path))
+    assert isinstance(each.fmt, IcebergFormat)
+    table = iceberg_sql.register(each.spark, iceberg_sql.at(path, each.fmt.jdbc))
     snapshot = iceberg_log.snapshot_at(metadata_log(each.spark, table), version)
     each.spark.sql(
         f"CALL {q(table.catalog)}.system.rollback_to_snapshot('{table.namespace}.{table.name}', {snapshot})"

@@ -41,6 +41,7 @@ def spark_session() -> Any:
     after it on that worker."""
     from pyspark.sql import SparkSession
 
+    from airflow_provider_vitess.merge.iceberg_catalog import DRIVERS
     from airflow_provider_vitess.merge.spark_conf import LOCAL_CONF, installed_spark_line, spark_conf
 
     active = SparkSession._instantiatedSession
@@ -51,6 +52,8 @@ def spark_session() -> Any:
     # Iceberg's runtime where the installed Spark line has one (tests/job/test_table_formats.py).
     iceberg = installed_spark_line().iceberg is not None
     conf = {**spark_conf(extra=LOCAL_CONF, iceberg=iceberg), **TEST_SESSION_CONF}
+    if iceberg:  # and PostgreSQL's driver, for Iceberg's JDBC catalog
+        conf["spark.jars.packages"] += "," + DRIVERS["postgres"][1]
     ivy = os.environ.get("VITESS_SPARK_IVY")
     if ivy:
         conf["spark.jars.ivy"] = ivy

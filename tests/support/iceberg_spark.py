@@ -5,7 +5,8 @@ run on Spark 4.1 (``versions.SparkLine.iceberg``). ``make test`` installs PySpar
 directory of its own (``ICEBERG_SPARK``, the Makefile's ``iceberg-spark``): an Iceberg sync's
 merges go through that Spark's ``spark-submit``, its driver running this Python with that PySpark
 first on its path, as a Spark 4.1 cluster's would. The tables are read back with ``pyiceberg``
-(Iceberg's Python library, no Spark), straight from their metadata files.
+(Iceberg's Python library, no Spark): a Hadoop catalog's straight from their metadata files, a
+JDBC catalog's through that catalog (:class:`Catalog`).
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_provider_vitess.merge.iceberg_catalog import DRIVERS, IcebergCatalog
 from airflow_provider_vitess.merge.job.iceberg_log import APP, WINDOW
+from airflow_provider_vitess.merge.job.iceberg_sql import at
 from airflow_provider_vitess.merge.spark_conf import ICEBERG_EXTENSIONS
 from airflow_provider_vitess.versions import iceberg_runtime, spark_line
 from tests.support.delta_check import _plain
-from tests.support.iceberg_spark_read import canonical
+from tests.support.iceberg_spark_read import CATALOG_ENV, canonical
 from tests.support.local import REPO
 
 PYSPARK = "4.1.3"  # the Makefile's ICEBERG_PYSPARK; versions.py's 4.1 line
@@ -50,6 +54,22 @@ def driver_env() -> dict[str, str]:
     return {"PYTHONPATH": f"{ICEBERG_SPARK}{os.pathsep}{REPO}"}
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """A JDBC catalog the tables are in: as the product's Spark names it (``spark``), and as
+    ``pyiceberg`` reaches its database (``url``, SQLAlchemy's)."""
+
+    spark: IcebergCatalog
+    url: str
+
+    def load(self, path: Path) -> Any:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        table = at(str(path))
+        catalog = SqlCatalog(self.spark.name, uri=self.url, warehouse=table.warehouse)
+        return catalog.load_table((table.namespace, table.name))
+
+
 def _metadata_file(path: Path) -> Path:
     """The table's current metadata file (a Hadoop catalog's ``v<N>.metadata.json``, highest N)."""
     files = list((path / "metadata").glob("v*.metadata.json"))
@@ -57,36 +77,44 @@ def _metadata_file(path: Path) -> Path:
     return max(files, key=lambda f: int(f.name[1:].split(".")[0]))
 
 
-def _table(path: Path) -> Any:
+def iceberg_table(path: Path, catalog: Catalog | None = None) -> Any:
+    """``pyiceberg``'s table at ``path``, in ``catalog`` (None: a Hadoop catalog's)."""
+    if catalog is not None:
+        return catalog.load(path)
     from pyiceberg.table import StaticTable
 
     return StaticTable.from_metadata(str(_metadata_file(path)))
 
 
-def iceberg_dicts(path: Path) -> list[dict[str, Any]]:
+def iceberg_dicts(path: Path, catalog: Catalog | None = None) -> list[dict[str, Any]]:
     """The table's rows as ``pyiceberg`` reads them (position deletes applied)."""
-    return [{k: _plain(v) for k, v in r.items()} for r in _table(path).scan().to_arrow().to_pylist()]
+    rows = iceberg_table(path, catalog).scan().to_arrow().to_pylist()
+    return [{k: _plain(v) for k, v in r.items()} for r in rows]
 
 
-def windows_held(path: Path) -> Counter[tuple[str, int]]:
+def windows_held(path: Path, catalog: Catalog | None = None) -> Counter[tuple[str, int]]:
     """How many snapshots of the table carry each (app id, window seq): each window once."""
     out: Counter[tuple[str, int]] = Counter()
-    for snapshot in _table(path).snapshots():
+    for snapshot in iceberg_table(path, catalog).snapshots():
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         if APP in props:
             out[(props[APP], int(props[WINDOW]))] += 1
     return out
 
 
-def roll_back(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any]]]:
+def roll_back(
+    locations: list[Path], ivy: Path, catalog: Catalog | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Each table rolled back to its current snapshot's parent by Spark 4.1 (another program
     under the sync), then read; as :func:`spark_rows`."""
-    return spark_rows(locations, ivy, "--roll-back")
+    return spark_rows(locations, ivy, catalog, "--roll-back")
 
 
-def spark_rows(locations: list[Path], ivy: Path, *flags: str) -> dict[str, list[dict[str, Any]]]:
+def spark_rows(
+    locations: list[Path], ivy: Path, catalog: Catalog | None = None, *flags: str
+) -> dict[str, list[dict[str, Any]]]:
     """Each table's rows as Spark 4.1 with Iceberg's runtime reads them (``iceberg_spark_read``,
-    one spark-submit), values :func:`canonical`; keyed by location."""
+    one spark-submit; through ``catalog`` if given), values :func:`canonical`; keyed by location."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         command = [
@@ -94,7 +122,7 @@ def spark_rows(locations: list[Path], ivy: Path, *flags: str) -> dict[str, list[
             "--master",
             "local[2]",
             "--packages",
-            iceberg_runtime(spark_line(PYSPARK)),
+            f"{iceberg_runtime(spark_line(PYSPARK))},{DRIVERS['postgres'][1]}",
             "--conf",
             f"spark.sql.extensions={ICEBERG_EXTENSIONS}",
             "--conf",
@@ -108,6 +136,8 @@ def spark_rows(locations: list[Path], ivy: Path, *flags: str) -> dict[str, list[
         ]
         env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
         env.update(driver_env(), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+        if catalog is not None:  # as the merge's job has it: the document, and its credentials apart
+            env.update({CATALOG_ENV: json.dumps(catalog.spark.document()), **catalog.spark.environment()})
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, f"Spark's read failed:\n{done.stderr[-4000:]}"
         rows: dict[str, list[dict[str, Any]]] = json.loads(out.read_text())

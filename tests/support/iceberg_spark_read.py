@@ -1,5 +1,6 @@
 """Run by Spark 4.1's spark-submit (``iceberg_spark.spark_rows``): each Iceberg table at the given
-locations read by Spark through a Hadoop catalog, as a user's Spark reads it, its rows written to
+locations read by Spark through a Hadoop catalog (or the JDBC catalog :data:`CATALOG_ENV` names),
+as a user's Spark reads it, its rows written to
 a JSON file with :func:`canonical` values. With ``--roll-back`` first (``iceberg_spark.roll_back``):
 each table rolled back to its current snapshot's parent, as another program would, with Iceberg's
 procedure. Imports only what a bare driver has."""
@@ -7,10 +8,15 @@ procedure. Imports only what a bare driver has."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
+
+# The JDBC catalog's document (``IcebergCatalog.document``), its credentials in the product's
+# variables beside it.
+CATALOG_ENV = "ICEBERG_TEST_CATALOG"
 
 
 def canonical(value: Any) -> Any:
@@ -30,12 +36,15 @@ def canonical(value: Any) -> Any:
 def main(out: str, locations: list[str], roll_back: bool = False) -> None:
     from pyspark.sql import SparkSession
 
+    from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
     from airflow_provider_vitess.merge.job.iceberg_sql import at, register
 
+    given = os.environ.get(CATALOG_ENV)
+    catalog = IcebergCatalog.from_document(json.loads(given), os.environ) if given else None
     spark = SparkSession.builder.getOrCreate()
     tables = {}
     for location in locations:
-        table = register(spark, at(location))
+        table = register(spark, at(location, catalog))
         if roll_back:
             [current] = spark.sql(
                 f"SELECT snapshot_id FROM {table.metadata('refs')} WHERE name = 'main'"

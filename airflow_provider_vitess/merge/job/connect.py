@@ -40,6 +40,7 @@ from airflow_provider_vitess.merge.spark_conf import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
     from airflow_provider_vitess.merge.plan import MergePlan
     from airflow_provider_vitess.merge.report import MergeReport
     from airflow_provider_vitess.object_storage import S3Settings
@@ -241,6 +242,7 @@ def run_merge(
     timings: dict[str, float] | None = None,
     started: Callable[[RemoteSessions], None] | None = None,
     conf: Mapping[str, str] | None = None,
+    iceberg_catalog: IcebergCatalog | None = None,
 ) -> MergeReport:
     """The merge job's :func:`~airflow_provider_vitess.merge.job.merge` of ``plan`` on the server
     at ``url``: one remote session per concurrently merged table, all stopped on return and the
@@ -248,7 +250,8 @@ def run_merge(
     fsspec (manifests); the server reads ``s3a://`` with its own S3A settings. ``timings``: as
     the job's, plus ``session`` (the first session) and ``session stop``. ``started`` is given
     the block's sessions before the first is made: what a kill calls :meth:`~RemoteSessions.
-    interrupt` on. ``conf``: session settings (SQL and Delta ones) every session gets."""
+    interrupt` on. ``conf``: session settings (SQL and Delta ones) every session gets.
+    ``iceberg_catalog``: the plan's JDBC catalog with its credentials (the task's connection)."""
     if s3 is not None:
         run.use_s3_settings(s3)
     timed = timings if timings is not None else {}
@@ -267,6 +270,7 @@ def run_merge(
             timings=timed,
             # Iceberg's format is the same on either kind of session: run.merge picks it.
             table_format=DeltaFormat(connect_tables) if plan.table_format == "delta" else None,
+            iceberg_catalog=iceberg_catalog,
         )
         stopping = time.monotonic()
     timed["session stop"] = time.monotonic() - stopping

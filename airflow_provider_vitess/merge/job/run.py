@@ -23,11 +23,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog, of_plan
 from airflow_provider_vitess.merge.job import shapes, window_step
 from airflow_provider_vitess.merge.job.formats import TableFormat, for_session
 from airflow_provider_vitess.merge.job.marks import read_id
@@ -71,6 +73,7 @@ def merge(
     parallelism: int | None = None,
     timings: dict[str, float] | None = None,
     table_format: TableFormat | None = None,
+    iceberg_catalog: IcebergCatalog | None = None,
 ) -> MergeReport:
     """Apply ``plan``'s windows to its Delta tables (module docstring); the report says what.
 
@@ -81,9 +84,13 @@ def merge(
     ``new_session`` makes them, default ``spark.newSession``). ``timings`` receives the seconds
     of each phase (``manifests``, ``states``, ``table <name>``, ``tables``), for the
     benchmark's breakdown. ``table_format``: the tables' format (:mod:`.formats`), chosen here
-    for the kind of ``spark`` unless the caller gives it."""
+    for the kind of ``spark`` unless the caller gives it; ``iceberg_catalog``: the plan's JDBC
+    catalog with its credentials, when the caller has them (else they are read from this
+    process's environment, where the operator's spark-submit put them)."""
     started = time.monotonic()
-    fmt = table_format or for_session(spark, plan.table_format)
+    fmt = table_format or for_session(
+        spark, plan.table_format, of_plan(plan.iceberg_catalog, os.environ, iceberg_catalog)
+    )
     timed = timings if timings is not None else {}
     manifests = load_windows(plan)
     timed["manifests"] = time.monotonic() - started

@@ -1,5 +1,7 @@
 """An Iceberg sync through the DAG factory (``table_format="iceberg"``), run by Airflow
-(``dag.test()``), merged by Spark 4.1's spark-submit with Iceberg 1.12 (``tests/support/iceberg_spark.py``).
+(``dag.test()``), merged by Spark 4.1's spark-submit with Iceberg 1.12 (``tests/support/iceberg_spark.py``),
+its tables in a JDBC catalog on a throwaway PostgreSQL (an Airflow ``postgres`` connection, its
+credentials reaching the job in its environment only).
 
 One table per target mode, the target-mode tests' workload (moves between shards with either
 half first, key changes, a same-second delete and re-insert, large and long transactions) in small
@@ -11,13 +13,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import URL, make_url
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from tests.support.airflow_env import (
     IVY_CACHE,
     AirflowEnv,
@@ -25,10 +30,13 @@ from tests.support.airflow_env import (
     failing_after_submit,
     make_airflow_env,
 )
+from tests.support.databases import start_postgres
 from tests.support.iceberg_spark import (
+    Catalog,
     canonical_rows,
     driver_env,
     iceberg_dicts,
+    iceberg_table,
     roll_back,
     spark_rows,
     spark_submit,
@@ -50,6 +58,7 @@ pytestmark = pytest.mark.integration
 MIRROR, SOFT, HIST, LOG = "ice_mirror", "ice_soft", "ice_hist", "ice_log"
 TABLES = (MIRROR, SOFT, HIST, LOG)
 SYNC = "iceberg_modes"
+CATALOG_CONN = "iceberg_catalog"
 
 DAG = """
 import os
@@ -62,6 +71,7 @@ dag = vitess_sync_dag(
     staging_location="{lake}/staging",
     target_location="{lake}/iceberg",
     table_format="iceberg",
+    iceberg_catalog_conn_id="{catalog_conn}",
     schedule=None,
     wait_for_changes=False,
     max_events=80,
@@ -92,10 +102,49 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("lake")
 
 
+SECRET = "catalog-secret-never-logged"  # PostgreSQL's trust auth takes it unchecked
+
+
 @pytest.fixture(scope="module")
-def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+def catalog_db() -> Iterator[URL]:
+    """A JDBC catalog's database on a throwaway PostgreSQL."""
+    server = start_postgres()
+    try:
+        yield make_url(server.create_database()).set(password=SECRET)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def catalog(catalog_db: URL) -> Catalog:
+    """The catalog as the merge's Spark and ``pyiceberg`` reach it."""
+    spark = IcebergCatalog.from_connection(
+        conn_id=CATALOG_CONN, conn_type="postgres", host=catalog_db.host, port=catalog_db.port,
+        schema=catalog_db.database, login=catalog_db.username, password=SECRET, extra={"catalog": "lake"},
+    )  # fmt: skip
+    return Catalog(spark, catalog_db.render_as_string(hide_password=False))
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    vitess: LocalVitess,
+    lake: Path,
+    catalog_db: URL,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AirflowEnv:
     submit = spark_submit()
     env = make_airflow_env(tmp_path_factory.mktemp("af"), vitess)
+    env.env[f"AIRFLOW_CONN_{CATALOG_CONN.upper()}"] = json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": catalog_db.host,
+            "port": catalog_db.port,
+            "schema": catalog_db.database,
+            "login": catalog_db.username,
+            "password": SECRET,
+            "extra": {"catalog": "lake"},
+        }
+    )
     # The cluster's Spark is 4.1 (not the Airflow worker's PySpark): its Delta and Iceberg jars.
     env.env["AIRFLOW_CONN_SPARK_ICEBERG"] = json.dumps(
         {"conn_type": "spark", "host": "local[2]", "extra": {"spark_version": "4.1.3"}}
@@ -108,6 +157,7 @@ def airflow(vitess: LocalVitess, lake: Path, tmp_path_factory: pytest.TempPathFa
         hist=HIST,
         log=LOG,
         spark_submit=submit,
+        catalog_conn=CATALOG_CONN,
         env_vars=driver_env(),
         ivy=IVY_CACHE,
     )
@@ -124,11 +174,27 @@ def _store(airflow: AirflowEnv) -> CheckpointStore:
     return CheckpointStore(f"sqlite:///{airflow.home / 'vitess_sync.db'}")
 
 
-def _rows(lake: Path, table: str) -> list[dict[str, Any]]:
-    return iceberg_dicts(lake / "iceberg" / table)
+@dataclass(frozen=True)
+class Lake:
+    """Where the sync's tables are, and the catalog that has them."""
+
+    root: Path
+    catalog: Catalog
+
+    def path(self, table: str) -> Path:
+        return self.root / "iceberg" / table
 
 
-def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
+@pytest.fixture(scope="module")
+def tables(lake: Path, catalog: Catalog) -> Lake:
+    return Lake(lake, catalog)
+
+
+def _rows(lake: Lake, table: str) -> list[dict[str, Any]]:
+    return iceberg_dicts(lake.path(table), lake.catalog)
+
+
+def _assert_all(hook: VitessHook, lake: Lake, record: Record) -> None:
     mirror = _rows(lake, MIRROR)
     assert mirror and all(not c.startswith(P) for c in mirror[0]), "a plain mirror has no metadata columns"
     assert_mirror(MIRROR, mirror, source_dicts(hook, "customer", MIRROR))
@@ -137,13 +203,14 @@ def _assert_all(hook: VitessHook, lake: Path, record: Record) -> None:
     assert_history_states(HIST, _rows(lake, HIST), record)
     assert_changelog_changes(LOG, _rows(lake, LOG), record)
     for table in TABLES:
-        held = windows_held(lake / "iceberg" / table)
+        held = windows_held(lake.path(table), lake.catalog)
         assert held and all(n == 1 for n in held.values()), (table, held)
 
 
 def test_each_mode_to_iceberg_through_the_dag_factory(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+    airflow: AirflowEnv, hook: VitessHook, tables: Lake, workload: ModesWorkload
 ) -> None:
+    lake = tables
     workload.initial(40)
     assert_succeeded(airflow.run_dag(SYNC), "snapshot", "merge_snapshot", "catch_up", "merge")
     for i in range(3):
@@ -152,20 +219,22 @@ def test_each_mode_to_iceberg_through_the_dag_factory(
     assert_succeeded(run, "snapshot", "merge_snapshot", "catch_up", "merge")
     assert _store(airflow).committed(SYNC)[1] >= 4, "small windows: a chain of several"
     _assert_all(hook, lake, workload.record)
-    # Spark (4.1, Iceberg's runtime, a Hadoop catalog on the warehouse) reads what pyiceberg read.
-    by_spark = spark_rows([lake / "iceberg" / t for t in TABLES], IVY_CACHE)
+    # Spark (4.1, Iceberg's runtime, the JDBC catalog) reads what pyiceberg read.
+    by_spark = spark_rows([lake.path(t) for t in TABLES], IVY_CACHE, lake.catalog)
     for table in TABLES:
-        assert canonical_rows(by_spark[str(lake / "iceberg" / table)]) == canonical_rows(
-            _rows(lake, table)
-        ), table
-    metadata = json.loads(max((lake / "iceberg" / MIRROR / "metadata").glob("v*.metadata.json")).read_text())
-    assert metadata["format-version"] == 2 and metadata["properties"]["write.merge.mode"] == "merge-on-read"
+        assert canonical_rows(by_spark[str(lake.path(table))]) == canonical_rows(_rows(lake, table)), table
+    # The catalog has each table by name at the sync's location, format 2, merge-on-read.
+    mirror = iceberg_table(lake.path(MIRROR), lake.catalog)
+    assert mirror.metadata.location == str(lake.path(MIRROR))
+    assert mirror.metadata.format_version == 2 and mirror.properties["write.merge.mode"] == "merge-on-read"
+    assert SECRET not in run["log"], "the catalog's password is never logged"
 
 
 def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window_once(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, tmp_path: Path
+    airflow: AirflowEnv, hook: VitessHook, tables: Lake, workload: ModesWorkload, tmp_path: Path
 ) -> None:
     """Its windows also add a column at the source: every table gets it, in place."""
+    lake = tables
     store = _store(airflow)
     before = store.committed(SYNC)[1]
     workload.add_column("tag")
@@ -178,7 +247,7 @@ def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window
     assert "injected failure after spark-submit (exit 0)" in killed["log"]
     staged = [w.seq for w in store.open_windows(SYNC) if w.state is WindowState.STAGED]
     assert staged and store.committed(SYNC)[1] == before, "the windows are in Iceberg, not committed"
-    held = {seq for app, seq in windows_held(lake / "iceberg" / MIRROR) if app.endswith(f":{MIRROR}")}
+    held = {seq for app, seq in windows_held(lake.path(MIRROR), lake.catalog) if app.endswith(f":{MIRROR}")}
     assert set(staged) & held, (staged, held)
 
     rerun = airflow.run_dag(SYNC)
@@ -191,12 +260,13 @@ def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window
 
 
 def test_a_table_rolled_back_under_the_sync_is_refused_and_a_resnapshot_heals_it(
-    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload
+    airflow: AirflowEnv, hook: VitessHook, tables: Lake, workload: ModesWorkload
 ) -> None:
     """Another program rolls the mirror back one snapshot: the next merge refuses it, naming
     the rollback and the re-snapshot; the re-snapshot the message names heals it."""
-    mirror = lake / "iceberg" / MIRROR
-    roll_back([mirror], IVY_CACHE)
+    lake = tables
+    mirror = lake.path(MIRROR)
+    roll_back([mirror], IVY_CACHE, lake.catalog)
     workload.round()
     refused = airflow.run_dag(SYNC)
     assert refused["tasks"]["merge"] == "failed", refused["tasks"]

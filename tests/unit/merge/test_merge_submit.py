@@ -194,3 +194,122 @@ def test_delta_only_choices_of_an_iceberg_sync_are_refused_when_the_dag_is_parse
         )
     with pytest.raises(ValueError, match=r"table_format 'hudi' is not one of delta, iceberg"):
         VitessMergeOperator(task_id="merge", sync_id="s", target_location="/lake/x", table_format="hudi")
+
+
+def test_an_iceberg_jdbc_catalogs_credentials_reach_the_job_in_its_environment_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The catalog's name, URL and warehouse go in the plan; its user and password only in the
+    spark-submit's environment (never in the plan, the conf or the command line), with its JDBC
+    driver among the packages. A master that would turn the environment into command-line
+    settings is refused, naming the setting."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_provider_vitess.connections import iceberg_catalog
+    from airflow_provider_vitess.exceptions import VitessConnectionError
+    from airflow_provider_vitess.merge.iceberg_catalog import ENV_PASSWORD, ENV_USER
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+    from airflow_provider_vitess.operators.merge_backends import SparkSubmitMerge
+
+    secret = "s3cr3t-catalog-pw"
+    catalog_conn = {
+        "conn_type": "postgres",
+        "host": "db.internal",
+        "port": 5432,
+        "schema": "iceberg",
+        "login": "lake",
+        "password": secret,
+        "extra": {"catalog": "lake", "sslmode": "require"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_ICEBERG_CAT", json.dumps(catalog_conn))
+    for master, name in (("local[2]", "SPARK_LOCAL"), ("yarn", "SPARK_YARN")):
+        conn = {"conn_type": "spark", "host": master, "extra": {"spark_version": "4.1.3"}}
+        monkeypatch.setenv(f"AIRFLOW_CONN_{name}", json.dumps(conn))
+    catalog = iceberg_catalog("iceberg_cat")
+    assert catalog is not None
+    assert catalog.document() == {
+        "name": "lake",
+        "uri": "jdbc:postgresql://db.internal:5432/iceberg?sslmode=require",
+        "driver": "org.postgresql:postgresql:42.7.14",
+    }
+    assert secret not in repr(catalog)
+    plan = MergePlan(
+        "s",
+        (WindowToMerge(1, str(tmp_path / "staging" / "window=0000000001" / "_manifest.json")),),
+        {"t": TableTarget("t", str(tmp_path / "lake" / "ns" / "t"), ("id",), ("id",))},
+        "iceberg",
+        catalog.document(),
+    )
+    assert secret not in plan.to_json() and '"uri"' in plan.to_json()
+    assert MergePlan.from_json(plan.to_json()) == plan
+
+    def submit(conn_id: str) -> SparkSubmitMerge:
+        backend = VitessMergeOperator(
+            task_id="merge",
+            sync_id="s",
+            target_location=str(tmp_path / "lake" / "ns"),
+            conn_id=conn_id,
+            table_format="iceberg",
+            iceberg_catalog_conn_id="iceberg_cat",
+        )._make_backend(catalog)
+        assert isinstance(backend, SparkSubmitMerge)
+        return backend
+
+    job = submit("spark_local").job(plan, tmp_path / "plan.json", tmp_path / "r.json")
+    assert job["env_vars"][ENV_USER] == "lake" and job["env_vars"][ENV_PASSWORD] == secret
+    assert job["packages"].endswith(",org.postgresql:postgresql:42.7.14")
+    assert secret not in json.dumps(job.get("conf"))
+    hook_args = {k: v for k, v in job.items() if k != "env_vars"}
+    command = SparkSubmitHook(**hook_args)._build_spark_submit_command("app.py")
+    assert not [part for part in command if secret in part]
+    with pytest.raises(
+        VitessConnectionError, match=r"iceberg_catalog_conn_id cannot be used with the 'yarn' master"
+    ):
+        submit("spark_yarn").job(plan, tmp_path / "plan.json", tmp_path / "r.json")
+
+
+def test_an_iceberg_catalog_is_refused_for_delta_tables_and_a_bad_connection_is_named() -> None:
+    from airflow_provider_vitess.capture.sync_parts import TargetDefaults
+    from airflow_provider_vitess.exceptions import VitessConnectionError
+    from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
+    from airflow_provider_vitess.merge.plan import MergePlanError
+    from airflow_provider_vitess.operators.merge import VitessMergeOperator
+
+    with pytest.raises(
+        ValueError, match=r"iceberg_catalog_conn_id 'cat' is given for delta tables.*table_format='iceberg'"
+    ):
+        VitessMergeOperator(
+            task_id="m", sync_id="s", target_location="/lake/x", iceberg_catalog_conn_id="cat"
+        )
+    with pytest.raises(ValueError, match=r"iceberg_catalog_conn_id 'cat' is given for delta tables"):
+        TargetDefaults(iceberg_catalog_conn_id="cat")
+    assert (
+        TargetDefaults(table_format="iceberg", iceberg_catalog_conn_id="cat").iceberg_catalog_conn_id == "cat"
+    )
+    with pytest.raises(MergePlanError, match=r"an Iceberg catalog is given for delta tables"):
+        MergePlan("s", (), {}, "delta", {"name": "c", "uri": "jdbc:postgresql://h/d", "driver": "d"})
+    parts: dict[str, Any] = dict(
+        conn_id="cat", host="h", port=None, schema="d", login=None, password=None, extra={}
+    )
+    with pytest.raises(
+        VitessConnectionError,
+        match=r"connection 'cat' has type 'mysql'; an Iceberg JDBC catalog needs a 'postgres'",
+    ):
+        IcebergCatalog.from_connection(conn_type="mysql", **parts)
+    with pytest.raises(
+        VitessConnectionError, match=r"unknown extra\(s\) 'warehose'.*known: catalog, sslmode, warehouse"
+    ):
+        IcebergCatalog.from_connection(conn_type="postgres", **{**parts, "extra": {"warehose": "s3a://x"}})
+    with pytest.raises(VitessConnectionError, match=r"needs the database's host and its name"):
+        IcebergCatalog.from_connection(conn_type="postgres", **{**parts, "schema": None})
+    with pytest.raises(VitessConnectionError, match=r"sslmode must be one of"):
+        IcebergCatalog.from_connection(conn_type="postgres", **{**parts, "extra": {"sslmode": "on"}})
+    plain = IcebergCatalog.from_connection(conn_type="postgres", **parts)
+    # Without a catalog name the connection's id names it; without credentials, none are passed.
+    assert (plain.name, plain.uri, plain.environment()) == ("cat", "jdbc:postgresql://h/d", {})
+    assert plain.spark_conf("s3a://lake") == {
+        "type": "jdbc",
+        "uri": "jdbc:postgresql://h/d",
+        "warehouse": "s3a://lake",
+        "jdbc.schema-version": "V1",
+    }

@@ -16,6 +16,8 @@ from airflow_provider_vitess.merge.job.formats.base import Commit, Statement, Ta
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
+
 __all__ = ["DEFAULT_FORMAT", "Commit", "Statement", "TableFormat", "for_session", "sql_at"]
 
 from airflow_provider_vitess.merge.plan import TABLE_FORMATS as FORMATS
@@ -28,13 +30,16 @@ def _known(name: str) -> None:
         raise ValueError(f"table format {name!r} is not one of {', '.join(FORMATS)}")
 
 
-def for_session(spark: SparkSession, name: str = DEFAULT_FORMAT) -> TableFormat:
-    """The format ``name`` for ``spark``'s kind of session."""
+def for_session(
+    spark: SparkSession, name: str = DEFAULT_FORMAT, iceberg_catalog: IcebergCatalog | None = None
+) -> TableFormat:
+    """The format ``name`` for ``spark``'s kind of session (Iceberg's tables in the JDBC catalog
+    ``iceberg_catalog`` if one is given)."""
     _known(name)
     if name == "iceberg":
         from airflow_provider_vitess.merge.job.formats.iceberg import IcebergFormat
 
-        return IcebergFormat()
+        return IcebergFormat(iceberg_catalog)
     from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 
     return DeltaFormat.for_session(spark)

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
+from airflow_provider_vitess.exceptions import TargetIntegrityError
 from airflow_provider_vitess.merge.job import apply, iceberg_log
 from airflow_provider_vitess.merge.job.delta_access import for_session as access_for_session
 from airflow_provider_vitess.merge.job.delta_sql import q
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, DataFrameWriterV2, SparkSession
     from pyspark.sql import types as T
 
+    from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
     from airflow_provider_vitess.merge.job.schema import Evolution
     from airflow_provider_vitess.merge.job.steps import TableSize, TableState
     from airflow_provider_vitess.merge.modes import TargetShape
@@ -56,17 +58,42 @@ CREATE_PROPERTIES: Mapping[str, str] = {
 
 
 class IcebergFormat:
-    """Iceberg tables at locations, through ``spark``'s SQL."""
+    """Iceberg tables at locations, through ``spark``'s SQL: a Hadoop catalog's, or those of the
+    JDBC catalog ``jdbc`` (:mod:`...iceberg_catalog`)."""
 
     name = "iceberg"
+
+    def __init__(self, jdbc: IcebergCatalog | None = None) -> None:
+        self.jdbc = jdbc
+
+    def _table(self, spark: SparkSession, path: str) -> IcebergTable:
+        return register(spark, at(path, self.jdbc))
+
+    def _existing(self, spark: SparkSession, path: str) -> IcebergTable | None:
+        """The table at ``path`` if it exists (None: not yet). A JDBC catalog's table of the same
+        name elsewhere is another program's, and refused: the sync never writes it."""
+        table = self._table(spark, path)
+        if not _exists(spark, table):
+            return None
+        if table.jdbc is not None:
+            found = _location(spark, table)
+            if found.rstrip("/") != table.location:
+                raise TargetIntegrityError(
+                    f"the Iceberg catalog {table.catalog!r} has a table {table.namespace}.{table.name} "
+                    f"at {found}, not at the sync's location {table.location}: it is another "
+                    "table than the sync's. Remedy: give the sync's table another path (its last two "
+                    "parts name it in the catalog), or drop the catalog's table if it is the sync's "
+                    "moved away"
+                )
+        return table
 
     # -- state --------------------------------------------------------------------------------
 
     def state(self, spark: SparkSession, path: str, app_id: str, restores_after: int | None) -> TableState:
         from airflow_provider_vitess.merge.job.steps import TableState
 
-        table = _table(spark, path)
-        if not _exists(spark, table):
+        table = self._existing(spark, path)
+        if table is None:
             return TableState(exists=False)
         commits = _commits(spark, table, app_id, restores_after)
         return TableState(
@@ -83,15 +110,15 @@ class IcebergFormat:
     def size(self, spark: SparkSession, path: str) -> TableSize:
         from airflow_provider_vitess.merge.job.steps import TableSize
 
-        table = _table(spark, path)
+        table = self._table(spark, path)
         row = spark.sql(
             f"SELECT count(*), sum(file_size_in_bytes) FROM {table.metadata('data_files')}"
         ).first()
         return TableSize(int(row[0]) if row else 0, int(row[1] or 0) if row else 0)
 
     def applied(self, spark: SparkSession, path: str, app_id: str, seq: int) -> bool:
-        table = _table(spark, path)
-        if not _exists(spark, table):
+        table = self._existing(spark, path)
+        if table is None:
             return False
         txn = _commits(spark, table, app_id, None).txn_version
         return txn is not None and txn >= seq
@@ -125,7 +152,7 @@ class IcebergFormat:
         spark = rows.sparkSession
         if self.applied(spark, path, app_id, seq):
             return None
-        table = _table(spark, path)
+        table = self._table(spark, path)
         writer = _creating(apply.laid_out(rows, keys, files), table, _create_properties(rows, properties))
         with _window(spark, app_id, seq):
             writer.createOrReplace()
@@ -144,7 +171,7 @@ class IcebergFormat:
         spark = rows.sparkSession
         if self.applied(spark, path, app_id, seq):
             return None
-        table = _table(spark, path)
+        table = self._table(spark, path)
         data = apply.plain_strings(rows)
         with _window(spark, app_id, seq):
             if create is None:
@@ -172,7 +199,7 @@ class IcebergFormat:
         (rows written; the inserted, updated and deleted rows are not told apart)."""
         if self.applied(spark, path, app_id, seq):
             return None
-        target = _table(spark, path)
+        target = self._table(spark, path)
         rows = apply.persist(rows)
         view = f"{view_prefix}{uuid.uuid4().hex}"
         try:
@@ -189,7 +216,7 @@ class IcebergFormat:
     def evolve(self, spark: SparkSession, path: str, ev: Evolution, *, widen_in_place: bool) -> None:
         """Added and dropped columns in place (Iceberg tracks columns by id); a widening in place
         where Iceberg allows it, else by rewriting the table. Each repeated is a no-op."""
-        table = _table(spark, path)
+        table = self._table(spark, path)
         have = {f.name: f for f in spark.table(table.sql).schema.fields}
         gone = [n for n in ev.drop if n in have]
         if gone:
@@ -210,7 +237,7 @@ class IcebergFormat:
             _rewrite(spark, table, rewrite)
 
     def read(self, spark: SparkSession, path: str) -> DataFrame:
-        return spark.table(_table(spark, path).sql)
+        return spark.table(self._table(spark, path).sql)
 
     def set_change_data_feed(
         self, spark: SparkSession, path: str, shape: TargetShape, properties: Mapping[str, str]
@@ -222,7 +249,7 @@ class IcebergFormat:
     # -- time travel --------------------------------------------------------------------------
 
     def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:
-        table = _table(spark, path)
+        table = self._table(spark, path)
         snapshot = iceberg_log.snapshot_at(metadata_log(spark, table), version)
         if snapshot is None:
             raise ValueError(
@@ -238,12 +265,16 @@ class IcebergFormat:
         )
 
 
-def _table(spark: SparkSession, path: str) -> IcebergTable:
-    return register(spark, at(path))
-
-
 def _exists(spark: SparkSession, table: IcebergTable) -> bool:
     return bool(spark.catalog.tableExists(table.sql))
+
+
+def _location(spark: SparkSession, table: IcebergTable) -> str:
+    """Where the catalog says the table is."""
+    for name, value, _ in spark.sql(f"DESCRIBE TABLE EXTENDED {table.sql}").collect():
+        if str(name).strip() == "Location":
+            return str(value)
+    raise AssertionError(f"{table.sql}: DESCRIBE TABLE EXTENDED names no location")
 
 
 def metadata_log(spark: SparkSession, table: IcebergTable) -> list[LogEntry]:
@@ -312,8 +343,12 @@ def _shape_properties(spark: SparkSession, table: IcebergTable) -> dict[str, str
 
 
 def _creating(rows: DataFrame, table: IcebergTable, properties: Mapping[str, str]) -> DataFrameWriterV2:
-    """A writer that creates (or replaces) ``table`` with ``rows`` and ``properties``."""
+    """A writer that creates (or replaces) ``table`` with ``rows`` and ``properties``, at its
+    location: a JDBC catalog would put it below its warehouse, in a namespace that must exist."""
     writer = rows.writeTo(table.sql).using("iceberg")
+    if table.jdbc is not None:
+        rows.sparkSession.sql(f"CREATE NAMESPACE IF NOT EXISTS {q(table.catalog)}.{q(table.namespace)}")
+        writer = writer.tableProperty("location", table.location)
     for k, v in properties.items():
         writer = writer.tableProperty(k, v)
     return writer
