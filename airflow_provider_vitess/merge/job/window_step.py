@@ -60,9 +60,9 @@ def run_step(
     window = next(w for w in plan.windows if w.seq == step.seq)
     mode = WriteMode.REPLACE if step.table in window.replace_tables else WriteMode.MERGE
     if step.action is Action.ALREADY_APPLIED:
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode, table_format=fmt.name)
     if step.action is Action.NO_CHANGES:
-        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode)
+        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode, table_format=fmt.name)
     progress(step.seq, step.table, "writing")
     strategy = strategies.for_target(target)
     s = StepContext.of(
@@ -96,9 +96,9 @@ def run_step(
             conflicts.raise_if_conflict(exc)
             raise
     if commit is None:  # the format skipped the write: another run committed the window first
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode, table_format=fmt.name)
     progress(step.seq, step.table, "committed")
-    return _result(step, target.path, commit, changes)
+    return _result(step, target.path, commit, changes, fmt.name)
 
 
 def _merge(
@@ -287,7 +287,9 @@ def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Ma
     return keyrange.successors(sorted(seen), live)
 
 
-def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> TableResult:
+def _result(
+    step: Step, path: str, commit: Commit, changes: tuple[str, ...], table_format: str
+) -> TableResult:
     if step.action is Action.MERGE:
         inserted, updated = commit.rows_inserted, commit.rows_updated
         return TableResult(
@@ -302,6 +304,8 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
             table_version=commit.version,
             schema_changes=changes,
             files_touched=commit.files_touched,
+            table_format=table_format,
+            snapshot_id=commit.snapshot_id,
         )
     return TableResult(
         step.table,
@@ -311,4 +315,6 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
         rows_upserted=commit.rows_written,
         rows_inserted=commit.rows_written,
         table_version=commit.version,
+        table_format=table_format,
+        snapshot_id=commit.snapshot_id,
     )
