@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,12 @@ def iceberg_dicts(path: Path) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in r.items()} for r in _table(path).scan().to_arrow().to_pylist()]
 
 
+def current_snapshot_id(path: Path) -> int | None:
+    """The table's current snapshot, as ``pyiceberg`` reads it."""
+    snapshot = _table(path).current_snapshot()
+    return None if snapshot is None else int(snapshot.snapshot_id)
+
+
 def windows_held(path: Path) -> Counter[tuple[str, int]]:
     """How many snapshots of the table carry each (app id, window seq): each window once."""
     out: Counter[tuple[str, int]] = Counter()
@@ -84,11 +91,24 @@ def roll_back(locations: list[Path], ivy: Path) -> dict[str, list[dict[str, Any]
     return spark_rows(locations, ivy, "--roll-back")
 
 
-def spark_rows(locations: list[Path], ivy: Path, *flags: str) -> dict[str, list[dict[str, Any]]]:
+def sql_rows(queries: Mapping[Path, str], ivy: Path) -> dict[str, list[dict[str, Any]]]:
+    """The rows each table's query (``SELECT ... FROM`` the table's catalog name) reads in Spark
+    4.1, the catalog registered as the merge registers it; as :func:`spark_rows`."""
+    return spark_rows(list(queries), ivy, queries=queries)
+
+
+def spark_rows(
+    locations: list[Path], ivy: Path, *flags: str, queries: Mapping[Path, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Each table's rows as Spark 4.1 with Iceberg's runtime reads them (``iceberg_spark_read``,
-    one spark-submit), values :func:`canonical`; keyed by location."""
+    one spark-submit), values :func:`canonical`; keyed by location. ``queries``: read by these
+    instead of the whole table."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
+        if queries is not None:
+            asked = Path(tmp) / "queries.json"
+            asked.write_text(json.dumps({str(k): v for k, v in queries.items()}))
+            flags = (*flags, "--sql", str(asked))
         command = [
             str(spark_submit()),
             "--master",

@@ -5,12 +5,15 @@ One table per target mode, the target-mode tests' workload (moves between shards
 half first, key changes, a same-second delete and re-insert, large and long transactions) in small
 windows: ``pyiceberg`` reads each table, and each mode's oracle holds against ``SELECT *`` through
 vtgate and the workload's record. A merge killed after its Iceberg commits is rerun and holds
-each window once; a column added at the source meanwhile lands in every table."""
+each window once; a column added at the source meanwhile lands in every table. The consistent cut
+the status page's JSON gives, each table's Iceberg SQL at its snapshot, reads in Spark what the
+tables hold."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import pytest
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.plugins import documents
 from tests.support.airflow_env import (
     IVY_CACHE,
     AirflowEnv,
@@ -27,11 +31,13 @@ from tests.support.airflow_env import (
 )
 from tests.support.iceberg_spark import (
     canonical_rows,
+    current_snapshot_id,
     driver_env,
     iceberg_dicts,
     roll_back,
     spark_rows,
     spark_submit,
+    sql_rows,
     windows_held,
 )
 from tests.support.local import LocalVitess
@@ -160,6 +166,29 @@ def test_each_mode_to_iceberg_through_the_dag_factory(
         ), table
     metadata = json.loads(max((lake / "iceberg" / MIRROR / "metadata").glob("v*.metadata.json")).read_text())
     assert metadata["format-version"] == 2 and metadata["properties"]["write.merge.mode"] == "merge-on-read"
+    _assert_the_cut_reads_the_tables(airflow, lake)
+
+
+def _assert_the_cut_reads_the_tables(airflow: AirflowEnv, lake: Path) -> None:
+    """The consistent cut at the committed position as the status page's JSON API gives it (the
+    document it serves): each table's Iceberg snapshot, its table's current one (the sync is its
+    only writer), and SQL that, run in Spark 4.1 as a user runs it, reads what the table holds."""
+    status = documents.sync_status(_store(airflow), "default", SYNC, datetime.now(timezone.utc))
+    assert status is not None
+    cut = json.loads(status.model_dump_json())["cut"]
+    assert cut is not None and set(cut["tables"]) == set(TABLES), cut
+    queries = {}
+    for table, at in cut["tables"].items():
+        location = lake / "iceberg" / table
+        assert (at["table_format"], at["snapshot_id"]) == ("iceberg", current_snapshot_id(location)), at
+        assert at["sql"].startswith("SELECT * FROM `vitess_"), at
+        assert at["sql"].endswith(f".`iceberg`.`{table}` VERSION AS OF {at['snapshot_id']}"), at
+        queries[location] = at["sql"]
+    by_cut = sql_rows(queries, IVY_CACHE)
+    for table in TABLES:
+        assert canonical_rows(by_cut[str(lake / "iceberg" / table)]) == canonical_rows(_rows(lake, table)), (
+            table
+        )
 
 
 def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window_once(
