@@ -1,8 +1,9 @@
 """A table at an earlier commit as Spark SQL, per format, without PySpark: the consistent cut's SQL.
 
 The status page (``consistent_reads.cut_sql``) builds it without a session, and each format's
-:meth:`.base.TableFormat.sql_at` (and Iceberg's ``read_at``) is this same text, so the SQL the
-page shows is the read ``consistent_tables`` makes:
+:meth:`.base.TableFormat.sql_at` is this same text; Iceberg's ``read_at`` runs it, so for an
+Iceberg table the SQL the page shows is the read ``consistent_tables`` makes (Delta's reads the
+same version through Delta's reader):
 
 * Delta: ``SELECT * FROM delta.`<path>` VERSION AS OF <version>``; Delta's version is its own.
 * Iceberg: ``SELECT * FROM <catalog>.<namespace>.<name> VERSION AS OF <snapshot id>``, the table
