@@ -385,7 +385,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0006"
+    assert empty_store.migrate() == "0007"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(
