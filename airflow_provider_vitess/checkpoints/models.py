@@ -277,9 +277,12 @@ class TargetRow(Base):
 
 
 class WindowVersionRow(Base):
-    """The Delta version a committed window produced in one of its sync's tables: the rows a
+    """The version a committed window produced in one of its sync's tables: the rows a
     consistent cut across tables is read from (``checkpoints/versions.py``). A table a window did
-    not change has no row for it: its version is the one of its latest row before."""
+    not change has no row for it: its version is the one of its latest row before.
+    ``table_format``, ``snapshot_id`` (Iceberg's commit, which its time travel names) and
+    ``catalog`` (the JDBC catalog an Iceberg table is named in) are NULL in the rows written
+    before revision 0007: Delta tables."""
 
     __tablename__ = f"{PREFIX}window_version"
 
@@ -291,3 +294,6 @@ class WindowVersionRow(Base):
     table_version: Mapped[int] = mapped_column(BigInteger)  # delta_version before revision 0006
     path: Mapped[str] = mapped_column(Text)
     merged_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    table_format: Mapped[str | None] = mapped_column(String(16))
+    snapshot_id: Mapped[int | None] = mapped_column(BigInteger)
+    catalog: Mapped[str | None] = mapped_column(String(128))

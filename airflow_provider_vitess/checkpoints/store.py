@@ -230,6 +230,7 @@ class CheckpointStore(StoreDatabase):
         targets: Mapping[str, int | None] | None = None,
         report: Mapping[str, Any] | None = None,
         paths: Mapping[str, str] | None = None,
+        commits: Mapping[str, versions.TableCommit] | None = None,
     ) -> None:
         """STAGED -> MERGED after the Delta commit (txnAppId=sync id, txnVersion=seq) is durable.
 
@@ -238,7 +239,8 @@ class CheckpointStore(StoreDatabase):
         transaction, for the integrity check of the next merge (:meth:`target_versions`).
         ``report`` (the merge job's, JSON) is kept in the window's stats under ``merge_report``:
         a task killed after this step reruns from MERGED and still knows what the merge changed.
-        With ``paths`` (each target's location) the versions are kept per window too (cuts).
+        With ``paths`` (each target's location) the versions are kept per window too (cuts),
+        each with its table's format and Iceberg snapshot from ``commits`` (none: Delta).
         """
         with self._begin("MERGED mark") as conn:
             values = None
@@ -248,7 +250,7 @@ class CheckpointStore(StoreDatabase):
             self._transition(conn, sync_id, seq, WindowState.MERGED, values)
             for table, version in (targets or {}).items():
                 committed_rows.record_target(conn, self._clock(), sync_id, table, seq, version)
-            versions.record(conn, self._clock(), sync_id, seq, targets or {}, paths or {})
+            versions.record(conn, self._clock(), sync_id, seq, targets or {}, paths or {}, commits)
 
     def target_versions(self, sync_id: str) -> dict[str, TargetVersion]:
         """Per table, the last window merged into its Delta table and that commit's version."""

@@ -1,11 +1,13 @@
-"""The Delta version every table of a sync had after a committed window: a consistent cut.
+"""The version every table of a sync had after a committed window: a consistent cut.
 
-Each table of a window gets a Delta commit of its own (Delta has no multi-table transaction), so
-a reader that opens ``customer`` and ``corder`` between the two commits of one window sees half a
-transaction. The store records, in the window's MERGED transaction, the version each commit
-produced (``record``); the cut at window W takes, per table, the version of its latest row at or
-before W: a table a window did not change keeps the version an earlier window left. Reading every
-table at its cut version (Delta time travel) gives all of them at one source position.
+Each table of a window gets a commit of its own (neither Delta nor Iceberg has a multi-table
+transaction), so a reader that opens ``customer`` and ``corder`` between the two commits of one
+window sees half a transaction. The store records, in the window's MERGED transaction, the version
+each commit produced (``record``), with the table's format and, for Iceberg, the snapshot id of
+the commit (:class:`TableCommit`: Iceberg's time travel names a snapshot, not our version); the
+cut at window W takes, per table, the version of its latest row at or before W: a table a window
+did not change keeps the version an earlier window left. Reading every table at its cut version
+(the format's time travel) gives all of them at one source position.
 
 A re-snapshot of some of the tables (``resnapshot_tables``, or tables that joined the sync) is the
 exception: its window leaves the copied tables at their copy's position and the others at the
@@ -25,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Row, Table, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_provider_vitess.checkpoints.models import CheckpointRow, WindowRow, WindowVersionRow
@@ -39,20 +41,45 @@ _CHECKPOINT = cast(Table, CheckpointRow.__table__)
 _WINDOW = cast(Table, WindowRow.__table__)
 
 
+# The format of a version recorded before the store kept formats (revision 0007): every table
+# a released provider wrote was Delta.
+UNRECORDED_FORMAT = "delta"
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """How a window's commit of a table is read again: the table's format (``delta``,
+    ``iceberg``) and, where the format's time travel names a commit by an id of its own
+    (Iceberg's snapshot id), that id; ``catalog``: the JDBC catalog the table is named in (None:
+    named by its location)."""
+
+    table_format: str
+    snapshot_id: int | None = None
+    catalog: str | None = None
+
+
 @dataclass(frozen=True)
 class TableVersion:
-    """One table of a cut: where its Delta table is, and the version to read."""
+    """One table of a cut: where its table is, and the version to read."""
 
     table: str
     path: str
     version: int
     seq: int  # the window that produced this version
+    recorded_format: str | None = None  # None: recorded before revision 0007 (Delta)
+    snapshot_id: int | None = None  # the Iceberg snapshot of the version (None: Delta, or not recorded)
+    catalog: str | None = None  # the JDBC catalog an Iceberg table is named in (None: by its location)
+
+    @property
+    def table_format(self) -> str:
+        """The table's format: the recorded one, else Delta (:data:`UNRECORDED_FORMAT`)."""
+        return self.recorded_format or UNRECORDED_FORMAT
 
 
 @dataclass(frozen=True)
 class Cut:
     """Every table of a sync at one source position: the end of committed window ``seq``.
-    A table the sync had no Delta table for by then (added later) is not in it."""
+    A table the sync had no table for by then (added later) is not in it."""
 
     sync_id: str
     seq: int
@@ -66,15 +93,25 @@ def record(
     seq: int,
     targets: Mapping[str, int | None],
     paths: Mapping[str, str],
+    commits: Mapping[str, TableCommit] | None = None,
 ) -> None:
-    """Window ``seq`` produced Delta version ``targets[t]`` of each table ``t`` at ``paths[t]``
-    (idempotent); a table without a version (no Delta table made) or a path is left out."""
+    """Window ``seq`` produced version ``targets[t]`` of each table ``t`` at ``paths[t]``, the
+    commit ``commits[t]`` (idempotent); a table without a version (no table made) or a path is
+    left out, one without a commit is recorded without a format (read as Delta)."""
     for table, version in targets.items():
         path = paths.get(table)
         if version is None or path is None:
             continue
         where = (_VERSION.c.sync_id == sync_id, _VERSION.c.seq == seq, _VERSION.c.table_name == table)
-        values = {"table_version": version, "path": path, "merged_at": now}
+        commit = (commits or {}).get(table)
+        values = {
+            "table_version": version,
+            "path": path,
+            "merged_at": now,
+            "table_format": None if commit is None else commit.table_format,
+            "snapshot_id": None if commit is None else commit.snapshot_id,
+            "catalog": None if commit is None else commit.catalog,
+        }
         if conn.execute(update(_VERSION).where(*where).values(**values)).rowcount == 0:
             conn.execute(insert(_VERSION).values(sync_id=sync_id, seq=seq, table_name=table, **values))
 
@@ -145,7 +182,7 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
         )
     if seq < oldest:
         raise CutUnavailableError(
-            f"sync {sync_id!r}: window {seq} is older than the oldest window the store keeps Delta "
+            f"sync {sync_id!r}: window {seq} is older than the oldest window the store keeps table "
             f"versions for ({oldest}); the merge operator's keep_records sets how many windows stay"
         )
     while (stale := torn_by(conn, sync_id, seq)) is not None:
@@ -176,10 +213,21 @@ def cut(conn: Connection, sync_id: str, seq: int | None = None, as_of: datetime 
         )
         .where(_VERSION.c.sync_id == sync_id)
     )
-    tables = {
-        r.table_name: TableVersion(r.table_name, r.path, int(r.table_version), int(r.seq)) for r in rows
-    }
+    tables = {r.table_name: _table_version(r) for r in rows}
     return Cut(sync_id, seq, dict(sorted(tables.items())))
+
+
+def _table_version(row: Row[Any]) -> TableVersion:
+    snapshot = None if row.snapshot_id is None else int(row.snapshot_id)
+    return TableVersion(
+        row.table_name,
+        row.path,
+        int(row.table_version),
+        int(row.seq),
+        row.table_format,
+        snapshot,
+        row.catalog,
+    )
 
 
 def torn_by(conn: Connection, sync_id: str, seq: int) -> list[str] | None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
+
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from airflow_provider_vitess.merge.plan import MergePlanError
 from airflow_provider_vitess.utils.jsondoc import JsonDocument, null_is
@@ -47,6 +49,25 @@ class TableResult(JsonDocument):
     # ``delta_version`` by its format-neutral name (the version of the table's format that holds
     # the window): both are written, either read; given one, the other is the same number.
     table_version: int | None = None
+    # The table's format, and the Iceberg snapshot of ``table_version`` (Iceberg's time travel
+    # names a snapshot, not our version): what the store records for the consistent cut. A report
+    # without them (written before they were) is Delta's, without a snapshot.
+    table_format: str = "delta"
+    snapshot_id: int | None = None
+    # The JDBC catalog an Iceberg table is named in (None: named by its location).
+    catalog: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_delta(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A Delta table's result is written as before Iceberg (neither key), as the plan is."""
+        out: dict[str, Any] = handler(self)
+        if self.table_format == "delta":
+            out.pop("table_format", None)
+        if self.snapshot_id is None:
+            out.pop("snapshot_id", None)
+        if self.catalog is None:
+            out.pop("catalog", None)
+        return out
 
     def __post_init__(self) -> None:
         if self.table_version is None:

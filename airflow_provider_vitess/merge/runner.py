@@ -40,6 +40,7 @@ from airflow_provider_vitess.checkpoints import (
 from airflow_provider_vitess.checkpoints.history import recent_windows
 from airflow_provider_vitess.checkpoints.locking import TASK_STALE_AFTER
 from airflow_provider_vitess.checkpoints.store import MERGE_REPORT
+from airflow_provider_vitess.checkpoints.versions import TableCommit
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
     CorruptStagedDataError,
@@ -203,6 +204,18 @@ def merged_targets(
     return found
 
 
+def merged_commits(report: MergeReport | None, seq: int) -> dict[str, TableCommit]:
+    """Per table that holds window ``seq`` by a commit, how the consistent cut reads that commit
+    (its format, Iceberg's snapshot id), as the job reported it."""
+    if report is None:
+        return {}
+    return {
+        r.table: TableCommit(r.table_format, r.snapshot_id, r.catalog)
+        for r in report.window(seq).tables
+        if r.status in (TableStatus.WRITTEN, TableStatus.ALREADY_APPLIED)
+    }
+
+
 def _describe(seqs: list[int]) -> str:
     return ", ".join(map(str, seqs)) or "none"
 
@@ -285,7 +298,8 @@ class MergeRunner:
                 for w in batch:
                     kept = None if merged is None else own_report(merged, w.seq)
                     targets = merged_targets(plan, merged, w.seq)
-                    self.store.mark_merged(self.sync_id, w.seq, targets, kept, paths)
+                    commits = merged_commits(merged, w.seq)
+                    self.store.mark_merged(self.sync_id, w.seq, targets, kept, paths, commits)
                     self.store.commit(self.sync_id, w.seq)
                     done.append(w)
             last = done[-1]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from airflow_provider_vitess.checkpoints import CheckpointStore, Window, WindowState, freshness, history
 from airflow_provider_vitess.checkpoints.groups import WindowGroup, groups_of_windows, readers
 from airflow_provider_vitess.checkpoints.states import TableProgress
-from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
+from airflow_provider_vitess.consistent_reads import consistent_cut, table_sql
 from airflow_provider_vitess.exceptions import CutUnavailableError
 from airflow_provider_vitess.vgtid import Vgtid
 
@@ -139,9 +139,21 @@ class SyncSummary(BaseModel):
 
 class CutTable(BaseModel):
     path: str
-    version: int = Field(description="the Delta version to read (time travel)")
+    version: int = Field(
+        description="the table's version to read: Delta's; Iceberg's snapshot sequence number less one"
+    )
     window: int = Field(description="the window that produced that version")
-    sql: str = Field(description="Spark SQL reading the table at the cut")
+    table_format: str = Field(default="delta", description="the table's format: delta or iceberg")
+    snapshot_id: int | None = Field(
+        default=None, description="the Iceberg snapshot of that version, which Iceberg's time travel names"
+    )
+    catalog: str | None = Field(
+        default=None,
+        description="the Iceberg JDBC catalog the SQL names the table in (null: named by its location)",
+    )
+    sql: str = Field(
+        description="Spark SQL reading the table at the cut (a SQL comment saying why where there is none)"
+    )
 
 
 class ConsistentCut(BaseModel):
@@ -155,7 +167,7 @@ class SyncStatus(SyncSummary):
     table_status: list[TableSummary]
     committed: Committed | None
     cut: ConsistentCut | None = Field(
-        default=None, description="each table's Delta version at the committed position"
+        default=None, description="each table's version at the committed position"
     )
     windows: list[WindowStatus] = Field(description="the last windows, newest first")
     lock: LockStatus | None
@@ -293,9 +305,16 @@ def _cut(store: CheckpointStore, sync_id: str) -> ConsistentCut | None:
         taken = consistent_cut(store, sync_id)
     except CutUnavailableError:
         return None
-    sql = cut_sql(taken)
     tables = {
-        t.table: CutTable(path=t.path, version=t.version, window=t.seq, sql=sql[t.table])
+        t.table: CutTable(
+            path=t.path,
+            version=t.version,
+            window=t.seq,
+            table_format=t.table_format,
+            snapshot_id=t.snapshot_id,
+            catalog=t.catalog,
+            sql=table_sql(t),
+        )
         for t in taken.tables.values()
     }
     return ConsistentCut(window=taken.seq, tables=tables)

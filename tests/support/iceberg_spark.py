@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,12 @@ def iceberg_dicts(path: Path, catalog: Catalog | None = None) -> list[dict[str, 
     return [{k: _plain(v) for k, v in r.items()} for r in rows]
 
 
+def current_snapshot_id(path: Path, catalog: Catalog | None = None) -> int | None:
+    """The table's current snapshot, as ``pyiceberg`` reads it."""
+    snapshot = iceberg_table(path, catalog).current_snapshot()
+    return None if snapshot is None else int(snapshot.snapshot_id)
+
+
 def windows_held(path: Path, catalog: Catalog | None = None) -> Counter[tuple[str, int]]:
     """How many snapshots of the table carry each (app id, window seq): each window once."""
     out: Counter[tuple[str, int]] = Counter()
@@ -110,13 +117,30 @@ def roll_back(
     return spark_rows(locations, ivy, catalog, "--roll-back")
 
 
+def sql_rows(
+    queries: Mapping[Path, str], ivy: Path, catalog: Catalog | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows each table's query (``SELECT ... FROM`` the table's catalog name) reads in Spark
+    4.1, the catalog registered as the merge registers it; as :func:`spark_rows`."""
+    return spark_rows(list(queries), ivy, catalog, queries=queries)
+
+
 def spark_rows(
-    locations: list[Path], ivy: Path, catalog: Catalog | None = None, *flags: str
+    locations: list[Path],
+    ivy: Path,
+    catalog: Catalog | None = None,
+    *flags: str,
+    queries: Mapping[Path, str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each table's rows as Spark 4.1 with Iceberg's runtime reads them (``iceberg_spark_read``,
-    one spark-submit; through ``catalog`` if given), values :func:`canonical`; keyed by location."""
+    one spark-submit; through ``catalog`` if given), values :func:`canonical`; keyed by location.
+    ``queries``: read by these instead of the whole table."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
+        if queries is not None:
+            asked = Path(tmp) / "queries.json"
+            asked.write_text(json.dumps({str(k): v for k, v in queries.items()}))
+            flags = (*flags, "--sql", str(asked))
         command = [
             str(spark_submit()),
             "--master",

@@ -3,7 +3,9 @@ locations read by Spark through a Hadoop catalog (or the JDBC catalog :data:`CAT
 as a user's Spark reads it, its rows written to
 a JSON file with :func:`canonical` values. With ``--roll-back`` first (``iceberg_spark.roll_back``):
 each table rolled back to its current snapshot's parent, as another program would, with Iceberg's
-procedure. Imports only what a bare driver has."""
+procedure. With ``--sql <file>`` (a JSON object, location -> a query): each table's rows as its
+query reads them (the consistent cut's SQL, as a user runs it), the catalog it names registered as
+the merge registers it. Imports only what a bare driver has."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def canonical(value: Any) -> Any:
     return value
 
 
-def main(out: str, locations: list[str], roll_back: bool = False) -> None:
+def main(
+    out: str, locations: list[str], roll_back: bool = False, queries: dict[str, str] | None = None
+) -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
@@ -54,9 +58,8 @@ def main(out: str, locations: list[str], roll_back: bool = False) -> None:
             ).collect()
             name = f"{table.namespace}.{table.name}"
             spark.sql(f"CALL `{table.catalog}`.system.rollback_to_snapshot('{name}', {int(parent[0])})")
-        tables[location] = [
-            {k: canonical(v) for k, v in r.asDict().items()} for r in spark.table(table.sql).collect()
-        ]
+        rows = spark.sql(queries[location]) if queries is not None else spark.table(table.sql)
+        tables[location] = [{k: canonical(v) for k, v in r.asDict().items()} for r in rows.collect()]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(tables, f)
     spark.stop()
@@ -65,4 +68,10 @@ def main(out: str, locations: list[str], roll_back: bool = False) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     back = args[0] == "--roll-back"
-    main(args[1] if back else args[0], args[2:] if back else args[1:], roll_back=back)
+    args = args[1:] if back else args
+    asked = None
+    if args[0] == "--sql":
+        with open(args[1], encoding="utf-8") as f:
+            asked = json.load(f)
+        args = args[2:]
+    main(args[0], args[1:], roll_back=back, queries=asked)

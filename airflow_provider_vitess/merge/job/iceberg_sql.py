@@ -55,7 +55,11 @@ class IcebergTable:
     @property
     def sql(self) -> str:
         """The table's name in Spark SQL."""
-        return f"{q(self.catalog)}.{q(self.namespace)}.{q(self.name)}"
+        return self.sql_in(None)
+
+    def sql_in(self, catalog: str | None) -> str:
+        """The table's name in Spark SQL in the catalog named ``catalog`` (None: its own)."""
+        return f"{q(catalog or self.catalog)}.{q(self.namespace)}.{q(self.name)}"
 
     def metadata(self, kind: str) -> str:
         """One of the table's metadata tables (``snapshots``, ``metadata_log_entries``...)."""

@@ -148,7 +148,9 @@ def merge(
                 and state is not None
             ):
                 # Held by a commit of an earlier run: the table's version now stands for it.
-                result = dataclasses.replace(result, table_version=state.version)
+                result = dataclasses.replace(
+                    result, table_version=state.version, snapshot_id=state.snapshot_id
+                )
             log.info(
                 "window %d table %s in %.2fs: %s",
                 step.seq,

@@ -54,6 +54,7 @@ class TableState:
     txn_version: int | None = None  # latest window seq committed by this sync to the table
     column_mapping: bool = False
     version: int | None = None  # the table's latest Delta version
+    snapshot_id: int | None = None  # its commit's id where the format has one (Iceberg's snapshot)
     # Delta versions of RESTORE commits after the version the sync last wrote (target integrity).
     restores: tuple[int, ...] = ()
     # Per window seq of this sync committed after that version, the read its commit holds

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -60,9 +61,9 @@ def run_step(
     window = next(w for w in plan.windows if w.seq == step.seq)
     mode = WriteMode.REPLACE if step.table in window.replace_tables else WriteMode.MERGE
     if step.action is Action.ALREADY_APPLIED:
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode, **_named(fmt))
     if step.action is Action.NO_CHANGES:
-        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode)
+        return TableResult(step.table, target.path, TableStatus.NO_CHANGES, mode, **_named(fmt))
     progress(step.seq, step.table, "writing")
     strategy = strategies.for_target(target)
     s = StepContext.of(
@@ -96,9 +97,9 @@ def run_step(
             conflicts.raise_if_conflict(exc)
             raise
     if commit is None:  # the format skipped the write: another run committed the window first
-        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode)
+        return TableResult(step.table, target.path, TableStatus.ALREADY_APPLIED, mode, **_named(fmt))
     progress(step.seq, step.table, "committed")
-    return _result(step, target.path, commit, changes)
+    return _result(step, target.path, commit, changes, fmt)
 
 
 def _merge(
@@ -287,7 +288,12 @@ def _retired_shards(manifest: Manifest, known: dict[int, Manifest | None]) -> Ma
     return keyrange.successors(sorted(seen), live)
 
 
-def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> TableResult:
+def _named(fmt: TableFormat) -> dict[str, Any]:
+    """How a result names its table's format, and the catalog the format names it in."""
+    return {"table_format": fmt.name, "catalog": fmt.catalog}
+
+
+def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...], fmt: TableFormat) -> TableResult:
     if step.action is Action.MERGE:
         inserted, updated = commit.rows_inserted, commit.rows_updated
         return TableResult(
@@ -302,6 +308,8 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
             table_version=commit.version,
             schema_changes=changes,
             files_touched=commit.files_touched,
+            snapshot_id=commit.snapshot_id,
+            **_named(fmt),
         )
     return TableResult(
         step.table,
@@ -311,4 +319,6 @@ def _result(step: Step, path: str, commit: Commit, changes: tuple[str, ...]) -> 
         rows_upserted=commit.rows_written,
         rows_inserted=commit.rows_written,
         table_version=commit.version,
+        snapshot_id=commit.snapshot_id,
+        **_named(fmt),
     )

@@ -145,8 +145,8 @@ def _run_concurrently(*calls: Callable[[], object]) -> list[object]:
 
 def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: CheckpointStore) -> None:
     assert empty_store.schema_revision() is None
-    assert empty_store.migrate() == head_revision() == "0006"
-    assert empty_store.migrate() == "0006"
+    assert empty_store.migrate() == head_revision() == "0007"
+    assert empty_store.migrate() == "0007"
     with empty_store.engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
         versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -163,8 +163,8 @@ def test_migrate_is_idempotent_and_uses_its_own_version_table(empty_store: Check
         "vitess_sync_window_group",
         "vitess_sync_group_progress",
     }
-    assert versions == ["0006"]
-    assert empty_store.schema_revision() == "0006"
+    assert versions == ["0007"]
+    assert empty_store.schema_revision() == "0007"
 
 
 def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
@@ -206,7 +206,7 @@ def test_a_store_at_0004_with_a_snapshot_under_way_upgrades_and_resumes_it(
             ),
             {"sha": "a" * 64, "at": at.to_json(), "now": now},
         )
-    assert empty_store.migrate() == "0006"
+    assert empty_store.migrate() == "0007"
     assert [p.path for p in empty_store.parts("old", 1)] == ["t/p1"]
     assert empty_store.parts("old", 1, group=0) == []
     assert empty_store.resume_vgtid("old", 1) == at
@@ -252,7 +252,7 @@ def test_a_store_at_0005_keeps_its_delta_versions_as_table_versions(empty_store:
             ),
             {"now": now},
         )
-    assert empty_store.migrate() == "0006"
+    assert empty_store.migrate() == "0007"
     targets = empty_store.target_versions("old")
     assert sorted((v.table, v.merged_seq, v.table_version, v.delta_version) for v in targets.values()) == [
         ("t", 4, 17, 17),
@@ -269,6 +269,65 @@ def test_a_store_at_0005_keeps_its_delta_versions_as_table_versions(empty_store:
             text("SELECT delta_version FROM vitess_sync_target WHERE table_name = 't'")
         ).scalar()
     assert back == 17
+
+
+def test_a_store_at_0006_keeps_its_versions_as_delta_and_records_formats_after(
+    empty_store: CheckpointStore,
+) -> None:
+    """Revision 0007 records each window version's table format and Iceberg snapshot: a version
+    recorded before it reads as Delta without a snapshot (its cut's SQL is Delta's, as before);
+    one recorded after it keeps both; the downgrade drops them."""
+    from alembic import command
+
+    from airflow_provider_vitess.checkpoints.versions import TableCommit
+    from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
+
+    config = schema.alembic_config()
+    with empty_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0006")
+    # What 0006's code wrote: a committed snapshot window and its tables' versions.
+    empty_store.ensure_sync("old", "ks", ["t", "u"], {})
+    seq = empty_store.plan_window("old", WindowKind.SNAPSHOT, SNAPSHOT_START)
+    empty_store.mark_staged("old", seq, END_1, "/stage/old/1/_manifest.json")
+    empty_store.mark_merged("old", seq)
+    empty_store.commit("old", seq)
+    with empty_store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO vitess_sync_window_version (sync_id, seq, table_name, table_version, path, "
+                "merged_at) VALUES ('old', 1, 't', 17, '/lake/t', :now), ('old', 1, 'u', 3, '/lake/u', :now)"
+            ),
+            {"now": datetime(2026, 12, 5, 12)},
+        )
+    assert empty_store.migrate() == "0007"
+    taken = consistent_cut(empty_store, "old")
+    assert {
+        t: (v.version, v.recorded_format, v.table_format, v.snapshot_id) for t, v in taken.tables.items()
+    } == {
+        "t": (17, None, "delta", None),
+        "u": (3, None, "delta", None),
+    }
+    assert cut_sql(taken)["t"] == "SELECT * FROM delta.`/lake/t` VERSION AS OF 17"
+    # A window merged after the upgrade keeps its format and snapshot (a bigint: Iceberg's ids are).
+    seq = empty_store.plan_window("old", WindowKind.CATCHUP, END_1, END_2)
+    empty_store.mark_staged("old", seq, END_2, "/stage/old/2/_manifest.json")
+    empty_store.mark_merged(
+        "old",
+        seq,
+        {"t": 18},
+        paths={"t": "/wh/ns/t"},
+        commits={"t": TableCommit("iceberg", 9007199254740993)},
+    )
+    empty_store.commit("old", seq)
+    latest = consistent_cut(empty_store, "old").tables["t"]
+    assert (latest.version, latest.table_format, latest.snapshot_id) == (18, "iceberg", 9007199254740993)
+    with empty_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0006")
+    with empty_store.engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("vitess_sync_window_version")}
+    assert not {"table_format", "snapshot_id"} & columns
 
 
 def test_migrated_schema_matches_the_models(empty_store: CheckpointStore) -> None:
@@ -326,7 +385,7 @@ def test_a_migration_error_after_another_process_finished_is_tolerated(
 ) -> None:
     empty_store.migrate()
     monkeypatch.setattr(schema.command, "upgrade", _fail_upgrade)
-    assert empty_store.migrate() == "0006"
+    assert empty_store.migrate() == "0007"
 
 
 def test_a_migration_error_on_an_empty_database_is_raised_at_once(

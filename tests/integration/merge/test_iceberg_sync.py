@@ -7,13 +7,16 @@ One table per target mode, the target-mode tests' workload (moves between shards
 half first, key changes, a same-second delete and re-insert, large and long transactions) in small
 windows: ``pyiceberg`` reads each table, and each mode's oracle holds against ``SELECT *`` through
 vtgate and the workload's record. A merge killed after its Iceberg commits is rerun and holds
-each window once; a column added at the source meanwhile lands in every table."""
+each window once; a column added at the source meanwhile lands in every table. The consistent cut
+the status page's JSON gives, each table's Iceberg SQL at its snapshot, reads in Spark what the
+tables hold."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from sqlalchemy.engine import URL, make_url
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
+from airflow_provider_vitess.plugins import documents
 from tests.support.airflow_env import (
     IVY_CACHE,
     AirflowEnv,
@@ -34,12 +38,14 @@ from tests.support.databases import start_postgres
 from tests.support.iceberg_spark import (
     Catalog,
     canonical_rows,
+    current_snapshot_id,
     driver_env,
     iceberg_dicts,
     iceberg_table,
     roll_back,
     spark_rows,
     spark_submit,
+    sql_rows,
     windows_held,
 )
 from tests.support.local import LocalVitess
@@ -228,6 +234,28 @@ def test_each_mode_to_iceberg_through_the_dag_factory(
     assert mirror.metadata.location == str(lake.path(MIRROR))
     assert mirror.metadata.format_version == 2 and mirror.properties["write.merge.mode"] == "merge-on-read"
     assert SECRET not in run["log"], "the catalog's password is never logged"
+    _assert_the_cut_reads_the_tables(airflow, lake)
+
+
+def _assert_the_cut_reads_the_tables(airflow: AirflowEnv, lake: Lake) -> None:
+    """The consistent cut at the committed position as the status page's JSON API gives it (the
+    document it serves): each table's Iceberg snapshot, its table's current one (the sync is its
+    only writer), and SQL that, run in Spark 4.1 as a user runs it, reads what the table holds:
+    the table by its name in the JDBC catalog."""
+    status = documents.sync_status(_store(airflow), "default", SYNC, datetime.now(timezone.utc))
+    assert status is not None
+    cut = json.loads(status.model_dump_json())["cut"]
+    assert cut is not None and set(cut["tables"]) == set(TABLES), cut
+    queries = {}
+    for table, at in cut["tables"].items():
+        location = lake.path(table)
+        snapshot = current_snapshot_id(location, lake.catalog)
+        assert (at["table_format"], at["snapshot_id"], at["catalog"]) == ("iceberg", snapshot, "lake"), at
+        assert at["sql"] == f"SELECT * FROM `lake`.`iceberg`.`{table}` VERSION AS OF {at['snapshot_id']}", at
+        queries[location] = at["sql"]
+    by_cut = sql_rows(queries, IVY_CACHE, lake.catalog)
+    for table in TABLES:
+        assert canonical_rows(by_cut[str(lake.path(table))]) == canonical_rows(_rows(lake, table)), table
 
 
 def test_a_merge_killed_after_its_iceberg_commits_is_rerun_and_holds_each_window_once(

@@ -13,6 +13,7 @@ from sqlalchemy import event
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, Phase, WindowKind, freshness, history
 from airflow_provider_vitess.checkpoints.groups import group_lock_id
+from airflow_provider_vitess.checkpoints.versions import TableCommit
 from airflow_provider_vitess.plugins import documents
 from airflow_provider_vitess.vgtid import ShardGtid, Vgtid
 
@@ -151,6 +152,61 @@ def test_sync_status_holds_what_the_page_shows(store: CheckpointStore, clock: Cl
         "corder": ("/lake/c`order", 0, 1, "SELECT * FROM delta.`/lake/c``order` VERSION AS OF 0"),
         "customer": ("/lake/customer", 1, 2, "SELECT * FROM delta.`/lake/customer` VERSION AS OF 1"),
     }
+
+
+def test_an_iceberg_syncs_cut_shows_each_tables_snapshot_and_the_sql_that_reads_it(
+    store: CheckpointStore, clock: Clock
+) -> None:
+    """Iceberg's time travel names a snapshot id: the JSON API's SQL is the snapshot's, the table
+    named as the merge names it (its warehouse's catalog, quoted); a version recorded without its
+    snapshot gets no SQL, and says why."""
+    store.ensure_sync("ice", "customer", ["customer", "corder"], {"keys": KEYS})
+    seq = store.plan_window("ice", WindowKind.SNAPSHOT, _vgtid(0))
+    store.mark_staged("ice", seq, _vgtid(10), "/stage/ice/1/manifest.json")
+    paths = {"customer": "/wh/shop/customer", "corder": "/wh/shop/c`order"}
+    commits = {"customer": TableCommit("iceberg", 4611686018427387904), "corder": TableCommit("iceberg")}
+    store.mark_merged("ice", seq, {"customer": 0, "corder": 0}, paths=paths, commits=commits)
+    store.commit("ice", seq)
+    status = documents.sync_status(store, "default", "ice", clock.now)
+    assert status is not None
+    catalog = "vitess_c5fb2bb54259"  # "vitess_" and the first 12 hex digits of sha256("/wh")
+    assert json.loads(status.model_dump_json())["cut"] == {
+        "window": 1,
+        "tables": {
+            "customer": {
+                "path": "/wh/shop/customer", "version": 0, "window": 1, "table_format": "iceberg",
+                "snapshot_id": 4611686018427387904, "catalog": None,
+                "sql": f"SELECT * FROM `{catalog}`.`shop`.`customer` VERSION AS OF 4611686018427387904",
+            },
+            "corder": {
+                "path": "/wh/shop/c`order", "version": 0, "window": 1, "table_format": "iceberg",
+                "snapshot_id": None, "catalog": None,
+                "sql": "-- no SQL for table 'corder' at version 0: Iceberg table /wh/shop/c`order: version 0 "
+                "was recorded without its snapshot id (by a provider before the store kept them), and "
+                "Iceberg's time travel names a snapshot; consistent_tables finds it in the table's "
+                "metadata log",
+            },
+        },
+    }  # fmt: skip
+    # A table of a JDBC catalog is named in that catalog.
+    store.ensure_sync("ice_jdbc", "customer", ["customer"], {"keys": {"customer": KEYS["customer"]}})
+    seq = store.plan_window("ice_jdbc", WindowKind.SNAPSHOT, _vgtid(0))
+    store.mark_staged("ice_jdbc", seq, _vgtid(10), "/stage/ice_jdbc/1/manifest.json")
+    in_lake = {"customer": TableCommit("iceberg", 7, "lake")}
+    store.mark_merged(
+        "ice_jdbc", seq, {"customer": 0}, paths={"customer": paths["customer"]}, commits=in_lake
+    )
+    store.commit("ice_jdbc", seq)
+    jdbc = documents.sync_status(store, "default", "ice_jdbc", clock.now)
+    assert jdbc is not None and jdbc.cut is not None
+    customer = jdbc.cut.tables["customer"]
+    assert (customer.catalog, customer.sql) == (
+        "lake",
+        "SELECT * FROM `lake`.`shop`.`customer` VERSION AS OF 7",
+    )
+    delta = documents.sync_status(store, "default", "orders", clock.now)  # the fixture's Delta sync
+    assert delta is not None and delta.cut is not None
+    assert {(c.table_format, c.snapshot_id) for c in delta.cut.tables.values()} == {("delta", None)}
 
 
 def test_windows_are_limited_to_the_newest(store: CheckpointStore, clock: Clock) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -62,6 +63,33 @@ def test_report_round_trip_and_line() -> None:
     assert parse_report_line(["nothing"]) is None
     with pytest.raises(MergePlanError, match="not a valid merge report"):
         MergeReport.from_json("{")
+
+
+def test_an_iceberg_result_carries_its_format_and_snapshot_and_a_delta_one_is_written_as_before() -> None:
+    iceberg = TableResult(
+        "corder", "/w/ns/corder", TableStatus.WRITTEN, table_version=4, table_format="iceberg",
+        snapshot_id=3141592653589793238,
+    )  # fmt: skip
+    report = MergeReport("orders", (WindowResult(3, (iceberg,)),))
+    written = json.loads(report.to_json())["windows"][0]["tables"][0]
+    assert (written["table_format"], written["snapshot_id"], written["table_version"]) == (
+        "iceberg",
+        3141592653589793238,
+        4,
+    )
+    assert MergeReport.from_json(report.to_json()) == report
+    # A Delta table's result is written without the new keys, as before them...
+    delta = MergeReport(
+        "orders", (WindowResult(3, (TableResult("t", "/d/t", TableStatus.WRITTEN, delta_version=7),)),)
+    )
+    assert set(json.loads(delta.to_json())["windows"][0]["tables"][0]) == {
+        "table", "path", "status", "mode", "rows_upserted", "rows_deleted", "delta_version",
+        "schema_changes", "files_touched", "rows_inserted", "rows_updated", "table_version",
+    }  # fmt: skip
+    # ...and a report without them (an older job's) reads as Delta's, without a snapshot.
+    old = '{"sync_id": "o", "windows": [{"seq": 3, "tables": [{"table": "t", "path": "/d/t", "status": "written", "delta_version": 7}]}]}'  # noqa: E501
+    result = MergeReport.from_json(old).window(3).table("t")
+    assert (result.table_format, result.snapshot_id, result.table_version) == ("delta", None, 7)
 
 
 def test_plan_round_trip_keeps_renames_and_replace_tables() -> None:

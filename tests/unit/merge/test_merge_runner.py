@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_vitess._proto import query_pb2
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind, WindowState
+from airflow_provider_vitess.consistent_reads import consistent_cut, cut_sql
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.exceptions import (
     CheckpointError,
@@ -335,6 +336,44 @@ def test_staged_windows_are_merged_by_one_job_and_committed_one_by_one_in_order(
     assert [store.window("s1", s).state for s in seqs] == [WindowState.COMMITTED] * 3
     assert store.target_versions("s1")["t"].merged_seq == 4
     assert outcome.message == f"committed window(s) 2, 3, 4 at {_end(13).to_json()}"
+
+
+def test_each_merged_windows_version_is_recorded_with_its_format_and_iceberg_snapshot(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """What the job reports of each commit (an Iceberg table's snapshot id) is what the store
+    keeps for the consistent cut, window by window; the cut's SQL names the snapshot."""
+    _committed_snapshot(store)
+    _staged_backlog(store, tmp_path, 2)
+
+    def iceberg(plan: MergePlan) -> MergeReport:
+        assert plan.table_format == "iceberg"
+
+        def written(seq: int) -> TableResult:
+            return TableResult(
+                "t",
+                plan.targets["t"].path,
+                TableStatus.WRITTEN,
+                table_version=seq + 10,
+                table_format="iceberg",
+                snapshot_id=880000 + seq,
+            )
+
+        return MergeReport(plan.sync_id, tuple(WindowResult(w.seq, (written(w.seq),)) for w in plan.windows))
+
+    MergeRunner(store, "s1", "/wh/ns", holder="merge", table_format="iceberg").run(iceberg)
+    at_2, at_3 = (consistent_cut(store, "s1", window=seq).tables["t"] for seq in (2, 3))
+    assert (at_2.path, at_2.version, at_2.table_format, at_2.snapshot_id) == (
+        "/wh/ns/t",
+        12,
+        "iceberg",
+        880002,
+    )
+    assert (at_3.version, at_3.table_format, at_3.snapshot_id) == (13, "iceberg", 880003)
+    catalog = "vitess_c5fb2bb54259"  # "vitess_" and the first 12 hex digits of sha256("/wh")
+    assert cut_sql(consistent_cut(store, "s1")) == {
+        "t": f"SELECT * FROM `{catalog}`.`ns`.`t` VERSION AS OF 880003"
+    }
 
 
 def test_a_merge_killed_between_windows_commits_what_is_merged_and_merges_the_rest(

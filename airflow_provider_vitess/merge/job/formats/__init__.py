@@ -3,8 +3,8 @@
 The merge's mode logic reaches a format only through the object :func:`for_session` returns
 (:mod:`..run` picks it once per merge; :mod:`..window_step` writes through it): Delta
 (:mod:`.delta`, classic session or Spark Connect chosen inside it) and Apache Iceberg
-(:mod:`.iceberg`). Importing this package loads no PySpark: :func:`sql_at` serves the status
-page, which may run without it.
+(:mod:`.iceberg`). Importing this package loads no PySpark: :func:`sql_at` (:mod:`.time_travel`)
+serves the status page, which may run without it.
 """
 
 from __future__ import annotations
@@ -12,17 +12,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement, TableFormat
+from airflow_provider_vitess.merge.job.formats.time_travel import DEFAULT_FORMAT, NoSqlAtVersion, sql_at
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 
-__all__ = ["DEFAULT_FORMAT", "Commit", "Statement", "TableFormat", "for_session", "sql_at"]
+__all__ = [
+    "DEFAULT_FORMAT",
+    "Commit",
+    "NoSqlAtVersion",
+    "Statement",
+    "TableFormat",
+    "for_session",
+    "sql_at",
+]
 
 from airflow_provider_vitess.merge.plan import TABLE_FORMATS as FORMATS
-
-DEFAULT_FORMAT = "delta"
 
 
 def _known(name: str) -> None:
@@ -43,15 +50,3 @@ def for_session(
     from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 
     return DeltaFormat.for_session(spark)
-
-
-def sql_at(path: str, version: int, name: str = DEFAULT_FORMAT) -> str:
-    """Spark SQL that reads the table at ``path`` as of ``version`` (:meth:`TableFormat.sql_at`),
-    without a session or PySpark (Delta's; an Iceberg table's names a snapshot only a session can
-    look up)."""
-    _known(name)
-    if name != DEFAULT_FORMAT:
-        raise ValueError(f"no SQL at a version without a session for a {name} table")
-    from airflow_provider_vitess.merge.job.delta_sql import version_sql
-
-    return version_sql(path, version)

@@ -43,6 +43,9 @@ class Commit:
     rows_deleted: int = 0
     rows_written: int = 0  # a replace's or an append's
     files_touched: int = 0  # data files a MERGE rewrote or marked (deletion vectors)
+    # The commit's own id where the format's time travel names commits by one (Iceberg's
+    # snapshot id; None for Delta, whose time travel names ``version``): the store records it.
+    snapshot_id: int | None = None
 
 
 class TableFormat(Protocol):
@@ -51,6 +54,9 @@ class TableFormat(Protocol):
     each write records so that a window is applied once (``applied``)."""
 
     name: str  # "delta": what the store, the report and the asset events record it as
+    # The catalog whose SQL names the tables where the format names them by a catalog of the
+    # user's (an Iceberg JDBC catalog); None: by their locations.
+    catalog: str | None
 
     def state(self, spark: SparkSession, path: str, app_id: str, restores_after: int | None) -> TableState:
         """The table as it is: whether it exists, its schema, version and properties (those
@@ -156,10 +162,15 @@ class TableFormat(Protocol):
         the sync last wrote."""
         ...
 
-    def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:
-        """The table as it was at ``version`` (time travel: the consistent cut)."""
+    def read_at(
+        self, spark: SparkSession, path: str, version: int, snapshot_id: int | None = None
+    ) -> DataFrame:
+        """The table as it was at ``version`` (time travel: the consistent cut); ``snapshot_id``:
+        that version's commit id where the format has one and it was recorded (:class:`Commit`),
+        else the format finds it, if it can."""
         ...
 
-    def sql_at(self, path: str, version: int) -> str:
-        """Spark SQL that reads the table at ``version``."""
+    def sql_at(self, path: str, version: int, snapshot_id: int | None = None) -> str:
+        """Spark SQL that reads the table at ``version`` (:func:`.time_travel.sql_at`: the same
+        text without a session); ValueError where it cannot be written without a session."""
         ...

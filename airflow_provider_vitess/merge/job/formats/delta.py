@@ -29,7 +29,7 @@ from airflow_provider_vitess.merge.job import apply, delta_log, shapes
 from airflow_provider_vitess.merge.job.delta_access import DeltaAccess
 from airflow_provider_vitess.merge.job.delta_access import for_session as access_for_session
 from airflow_provider_vitess.merge.job.delta_sql import table as sql_table
-from airflow_provider_vitess.merge.job.delta_sql import version_sql
+from airflow_provider_vitess.merge.job.formats import time_travel
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement
 from airflow_provider_vitess.merge.job.integrity import check_targets
 from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE
@@ -51,6 +51,7 @@ class DeltaFormat:
     """Delta through ``access`` (:mod:`..tables` or :mod:`..connect_tables`)."""
 
     name = "delta"
+    catalog: str | None = None
 
     def __init__(self, access: DeltaAccess) -> None:
         self.access = access
@@ -192,8 +193,10 @@ class DeltaFormat:
 
     # -- time travel --------------------------------------------------------------------------
 
-    def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:
+    def read_at(
+        self, spark: SparkSession, path: str, version: int, snapshot_id: int | None = None
+    ) -> DataFrame:
         return spark.read.format("delta").option("versionAsOf", version).load(path)
 
-    def sql_at(self, path: str, version: int) -> str:
-        return version_sql(path, version)
+    def sql_at(self, path: str, version: int, snapshot_id: int | None = None) -> str:
+        return time_travel.sql_at(path, version, self.name, snapshot_id)

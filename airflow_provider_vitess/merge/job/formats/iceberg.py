@@ -15,7 +15,9 @@
   place, any other by rewriting the table (:func:`_rewrite`).
 * The integrity check: the states read here, checked by :func:`..integrity.check_targets` as
   Delta's are (a rollback shows as a version below the one recorded, and in ``restores``).
-* Time travel: ``VERSION AS OF`` the snapshot that was current at a version.
+* Time travel: ``VERSION AS OF`` the snapshot of a version (:mod:`.time_travel`): each write's
+  commit tells its snapshot id, which the store records; a version recorded without one is
+  found in the metadata log.
 
 SQL only, as Delta's Connect path: nothing here reaches into the JVM.
 """
@@ -31,6 +33,7 @@ from airflow_provider_vitess.exceptions import TargetIntegrityError
 from airflow_provider_vitess.merge.job import apply, iceberg_log
 from airflow_provider_vitess.merge.job.delta_access import for_session as access_for_session
 from airflow_provider_vitess.merge.job.delta_sql import q
+from airflow_provider_vitess.merge.job.formats import time_travel
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement
 from airflow_provider_vitess.merge.job.iceberg_log import APP, MARK, WINDOW, Commits, LogEntry, Snapshot
 from airflow_provider_vitess.merge.job.iceberg_sql import SNAPSHOT_PROPERTY, IcebergTable, at, register
@@ -65,6 +68,7 @@ class IcebergFormat:
 
     def __init__(self, jdbc: IcebergCatalog | None = None) -> None:
         self.jdbc = jdbc
+        self.catalog: str | None = None if jdbc is None else jdbc.name
 
     def _table(self, spark: SparkSession, path: str) -> IcebergTable:
         return register(spark, at(path, self.jdbc))
@@ -102,6 +106,7 @@ class IcebergFormat:
             txn_version=commits.txn_version,
             column_mapping=False,  # Iceberg maps columns by id itself: no Delta column mapping
             version=commits.version,
+            snapshot_id=commits.snapshot_id,
             restores=commits.restores,
             marks=commits.marks,
             properties=_shape_properties(spark, table),
@@ -248,21 +253,23 @@ class IcebergFormat:
 
     # -- time travel --------------------------------------------------------------------------
 
-    def read_at(self, spark: SparkSession, path: str, version: int) -> DataFrame:
-        table = self._table(spark, path)
-        snapshot = iceberg_log.snapshot_at(metadata_log(spark, table), version)
-        if snapshot is None:
+    def read_at(
+        self, spark: SparkSession, path: str, version: int, snapshot_id: int | None = None
+    ) -> DataFrame:
+        """At the recorded snapshot; without one, at the snapshot the metadata log says was
+        current at ``version`` (versions the store recorded before it kept snapshots)."""
+        table = self._table(spark, path)  # the SQL names its catalog: registered on this session
+        if snapshot_id is None:
+            snapshot_id = iceberg_log.snapshot_at(metadata_log(spark, table), version)
+        if snapshot_id is None:
             raise ValueError(
                 f"Iceberg table {path}: version {version} is no longer in its metadata log "
                 "(write.metadata.previous-versions-max), so its snapshot cannot be found"
             )
-        return spark.sql(f"SELECT * FROM {table.sql} VERSION AS OF {int(snapshot)}")
+        return spark.sql(self.sql_at(path, version, snapshot_id))
 
-    def sql_at(self, path: str, version: int) -> str:
-        raise NotImplementedError(
-            "an Iceberg table's SQL at a version names its snapshot id, which only its metadata "
-            "log tells: use read_at"
-        )
+    def sql_at(self, path: str, version: int, snapshot_id: int | None = None) -> str:
+        return time_travel.sql_at(path, version, self.name, snapshot_id, self.catalog)
 
 
 def _exists(spark: SparkSession, table: IcebergTable) -> bool:
@@ -296,25 +303,28 @@ def _commits(spark: SparkSession, table: IcebergTable, app_id: str, restores_aft
     return iceberg_log.read_commits(metadata_log(spark, table), snapshots, app_id, restores_after)
 
 
-def _current(spark: SparkSession, table: IcebergTable) -> tuple[str, dict[str, str], int]:
-    """The current snapshot's operation, summary and sequence number."""
+def _current(spark: SparkSession, table: IcebergTable) -> tuple[str, dict[str, str], int, int]:
+    """The current snapshot's operation, summary, sequence number and id."""
     row = spark.sql(
-        f"SELECT s.operation, s.summary, m.latest_sequence_number FROM {table.metadata('snapshots')} s "
+        f"SELECT s.operation, s.summary, m.latest_sequence_number, s.snapshot_id "
+        f"FROM {table.metadata('snapshots')} s "
         f"JOIN {table.metadata('metadata_log_entries')} m ON s.snapshot_id = m.latest_snapshot_id "
         "ORDER BY m.timestamp DESC LIMIT 1"
     ).first()
     assert row is not None, f"{table.location}: the table has no snapshot"
-    return str(row[0]), dict(row[1] or {}), int(row[2])
+    return str(row[0]), dict(row[1] or {}), int(row[2]), int(row[3])
 
 
 def _last_commit(spark: SparkSession, table: IcebergTable) -> Commit:
-    """The commit the write just made: the current snapshot, counts from its summary."""
-    operation, summary, sequence_number = _current(spark, table)
+    """The commit the write just made: the current snapshot (its id: what time travel names),
+    counts from its summary."""
+    operation, summary, sequence_number, snapshot_id = _current(spark, table)
     return Commit(
         iceberg_log.version_of(sequence_number),
         operation,
         rows_written=int(summary.get("added-records", 0)),
         files_touched=int(summary.get("removed-data-files", 0)) + int(summary.get("added-delete-files", 0)),
+        snapshot_id=snapshot_id,
     )
 
 
