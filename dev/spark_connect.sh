@@ -20,6 +20,7 @@
 #                            checkout's .venv/bin/python, else python3)
 #   SPARK_CONNECT_MASTER     the server's master (default local[2])
 #   SPARK_CONNECT_S3         1: add Hadoop's S3A (s3a:// tables; give its settings in SPARK_CONNECT_CONF)
+#   SPARK_CONNECT_ICEBERG    1: add Iceberg's runtime, SQL extensions and JDBC driver (Iceberg syncs)
 #   SPARK_CONNECT_CONF       extra "--conf k=v ..." arguments
 #   SPARK_CONNECT_AUTHENTICATE_TOKEN  a token the server requires of every client (read by the
 #                            server from its environment, never on its command line; clients
@@ -83,7 +84,8 @@ start() {
     [ -x "$bin" ] || { log "no spark-submit beside $python: install the provider's [spark] extra there"; exit 1; }
     mkdir -p "$state_dir/local"
     mapfile -t args < <("$python" -m airflow_provider_vitess.merge.job.connect server-args \
-        --port "$port" --local-dir "$state_dir/local" ${SPARK_CONNECT_S3:+--s3})
+        --port "$port" --local-dir "$state_dir/local" ${SPARK_CONNECT_S3:+--s3} \
+        ${SPARK_CONNECT_ICEBERG:+--iceberg})
     log "starting the Spark Connect server on 127.0.0.1:$port (log: $log_file)"
     # setsid: the server outlives the shell that started it (tests and benches reuse it).
     # shellcheck disable=SC2086  # SPARK_CONNECT_CONF is a list of arguments

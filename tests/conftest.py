@@ -138,6 +138,17 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests, requiring a
     token as servers users share must: its URL with the token as Airflow's Spark Connect hook
     writes it (``;token=`` URL-encoded). The token has the characters of a base64 secret."""
+    yield from _connect_server(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="session")
+def spark_connect_iceberg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server with Iceberg (``SPARK_CONNECT_ICEBERG``), as :func:`spark_connect`;
+    on the Spark line of this process's PySpark, which must have an Iceberg runtime."""
+    yield from _connect_server(tmp_path_factory, {"SPARK_CONNECT_ICEBERG": "1"})
+
+
+def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, str]) -> Iterator[str]:
     from urllib.parse import quote
 
     from tests.support.databases import free_port
@@ -150,6 +161,7 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
         # This Python (make test-compat runs from a copy of the repo without a .venv).
         "SPARK_CONNECT_PYTHON": os.environ.get("SPARK_CONNECT_PYTHON") or sys.executable,
+        **extra,
     }
     script = str(REPO / "dev" / "spark_connect.sh")
     started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, check=False)

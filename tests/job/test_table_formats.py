@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -56,16 +57,26 @@ class Each:
     fmt: TableFormat
 
 
-@pytest.fixture(scope="module", params=["delta classic", "delta connect", "iceberg classic", "iceberg jdbc"])
+@pytest.fixture(
+    scope="module",
+    params=["delta classic", "delta connect", "iceberg classic", "iceberg jdbc", "iceberg connect"],
+)
 def each(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Each]:
     """A format on its session (module scope: pytest runs one parameter's tests, then the next;
     a Connect block holds the process's Connect mark, so the classic ones run outside it).
-    ``iceberg jdbc``: Iceberg's tables in a JDBC catalog on a throwaway PostgreSQL."""
+    ``iceberg jdbc``: Iceberg's tables in a JDBC catalog on a throwaway PostgreSQL; ``iceberg
+    connect``: on a Spark Connect server with Iceberg."""
     if request.param.startswith("iceberg"):
         try:
             iceberg_runtime(installed_spark_line())
         except UnsupportedSparkVersionError as exc:
             pytest.skip(f"no Iceberg here: {exc}")
+        if request.param == "iceberg connect":
+            with connect.remote_sessions(request.getfixturevalue("spark_connect_iceberg")) as new_session:
+                spark = new_session()
+                assert spark.version == pyspark.__version__, "the server runs this process's Spark line"
+                yield Each(request.param, spark, formats.for_session(spark, "iceberg"))
+            return
         spark = spark_session()
         if request.param == "iceberg classic":
             yield Each(request.param, spark, formats.for_session(spark, "iceberg"))

@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 from airflow_provider_vitess.exceptions import MergeInterruptedError
+from airflow_provider_vitess.merge.iceberg_catalog import DRIVERS
 from airflow_provider_vitess.merge.job import connect_tables, run
 from airflow_provider_vitess.merge.job.formats.delta import DeltaFormat
 from airflow_provider_vitess.merge.spark_conf import (
     BASE_CONF,
+    EXTENSIONS_CONF,
     LOCAL_CONF,
     connect_server_package,
     packages_for,
+    with_iceberg_extensions,
 )
 
 if TYPE_CHECKING:
@@ -60,10 +63,12 @@ def server_args(
     local: bool = True,
     s3: bool = False,
     authenticated: bool = False,
+    iceberg: bool = False,
 ) -> list[str]:
     """spark-submit arguments (before ``--class``) of a Connect server the merge can use: Delta
-    (and S3A with ``s3``) and the job's session settings. Delta's own Connect plugin is not
-    needed: the job speaks SQL to Delta (:mod:`.apply`).
+    (and S3A with ``s3``; Iceberg's runtime, SQL extensions and the JDBC catalog's driver with
+    ``iceberg``, refused on a Spark line without a runtime) and the job's session settings.
+    Delta's own Connect plugin is not needed: the job speaks SQL to Delta (:mod:`.apply`).
 
     A server for a cluster (not ``local``) listens on every interface, and anyone who reaches
     it runs code as it: it must require a token (``authenticated``: the server's environment
@@ -84,7 +89,10 @@ def server_args(
     }
     if local_dir:
         conf["spark.local.dir"] = local_dir
-    packages = packages_for(locations)
+    packages = packages_for(locations, iceberg=iceberg)
+    if iceberg:  # fixed when the server starts: the merge's sessions cannot add them
+        conf[EXTENSIONS_CONF] = with_iceberg_extensions(conf[EXTENSIONS_CONF])
+        packages += "," + ",".join(driver for _, driver in DRIVERS.values())
     server = connect_server_package()
     args = ["--packages", f"{packages},{server}" if server else packages]
     for key, value in conf.items():
@@ -285,6 +293,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args_cmd.add_argument("--local-dir")
     args_cmd.add_argument("--cluster", action="store_true", help="no small-machine settings")
     args_cmd.add_argument("--s3", action="store_true", help="with Hadoop's S3A (s3a:// tables)")
+    args_cmd.add_argument("--iceberg", action="store_true", help="with Iceberg (table_format='iceberg')")
     merge_cmd = sub.add_parser("merge", help="merge a MergePlan (JSON file) on the server at URL")
     merge_cmd.add_argument("url")
     merge_cmd.add_argument("plan_file")
@@ -297,6 +306,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 local=not args.cluster,
                 s3=args.s3,
                 authenticated=bool(os.environ.get(TOKEN_ENV)),
+                iceberg=args.iceberg,
             )
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)

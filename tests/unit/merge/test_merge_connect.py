@@ -59,6 +59,29 @@ def test_the_server_runs_with_the_jobs_delta_and_session_settings_on_its_port() 
     assert conf_of(cluster)["spark.connect.grpc.binding.address"] == "0.0.0.0"
 
 
+def test_an_iceberg_server_has_icebergs_runtime_extensions_and_jdbc_driver_or_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Iceberg's jars and SQL extensions are fixed when the server starts: ``--iceberg`` gives
+    them for the installed Spark line, which the merge's sessions cannot add later; a line
+    without Iceberg's runtime is refused by name."""
+    from airflow_provider_vitess.merge.spark_conf import installed_spark_line
+    from airflow_provider_vitess.versions import UnsupportedSparkVersionError
+
+    line = installed_spark_line()
+    if line.iceberg is None:
+        with pytest.raises(UnsupportedSparkVersionError, match=f"Iceberg targets on Spark {line.spark}"):
+            server_args(iceberg=True)
+        assert _main(["server-args", "--iceberg"]) == 2
+        assert f"Iceberg targets on Spark {line.spark}" in capsys.readouterr().err
+        return
+    args = server_args(iceberg=True)
+    assert args[1].split(",")[1:3] == [line.iceberg, "org.postgresql:postgresql:42.7.14"]
+    assert conf_of(args)["spark.sql.extensions"] == (
+        "io.delta.sql.DeltaSparkSessionExtension,org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+    )
+
+
 def test_a_server_off_loopback_requires_a_token(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
