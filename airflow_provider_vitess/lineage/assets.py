@@ -48,8 +48,11 @@ def event_extra(
 ) -> dict[str, Any]:
     """The ``extra`` of one table's asset event. Row counts are None when this try of the task
     did not write the table itself (an earlier try did: ``already_applied``). ``as_of``: every
-    source transaction committed before it is in the table (ISO 8601, UTC)."""
+    source transaction committed before it is in the table (ISO 8601, UTC). An Iceberg table's
+    has the snapshot that holds the window, which Iceberg's time travel reads, and the JDBC
+    catalog it is named in (None: a Hadoop catalog's, by its location); no ``delta_version``."""
     counted = result.status is TableStatus.WRITTEN
+    iceberg = result.table_format == "iceberg"
     return {
         "sync_id": sync_id,
         "window_seq": seq,
@@ -61,7 +64,10 @@ def event_extra(
         "rows_updated": result.rows_updated if counted else None,
         "rows_deleted": result.rows_deleted if counted else None,
         "table_version": result.table_version,
-        "delta_version": result.delta_version,  # its name before table formats: kept for consumers
+        # Its name before table formats, kept for Delta's consumers.
+        "delta_version": None if iceberg else result.delta_version,
+        "table_format": result.table_format,
+        **({"snapshot_id": result.snapshot_id, "catalog": result.catalog} if iceberg else {}),
         "as_of": as_of,
     }
 

@@ -234,6 +234,16 @@ def test_each_mode_to_iceberg_through_the_dag_factory(
     assert mirror.metadata.location == str(lake.path(MIRROR))
     assert mirror.metadata.format_version == 2 and mirror.properties["write.merge.mode"] == "merge-on-read"
     assert SECRET not in run["log"], "the catalog's password is never logged"
+    # Each table's Asset is its location; its newest event names the snapshot the table is at.
+    events = airflow.asset_events()
+    for table in TABLES:
+        newest = events[f"file://{lake.path(table)}"][-1]
+        snapshot = current_snapshot_id(lake.path(table), lake.catalog)
+        assert (newest["table_format"], newest["snapshot_id"], newest["catalog"]) == (
+            "iceberg",
+            snapshot,
+            "lake",
+        )
     _assert_the_cut_reads_the_tables(airflow, lake)
 
 

@@ -128,10 +128,29 @@ def test_events_only_for_tables_the_window_changed_with_their_counts() -> None:
         "rows_deleted": 1,
         "table_version": 9,
         "delta_version": 9,
+        "table_format": "delta",
         "as_of": "2026-11-28T10:00:00+00:00",
     }
     # An earlier, failed try wrote it: the event is still due, its counts are not known here.
     assert (events["item"]["rows_inserted"], events["item"]["rows_deleted"]) == (None, None)
+
+
+def test_an_iceberg_tables_event_names_its_snapshot_and_catalog_not_a_delta_version() -> None:
+    written = TableResult(
+        "customer", "s3a://lake/shop/customer", TableStatus.WRITTEN, rows_inserted=1, table_version=3,
+        table_format="iceberg", snapshot_id=8123, catalog="lake",
+    )  # fmt: skip
+    report = MergeReport("s", (WindowResult(4, (written,)),))
+    extra = assets.window_events(report, 4, "catchup", COMMITTED)["customer"]
+    assert {
+        k: extra[k] for k in ("table_version", "delta_version", "table_format", "snapshot_id", "catalog")
+    } == {
+        "table_version": 3,
+        "delta_version": None,
+        "table_format": "iceberg",
+        "snapshot_id": 8123,
+        "catalog": "lake",
+    }
 
 
 def test_window_kind_tells_a_re_snapshot_from_the_first_snapshot() -> None:
