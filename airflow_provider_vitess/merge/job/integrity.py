@@ -22,6 +22,10 @@ the checkpoint store recorded when the sync last merged into it (``TableTarget.l
 * a window of the plan that the table holds already must hold the same read of the source
   (its commit's mark, :mod:`.marks`): another read of the same seq means the store planned the
   window again from an older position (restored from a backup, its staging gone).
+* a ``history`` or ``changelog`` table must hold no window between the one the store recorded
+  and the plan's first: such a window was committed by a merge killed before the store knew,
+  then discarded with its staging lost, and the plan reads its changes again, which would append
+  them twice. A ``mirror`` or ``soft_delete`` table takes them again as the same upserts.
 
 Any mismatch raises :class:`TargetIntegrityError` naming the table, what was expected and found,
 and the remedy: re-snapshot that table (nothing was written; other tables are unaffected).
@@ -37,7 +41,7 @@ from collections.abc import Mapping
 
 from airflow_provider_vitess.exceptions import STORE_REMEDY, TargetIntegrityError, TargetModeChangedError
 from airflow_provider_vitess.merge.job.steps import TableState
-from airflow_provider_vitess.merge.modes import recorded_shape, shape_change, shape_marker
+from airflow_provider_vitess.merge.modes import TargetMode, recorded_shape, shape_change, shape_marker
 from airflow_provider_vitess.merge.plan import MergePlan, TableTarget
 
 
@@ -71,7 +75,7 @@ def check_targets(
             # a table this sync never wrote is someone else's, and is not replaced.
             _refuse_foreign(plan, table, state)
             continue
-        problem = _problem(target, state, _kind(plan))
+        problem = _problem(target, state, _kind(plan)) or _discarded_but_held(target, state, plan)
         if problem is not None:
             raise TargetIntegrityError(
                 f"sync {plan.sync_id!r} table {table!r}: the {_kind(plan)} table at {target.path} {problem}; "
@@ -127,6 +131,28 @@ def _ahead(target: TableTarget, state: TableState, last_seq: int) -> str | None:
         f"({expected} merged, window {last_seq} to merge now): it was written by a run with "
         "another checkpoint store, or the store was replaced or restored from an older backup"
     )
+
+
+def _discarded_but_held(target: TableTarget, state: TableState, plan: MergePlan) -> str | None:
+    """A window the table holds that the store never recorded as merged into it, before the
+    plan's: committed by a killed merge, then discarded (its staged files lost) and read again
+    by the plan's windows. An appending mode would hold its changes twice."""
+    if target.last_merged_seq is None or target.shape.mode not in _APPENDING:
+        return None
+    held = {*state.marks, *([] if state.txn_version is None else [state.txn_version])}
+    first = plan.windows[0].seq
+    between = sorted(s for s in held if target.last_merged_seq < s < first)
+    if not between:
+        return None
+    return (
+        f"holds window {between[-1]} of this sync, which the checkpoint store discarded (its staged "
+        f"files were lost after a merge that was killed had committed it; the store recorded window "
+        f"{target.last_merged_seq} last): the windows to merge now ({first} on) read its changes "
+        f"again, and a {target.shape.mode.value} table would hold them twice"
+    )
+
+
+_APPENDING = (TargetMode.HISTORY, TargetMode.CHANGELOG)
 
 
 def _refuse_foreign(plan: MergePlan, table: str, state: TableState) -> None:

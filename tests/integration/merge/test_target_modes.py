@@ -23,6 +23,7 @@ once in every table, the oracles hold (the changelog has no window twice). Table
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,7 @@ from tests.support.local import LocalVitess
 from tests.support.mode_oracles import (
     P,
     assert_changelog_changes,
+    assert_history,
     assert_history_states,
     assert_mirror,
     assert_soft_delete,
@@ -346,3 +348,46 @@ def _spark_submit() -> Path:
 
     found = shutil.which("spark-submit")
     return Path(found) if found else Path(sys.executable).parent / "spark-submit"
+
+
+def test_windows_committed_then_discarded_with_their_staging_lost_are_not_appended_twice(
+    airflow: AirflowEnv, hook: VitessHook, lake: Path, workload: ModesWorkload, tmp_path: Path
+) -> None:
+    """A merge killed after its Delta commits, then the windows' staged files lost: the store
+    discards the windows and the next catch-up reads their changes again. The history and
+    changelog tables hold them already, so merging the new windows would append them twice: the
+    merge is refused naming the table and the re-snapshot, nothing is written, and the
+    re-snapshot it names heals. (Last in the module: the sync is re-snapshotted.)"""
+    store = _store(airflow)
+    workload.round()
+    wrapper = failing_after_submit(_spark_submit(), tmp_path)
+    failing = AirflowEnv(airflow.home, {**airflow.env, "VITESS_TEST_SPARK_SUBMIT": str(wrapper)})
+    killed = failing.run_dag(SYNC)
+    assert killed["tasks"]["merge"] == "failed", killed["tasks"]
+    staged = [w.seq for w in store.open_windows(SYNC) if w.state is WindowState.STAGED]
+    held = {v for app, v, _ in delta_txns(lake / "delta" / HIST) if app.endswith(f":{HIST}")}
+    assert set(staged) & held, (staged, held)
+    for seq in staged:  # lost: the store cannot merge them, and discards them
+        shutil.rmtree(lake / "staging" / SYNC / f"window={seq:010d}")
+    logs = {
+        t: sorted(p.name for p in (lake / "delta" / t / "_delta_log").glob("*.json")) for t in (HIST, LOG)
+    }
+    for _ in range(3):  # the catch-up, then the merge, each discards lost windows it meets
+        run = airflow.run_dag(SYNC)
+        if (
+            "was staged but" not in run["log"]
+            and "discarding it and reading its changes again" not in run["log"]
+        ):
+            break
+    assert run["tasks"]["merge"] == "failed", run["tasks"]
+    assert f"table '{HIST}'" in run["log"] and "which the checkpoint store discarded" in run["log"]
+    assert "a history table would hold them twice" in run["log"]
+    after = {
+        t: sorted(p.name for p in (lake / "delta" / t / "_delta_log").glob("*.json")) for t in (HIST, LOG)
+    }
+    assert after == logs, "nothing was written to the tables that hold the discarded windows"
+
+    healed = airflow.run_dag(SYNC, conf={"resnapshot_tables": [HIST, LOG]})
+    assert_succeeded(healed, "snapshot", "merge_snapshot", "catch_up", "merge")
+    assert_mirror(MIRROR, _rows(lake / "delta" / MIRROR), _source(hook, MIRROR))
+    assert_history(HIST, _rows(lake / "delta" / HIST), _source(hook, HIST))

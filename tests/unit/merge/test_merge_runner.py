@@ -4,6 +4,7 @@ merge's integrity check; and how the provider's errors end a task."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from airflow_provider_vitess.exceptions import (
     permanent_by_name,
 )
 from airflow_provider_vitess.keys import KeyChoice, reconcile_keys
-from airflow_provider_vitess.merge.plan import MergePlan
+from airflow_provider_vitess.merge.plan import MergePlan, WindowToMerge
 from airflow_provider_vitess.merge.report import (
     MergeReport,
     TableResult,
@@ -269,6 +270,50 @@ def test_targets_are_checked_unless_the_plan_starts_by_rebuilding_them() -> None
     other = "from another read of the source (read aaaa; the window to merge now is read bbbb)"
     assert f"holds window 5 of this sync {other}" in text, text
     assert "restored from an older backup" in text and "copy that store into this one" in text, text
+
+
+@pytest.mark.parametrize("mode", ["mirror", "soft_delete", "history", "changelog"])
+def test_a_window_the_table_holds_but_the_store_discarded_is_refused_where_it_would_append_twice(
+    mode: str,
+) -> None:
+    """A merge killed after its commit of window 5, whose staged files were then lost: the store
+    discarded 5 and window 6 reads its changes again. A history or changelog table would hold
+    them twice, so it is refused naming the remedy; a mirror or soft_delete table takes them as
+    the same upserts. A window the plan holds (a rerun) is not such a window."""
+    from airflow_provider_vitess.exceptions import TargetIntegrityError
+    from airflow_provider_vitess.merge.job.integrity import check_targets
+    from airflow_provider_vitess.merge.job.steps import TableState
+    from airflow_provider_vitess.merge.modes import MODE_PROPERTY
+
+    target = {
+        "table": "t",
+        "path": "/d/t",
+        "key_columns": ["id"],
+        "key_from_source": ["id"],
+        "shape": {"mode": mode},
+    }
+    plan = MergePlan.from_json(
+        json.dumps(
+            {
+                "sync_id": "s1",
+                "windows": [{"seq": 6, "manifest_path": "/m"}],
+                "targets": {"t": {**target, "last_merged_seq": 4, "last_delta_version": 9}},
+            }
+        )
+    )
+    built = {MODE_PROPERTY: mode}  # the table was built in the mode
+    holds_5 = {"t": TableState(exists=True, txn_version=5, version=10, marks={5: "aaaa"}, properties=built)}
+    rerun = dataclasses.replace(plan, windows=(WindowToMerge(5, "/m5"), *plan.windows))
+    check_targets(rerun, holds_5, {5: "aaaa", 6: "bbbb"})
+    if mode in ("mirror", "soft_delete"):
+        check_targets(plan, holds_5, {6: "bbbb"})
+        return
+    with pytest.raises(TargetIntegrityError) as refused:
+        check_targets(plan, holds_5, {6: "bbbb"})
+    text = str(refused.value)
+    assert "holds window 5 of this sync, which the checkpoint store discarded" in text, text
+    assert f"a {mode} table would hold them twice" in text, text
+    assert '{"resnapshot_tables": ["t"]}' in text, text
 
 
 def test_a_windows_mark_names_its_read_and_parses_back() -> None:
