@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from airflow_provider_vitess.capture.snapshot import CHECKPOINT_EVERY_ROWS
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions
+from airflow_provider_vitess.merge.plan import catalog_problem
 from airflow_provider_vitess.vstream.copy_stall import COPY_STALL_SECONDS
 
 __all__ = [
@@ -134,12 +135,9 @@ class TargetDefaults(FrozenModel):
 
     @model_validator(mode="after")
     def _catalog_is_icebergs(self) -> TargetDefaults:
-        if self.iceberg_catalog_conn_id and self.table_format != "iceberg":
-            raise ValueError(
-                f"iceberg_catalog_conn_id {self.iceberg_catalog_conn_id!r} is given for "
-                f"{self.table_format} tables: a catalog is Iceberg's; set table_format: iceberg, "
-                "or leave it out"
-            )
+        problem = catalog_problem(self.table_format, self.iceberg_catalog_conn_id)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def options(self) -> ModeOptions:

@@ -120,11 +120,6 @@ class IcebergCatalog:
             password=env.get(ENV_PASSWORD) or None,
         )
 
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """The values that must never appear in a log."""
-        return (self.password,) if self.password else ()
-
     def spark_conf(self, warehouse: str) -> dict[str, str]:
         """The catalog's settings below ``spark.sql.catalog.<name>`` (``warehouse``: the one to use
         when the connection names none)."""

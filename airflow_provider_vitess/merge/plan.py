@@ -137,6 +137,17 @@ class MergePlan(JsonDocument):
         return txn_app_id(self.sync_id, table)
 
 
+def catalog_problem(table_format: str, iceberg_catalog_conn_id: str | None) -> str | None:
+    """Why ``iceberg_catalog_conn_id`` cannot be given for ``table_format`` tables (None: it
+    can): a catalog is Iceberg's."""
+    if not iceberg_catalog_conn_id or table_format == "iceberg":
+        return None
+    return (
+        f"iceberg_catalog_conn_id {iceberg_catalog_conn_id!r} is given for {table_format} tables: "
+        "a catalog is Iceberg's; set table_format='iceberg', or leave it out"
+    )
+
+
 def format_problem(table_format: str, table: str, shape: TargetShape) -> str | None:
     """What ``table_format`` cannot do of ``shape`` (None: nothing): Delta's change data feed and
     table features have no meaning on Iceberg, whose every snapshot's changes can be read."""

@@ -35,7 +35,7 @@ from airflow_provider_vitess.lineage.openlineage import MergeLineage, merge_face
 from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.merge.jar_cache import default_cache_dir
 from airflow_provider_vitess.merge.modes import DEFAULT_PREFIX, ModeOptions, check_features
-from airflow_provider_vitess.merge.plan import TABLE_FORMATS, MergePlanError, format_problem
+from airflow_provider_vitess.merge.plan import TABLE_FORMATS, MergePlanError, catalog_problem, format_problem
 from airflow_provider_vitess.merge.runner import MergeOutcome, MergeRunner
 from airflow_provider_vitess.merge.spark_conf import BASE_CONF, DELTA_PACKAGE, connect_session_conf
 from airflow_provider_vitess.operators._sync import accepts_sync, merge_parts
@@ -250,11 +250,9 @@ class VitessMergeOperator(BaseOperator):
             problem = format_problem(table_format, table, shape)
             if problem:
                 raise ValueError(problem)
-        if iceberg_catalog_conn_id and table_format != "iceberg":
-            raise ValueError(
-                f"iceberg_catalog_conn_id {iceberg_catalog_conn_id!r} is given for {table_format} "
-                "tables: a catalog is Iceberg's; set table_format='iceberg', or leave it out"
-            )
+        problem = catalog_problem(table_format, iceberg_catalog_conn_id)
+        if problem:
+            raise ValueError(problem)
         self.table_format, self.iceberg_catalog_conn_id = table_format, iceberg_catalog_conn_id
         self.checkpoint_conn_id = checkpoint_conn_id
         self.spark_history_url = spark_history_url

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 
 CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
-EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 # A session setting whose keys Iceberg copies into the summary of every snapshot the session
 # commits (Iceberg 1.11+ on Spark 4.0+): how a window's commit carries its app id, seq and mark.
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."

@@ -12,7 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_vitess.merge.job.formats.base import Commit, Statement, TableFormat
-from airflow_provider_vitess.merge.job.formats.time_travel import DEFAULT_FORMAT, NoSqlAtVersion, sql_at
+from airflow_provider_vitess.merge.job.formats.time_travel import (
+    DEFAULT_FORMAT,
+    NoSqlAtVersion,
+    known,
+    sql_at,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,20 +34,13 @@ __all__ = [
     "sql_at",
 ]
 
-from airflow_provider_vitess.merge.plan import TABLE_FORMATS as FORMATS
-
-
-def _known(name: str) -> None:
-    if name not in FORMATS:
-        raise ValueError(f"table format {name!r} is not one of {', '.join(FORMATS)}")
-
 
 def for_session(
     spark: SparkSession, name: str = DEFAULT_FORMAT, iceberg_catalog: IcebergCatalog | None = None
 ) -> TableFormat:
     """The format ``name`` for ``spark``'s kind of session (Iceberg's tables in the JDBC catalog
     ``iceberg_catalog`` if one is given)."""
-    _known(name)
+    known(name)
     if name == "iceberg":
         from airflow_provider_vitess.merge.job.formats.iceberg import IcebergFormat
 

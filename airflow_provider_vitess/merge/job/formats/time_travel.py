@@ -25,6 +25,12 @@ from airflow_provider_vitess.merge.plan import TABLE_FORMATS
 DEFAULT_FORMAT = "delta"
 
 
+def known(name: str) -> None:
+    """Refuse a table format that is not one of ``TABLE_FORMATS``."""
+    if name not in TABLE_FORMATS:
+        raise ValueError(f"table format {name!r} is not one of {', '.join(TABLE_FORMATS)}")
+
+
 class NoSqlAtVersion(ValueError):
     """The table's SQL at that version cannot be written without a session."""
 
@@ -62,6 +68,5 @@ def sql_at(
     ``catalog`` where the table is named in one. ValueError for a format
     that is not one of ``TABLE_FORMATS``; :class:`NoSqlAtVersion` for an Iceberg version without
     its snapshot."""
-    if name not in TABLE_FORMATS:
-        raise ValueError(f"table format {name!r} is not one of {', '.join(TABLE_FORMATS)}")
+    known(name)
     return _SQL_AT[name](path, version, snapshot_id, catalog)
