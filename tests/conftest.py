@@ -152,7 +152,6 @@ def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, s
     from urllib.parse import quote
 
     from tests.support.databases import free_port
-    from tests.support.delta_check import TEST_JVM_OPTIONS
 
     token = f"{secrets.token_hex(6)}/{secrets.token_hex(6)}+{secrets.token_hex(6)}="
     env = {
@@ -162,8 +161,6 @@ def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, s
         "SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
         # This Python (make test-compat runs from a copy of the repo without a .venv).
         "SPARK_CONNECT_PYTHON": os.environ.get("SPARK_CONNECT_PYTHON") or sys.executable,
-        # The server's JVM (spark-submit's client-mode driver) as the suite's other long-lived one.
-        "SPARK_SUBMIT_OPTS": TEST_JVM_OPTIONS,
         **extra,
     }
     script = str(REPO / "dev" / "spark_connect.sh")

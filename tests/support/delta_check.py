@@ -22,22 +22,15 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 # A JVM that crashes writes its report here (not into the checkout, the JVM's working directory).
 JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%p.log"
-# The suite's long-lived JVMs (this in-process session, the Spark Connect servers of
-# tests/conftest.py) compile with the quick JIT tier only. Their queries are many and small, each
-# planned once or a few times, and two workers' JVMs share the machine's two cores: C2's
-# compiles took a quarter of such a JVM's CPU and its code did not pay them back here
-# (test_key_conflicts.py alone: 191 core-seconds of the machine with the tiered JIT, 137 with the
-# quick tier, in the same wall time; session 34). The quick tier alone would shrink the code
-# cache to 48 MiB, which a JVM compiling this many queries fills (Spark then stops its
-# context), hence a larger one than even the tiered default.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=512m"
 # The in-process session lives as long as its pytest worker (half an hour, a few hundred
-# tests): a heap that holds the DeltaLog snapshots of every table the worker touched, 2 GiB
-# instead of 1. (The JVM of one CI worker died mid-suite with the old settings, stop 46; why
-# was not recorded, hence the error file.)
+# tests), so it gets the settings of a long-running JVM, not those of a one-window spark-submit:
+# the tiered JIT (the quick tier alone fills the code cache of a JVM that compiles this many
+# queries, and Spark then stops its context) and a heap that holds the DeltaLog snapshots of
+# every table the worker touched, 2 GiB instead of 1. (The JVM of one CI worker died mid-suite
+# with the old settings, stop 46; why was not recorded, hence the error file.)
 TEST_SESSION_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
-    "spark.driver.extraJavaOptions": f"{TEST_JVM_OPTIONS} -XX:ErrorFile={JVM_ERROR_FILE}",
+    "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE}",
     "spark.pyspark.python": sys.executable,
 }
 
