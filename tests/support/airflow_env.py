@@ -90,27 +90,37 @@ class AirflowEnv:
         again, the others kept (``run_dag``)."""
         with tempfile.TemporaryDirectory(dir=self.home) as tmp:
             result_file = Path(tmp) / "result.json"
-            if not faults and not resume:
-                return self._run_warm(dag_id, conf, logical_date, timeout, result_file)
-            args = [sys.executable, "-m", "tests.support.run_dag", str(result_file), dag_id]
-            args.append(json.dumps(dict(conf or {})))
-            if logical_date:
-                args.append(logical_date)
-                if resume:
-                    args.append("resume")
-            env = {**self.env, "VITESS_TEST_FAULTS": json.dumps(dict(faults))} if faults else self.env
-            proc = subprocess.run(
-                args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
-            )
-            if faults and proc.returncode == -9:  # a kill landed: the process running the tasks died
-                return {"killed": True, "log": proc.stdout + proc.stderr}
+            if faults or resume:
+                args = [str(result_file), dag_id, json.dumps(dict(conf or {}))]
+                if logical_date:
+                    args += [logical_date, "resume"] if resume else [logical_date]
+                log, killed = self._run_alone(args, faults, timeout)
+                if killed:  # a kill landed: the process running the tasks died
+                    return {"killed": True, "log": log}
+            else:
+                log = self._run_warm(dag_id, conf, logical_date, timeout, result_file)
             if not result_file.exists():
-                raise AssertionError(
-                    f"dag.test of {dag_id} left no result:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-                )
+                raise AssertionError(f"dag.test of {dag_id} left no result:\n{log[-12000:]}")
             result: dict[str, Any] = json.loads(result_file.read_text())
-        result["log"] = proc.stdout + proc.stderr
+        result["log"] = log
         return result
+
+    def _run_alone(
+        self, args: list[str], faults: Mapping[str, Any] | None, timeout: float
+    ) -> tuple[str, bool]:
+        """``run_dag`` in a process of its own (faults kill it; a resume patches Airflow in it):
+        its output, and whether an injected kill landed."""
+        env = {**self.env, "VITESS_TEST_FAULTS": json.dumps(dict(faults))} if faults else self.env
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.support.run_dag", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            check=False,
+        )
+        return proc.stdout + proc.stderr, bool(faults) and proc.returncode == -9
 
     def _run_warm(
         self,
@@ -119,8 +129,8 @@ class AirflowEnv:
         logical_date: str | None,
         timeout: float,
         result_file: Path,
-    ) -> dict[str, Any]:
-        """:meth:`run_dag` in this home's warm process (``dag_runner``)."""
+    ) -> str:
+        """``run_dag`` in this home's warm process (``dag_runner``): the run's output."""
         log_file = result_file.with_name("run.log")
         runner = runner_for(self.home, self.env)
         request = {
@@ -135,14 +145,9 @@ class AirflowEnv:
         except subprocess.TimeoutExpired:
             forget(runner)
             raise
-        log = log_file.read_text() if log_file.exists() else ""
-        if not answered:
+        if not answered:  # it died: the next run gets a new one
             forget(runner)
-        if not result_file.exists():
-            raise AssertionError(f"dag.test of {dag_id} left no result:\n{log[-12000:]}")
-        result: dict[str, Any] = json.loads(result_file.read_text())
-        result["log"] = log
-        return result
+        return log_file.read_text() if log_file.exists() else ""
 
 
 # A DAG's merges on the Spark Connect server of ``make_airflow_env(spark_connect=...)``: no JVM

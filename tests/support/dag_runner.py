@@ -63,7 +63,8 @@ class DagRunner:
         except BrokenPipeError:
             return False
         ready, _, _ = select.select([self._answers], [], [], timeout)
-        if not ready:
+        if not ready:  # as subprocess.run's timeout does: the process running the tasks goes
+            self.process.kill()
             self.stop()
             raise subprocess.TimeoutExpired(self.process.args, timeout)
         return os.read(self._answers, 64).startswith(b"done")
@@ -110,8 +111,7 @@ def forget(runner: DagRunner) -> None:
     for key, kept in list(_RUNNERS.items()):
         if kept is runner:
             del _RUNNERS[key]
-    if runner.alive():
-        runner.stop()
+    runner.stop()  # a dead one's pipe and log are closed too
 
 
 @atexit.register

@@ -159,7 +159,7 @@ def serve() -> None:
                     request["conf"],
                     datetime.fromisoformat(date) if date else None,
                 )
-            except BaseException:  # the run's failure, in its log; the next run goes on
+            except (Exception, SystemExit):  # the run's failure, in its log; the next run goes on
                 import traceback
 
                 traceback.print_exc()
