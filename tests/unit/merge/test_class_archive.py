@@ -142,3 +142,13 @@ def test_the_operators_local_submit_takes_the_archive_unless_the_user_sets_jvm_o
     theirs = _local_job(monkeypatch, tmp_path, {DRIVER_JAVA_OPTIONS: "-Xss4m"})
     assert theirs["use"] is None
     assert theirs["job"]["conf"][DRIVER_JAVA_OPTIONS] == "-Xss4m"
+
+
+def test_a_cache_path_with_a_space_gets_no_archive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Spark splits ``spark.driver.extraJavaOptions`` at whitespace: such a path would reach the JVM
+    as two options, so the submit runs without an archive."""
+    spaced = tmp_path / "a home"
+    spaced.mkdir()
+    job = _local_job(monkeypatch, spaced, None)
+    assert job["use"] is None
+    assert job["job"]["conf"][DRIVER_JAVA_OPTIONS] == QUICK_JIT
