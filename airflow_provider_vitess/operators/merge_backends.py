@@ -230,7 +230,7 @@ class SparkSubmitMerge:
         jars = (job.get(k) for k in ("packages", "repositories", "exclude_packages", "jars"))
         key = (env.get("SPARK_HOME"), *jars)
         use = class_archive.archive_for(self.jars_cache_dir / "class-archives", key, java)
-        if any(c.isspace() for c in use.option):  # Spark splits the JVM options at whitespace
+        if any(c.isspace() for c in str(use.path)):  # Spark splits the JVM options at whitespace
             return None
         conf[DRIVER_JAVA_OPTIONS] = f"{conf[DRIVER_JAVA_OPTIONS]} {use.option}"
         job["conf"] = conf
