@@ -6,7 +6,7 @@ of each small window's merge. The JDK's class-data sharing (CDS) keeps those cla
 verified, in an archive the next JVM maps instead. The first local submit of a set of jars
 writes one (``-XX:ArchiveClassesAtExit``: the JVM writes it as it exits; once, ~200 MB on disk,
 and that submit takes seconds longer, ~30 s for a snapshot's merge on 2 cores); later submits
-map it (``-XX:SharedArchiveFile``): a small window's merge ~20% faster (bench_merge_latency.py).
+map it (``-XX:SharedArchiveFile``): a small window's merge ~25% faster (bench_merge_latency.py).
 
 An archive is keyed by the submit's jars or packages, ``SPARK_HOME`` when set, and the ``java``
 that runs it (path and modification time: an upgraded JDK writes a new one); not by the
