@@ -7,6 +7,9 @@ takes it STAGED -> MERGED -> COMMITTED with the submit function of each mode:
 
 * ``submit``: the operator's spark-submit of ``merge/job/main.py`` (``--jars`` from the jar cache, as
   the operator passes them after its first submit; local[2], the operator's local settings);
+* ``submit-cold``: the same without the driver's class-data archive (``merge/class_archive.py``,
+  which the operator's local submits map after the first has written it): the JVM loads and
+  verifies every class, as every submit did before;
 * ``connect``: :func:`airflow_provider_vitess.merge.job.connect.run_merge` against a running Spark
   Connect server (``--connect-url``; else ``dev/spark_connect.sh`` starts one on ``--port`` and
   stops it at the end).
@@ -45,13 +48,18 @@ from typing import Any
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowKind
 from airflow_provider_vitess.decoding.events import Operation
 from airflow_provider_vitess.keys import KeyChoice
-from airflow_provider_vitess.merge import jar_cache
+from airflow_provider_vitess.merge import class_archive, jar_cache
 from airflow_provider_vitess.merge.job import connect
 from airflow_provider_vitess.merge.job.main import TIMING_PREFIX
 from airflow_provider_vitess.merge.plan import MergePlan
 from airflow_provider_vitess.merge.report import REPORT_PREFIX, MergeReport
 from airflow_provider_vitess.merge.runner import MergeRunner
-from airflow_provider_vitess.merge.spark_conf import DELTA_PACKAGE, spark_submit_args
+from airflow_provider_vitess.merge.spark_conf import (
+    DELTA_PACKAGE,
+    DRIVER_JAVA_OPTIONS,
+    LOCAL_SUBMIT_CONF,
+    spark_submit_args,
+)
 from airflow_provider_vitess.staging import WindowStager
 from airflow_provider_vitess.vgtid import Vgtid
 
@@ -108,16 +116,25 @@ def new_sync(store: CheckpointStore, sync: str) -> None:
 
 
 class Submit:
-    """spark-submit of the job as the operator runs it; remembers each run's phases."""
+    """spark-submit of the job as the operator runs it (with its driver's class-data archive,
+    ``merge/class_archive.py``; ``archive`` False: without, the JVM loading every class);
+    remembers each run's phases."""
 
-    def __init__(self, work: Path, parallelism: int | None) -> None:
-        self.work, self.parallelism = work, parallelism
+    def __init__(self, work: Path, parallelism: int | None, archive: bool = True) -> None:
+        self.work, self.parallelism, self.archive = work, parallelism, archive
         self.cache, self.phases = work / "jar-cache", {}  # type: ignore[var-annotated]
         self.key = (DELTA_PACKAGE, None, None)
 
     def __call__(self, plan: MergePlan) -> MergeReport:
         jars = jar_cache.cached_jars(self.cache, self.key)
-        args = spark_submit_args(local=True, extra={"spark.jars.ivy": str(self.work / "ivy")})
+        extra = {"spark.jars.ivy": str(self.work / "ivy")}
+        java = class_archive.java_executable(os.environ) if self.archive else None
+        use = None
+        if java is not None:
+            key = (os.environ.get("SPARK_HOME"), *self.key, None)  # the operator's: packages, jars
+            use = class_archive.archive_for(self.cache / "class-archives", key, java)
+            extra[DRIVER_JAVA_OPTIONS] = f"{LOCAL_SUBMIT_CONF[DRIVER_JAVA_OPTIONS]} {use.option}"
+        args = spark_submit_args(local=True, extra=extra)
         if jars is not None:
             args = ["--jars", ",".join(jars), *args[2:]]
         cmd = [str(SPARK_SUBMIT), "--master", "local[2]", *args, str(JOB), "--plan-json", plan.to_json()]
@@ -134,6 +151,8 @@ class Submit:
             raise SystemExit(
                 f"submit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
+        if use is not None:
+            class_archive.settle(use, failed=False)
         if jars is None:
             jar_cache.remember_jars(self.cache, self.key, jars_file.read_text().split(","))
         lines = proc.stdout.splitlines()
@@ -213,6 +232,8 @@ def main() -> None:
         submits: dict[str, Any] = {}
         if "submit" in modes:
             submits["submit"] = Submit(work, args.parallelism)
+        if "submit-cold" in modes:
+            submits["submit-cold"] = Submit(work, args.parallelism, archive=False)
         if "connect" in modes:
             url = args.connect_url
             if url is None:
@@ -246,11 +267,11 @@ def main() -> None:
                 took, ph = run_window(store, work / mode, f"bench-{mode}", submit, lambda s=submit: s.phases)
                 totals[mode].append(took)
                 phases[mode].append(ph)
-                print(f"run {i + 1} {mode:<8} {took:6.1f}s  " + _phases(ph), flush=True)
+                print(f"run {i + 1} {mode:<11} {took:6.1f}s  " + _phases(ph), flush=True)
         print(f"\n{args.changes}-change window over {len(TABLES)} tables, task start -> COMMITTED (median):")
         for mode, t in totals.items():
             median = {k: statistics.median(p[k] for p in phases[mode]) for k in phases[mode][0]}
-            print(f"  {mode:<8} {statistics.median(t):6.1f}s (best {min(t):.1f}s)  " + _phases(median))
+            print(f"  {mode:<11} {statistics.median(t):6.1f}s (best {min(t):.1f}s)  " + _phases(median))
         print("load:", os.getloadavg())
     finally:
         if started_server:

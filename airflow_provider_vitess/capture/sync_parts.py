@@ -184,7 +184,9 @@ class SparkSubmit(FrozenModel):
     packages: str | None = Field(default=None, description="Maven packages (default: the Delta package)")
     spark_binary: str | None = Field(default=None, description="the spark-submit to run (default: from PATH)")
     env_vars: dict[str, Any] | None = Field(default=None, description="the driver's environment")
-    jars_cache_dir: str | None = Field(default=None, description="where resolved jars are remembered")
+    jars_cache_dir: str | None = Field(
+        default=None, description="where resolved jars (and a local driver's class-data archive) are kept"
+    )
     arguments: dict[str, Any] = Field(
         default_factory=dict,
         description="further `SparkSubmitHook` arguments (`executor_memory`, `jars`, ...)",

@@ -87,10 +87,12 @@ LOCAL_CONF: Mapping[str, str] = {
 # with "Out of space in CodeCache for adapters" in whichever thread compiles next, and Spark
 # stops its context mid-window (bench/bench_tables.py, 50 tables: a job failed once and hung
 # once). The tiered default, 240 MiB, is kept.
+# The merge operator adds a class-data archive to these options (merge/class_archive.py).
 QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 LOCAL_SUBMIT_CONF: Mapping[str, str] = {
     **LOCAL_CONF,
-    "spark.driver.extraJavaOptions": QUICK_JIT,
+    DRIVER_JAVA_OPTIONS: QUICK_JIT,
 }
 
 # Added when a column name needs it: Delta refuses " ,;{}()\n\t=" in names unless columns are

@@ -115,7 +115,8 @@ class VitessMergeOperator(BaseOperator):
     :param checkpoint_conn_id: the Airflow connection of the checkpoint store (default SQLite).
     :param jars_cache_dir: where the jars resolved for ``packages`` are remembered, so that only
         the first submit resolves them and later ones pass ``--jars`` (default
-        ``~/.cache/airflow-provider-vitess/spark-jars`` on the worker).
+        ``~/.cache/airflow-provider-vitess/spark-jars`` on the worker); on a local master also
+        the driver JVM's class-data archive, in ``class-archives/`` (``merge/class_archive.py``).
     :param conn_id: the Spark connection (``local[*]``, ``spark://host:7077``, YARN, k8s).
     :param spark_connect_conn_id: a ``spark_connect`` connection (the Spark provider's
         ``SparkConnectHook``): the merge then runs in the task's process against that server

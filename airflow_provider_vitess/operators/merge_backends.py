@@ -36,11 +36,13 @@ from airflow_provider_vitess.exceptions import (
     VitessConnectionError,
     permanent_by_name,
 )
+from airflow_provider_vitess.merge import class_archive
 from airflow_provider_vitess.merge.iceberg_catalog import IcebergCatalog
 from airflow_provider_vitess.merge.jar_cache import cached_jars, remember_jars
 from airflow_provider_vitess.merge.report import MergeReport
 from airflow_provider_vitess.merge.spark_conf import (
     BASE_CONF,
+    DRIVER_JAVA_OPTIONS,
     EXTENSIONS_CONF,
     LOCAL_SUBMIT_CONF,
     packages_for,
@@ -214,6 +216,26 @@ class SparkSubmitMerge:
         if problem is not None:
             raise SparkSubmitSetupError(problem)
 
+    def _class_archive(self, job: dict[str, Any]) -> class_archive.ArchiveUse | None:
+        """The driver JVM's class-data archive (:mod:`..merge.class_archive`), added to its
+        options when they are the provider's local ones (:data:`LOCAL_SUBMIT_CONF`: a local
+        master, and the user's own JVM options win, as the rest of their conf does)."""
+        conf = dict(job.get("conf") or {})
+        if conf.get(DRIVER_JAVA_OPTIONS) != LOCAL_SUBMIT_CONF[DRIVER_JAVA_OPTIONS]:
+            return None
+        env = {**os.environ, **{k: str(v) for k, v in (job.get("env_vars") or {}).items()}}
+        java = class_archive.java_executable(env)
+        if java is None:
+            return None
+        jars = (job.get(k) for k in ("packages", "repositories", "exclude_packages", "jars"))
+        key = (env.get("SPARK_HOME"), *jars)
+        use = class_archive.archive_for(self.jars_cache_dir / "class-archives", key, java)
+        if any(c.isspace() for c in str(use.path)):  # Spark splits the JVM options at whitespace
+            return None
+        conf[DRIVER_JAVA_OPTIONS] = f"{conf[DRIVER_JAVA_OPTIONS]} {use.option}"
+        job["conf"] = conf
+        return use
+
     def _jars_from_cache(self, job: dict[str, Any]) -> tuple[str | None, ...] | None:
         """Swap the job's ``packages`` for the jars an earlier submit resolved for them (no Ivy
         run); else the key to remember this submit's jars under (None: nothing to resolve)."""
@@ -242,6 +264,7 @@ class SparkSubmitMerge:
             plan_file.write_text(plan.to_json(), encoding="utf-8")
             job = self.job(plan, plan_file, report_file)
             given = set(filter(None, (job.get("jars") or "").split(",")))
+            archive = self._class_archive(job)  # keyed by the packages, before they become jars
             resolve = self._jars_from_cache(job)
             if resolve is not None:
                 job["application_args"] = [*job["application_args"], JARS_ARG, str(jars_file)]
@@ -250,12 +273,16 @@ class SparkSubmitMerge:
                 hook.submit(self.application)
             except AirflowException:
                 error = _job_error(report_file)
+                if archive is not None:
+                    class_archive.settle(archive, failed=not report_file.exists())
                 if error is None:
                     raise  # spark-submit itself failed (no JVM, cluster unreachable): retryable
                 message = f"the merge job refused window {seq}: {error['error']}"
                 if permanent_by_name(str(error.get("type", ""))):
                     raise fail_permanently(message) from None
                 raise AirflowException(message) from None
+            if archive is not None:
+                class_archive.settle(archive, failed=False)
             if resolve is not None and jars_file.exists():
                 resolved = [j for j in jars_file.read_text().split(",") if j and j not in given]
                 remember_jars(self.jars_cache_dir, resolve, resolved)
