@@ -108,6 +108,31 @@ def settle(use: ArchiveUse, *, failed: bool) -> None:
         use.writing.unlink(missing_ok=True)
 
 
+# What spark-launcher puts on the driver's class path besides Spark's jars (its buildClassPath):
+# a JVM writing an archive runs the job, then fails at exit ("Error: non-empty directory") when
+# one of these is a non-empty directory, and a merge that committed would be reported failed.
+CLASS_PATH_DIRS = ("HADOOP_CONF_DIR", "YARN_CONF_DIR")
+CLASS_PATH_SETTINGS = ("SPARK_DIST_CLASSPATH", "SPARK_PREPEND_CLASSES", "SPARK_TESTING")
+
+
+def writing_refused(env: Mapping[str, str], conf: Mapping[str, str], spark_home: str | None) -> str | None:
+    """Why a JVM could not write an archive for this driver (None: it can): a non-empty directory
+    spark-class puts on its class path (the conf dir, ``SPARK_CONF_DIR`` else
+    ``<spark_home>/conf``; ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR``), or class path settings that may
+    name one (``SPARK_DIST_CLASSPATH``, ``spark.driver.extraClassPath``, Spark's own test ones)."""
+    conf_dir = env.get("SPARK_CONF_DIR") or (f"{spark_home}/conf" if spark_home else None)
+    dirs = [conf_dir, *(env.get(name) for name in CLASS_PATH_DIRS)]
+    for found in dirs:
+        if found and Path(found).is_dir() and any(Path(found).iterdir()):
+            return f"{found} is a non-empty directory on the driver's class path"
+    for name in CLASS_PATH_SETTINGS:
+        if env.get(name):
+            return f"{name} is set"
+    if conf.get("spark.driver.extraClassPath"):
+        return "spark.driver.extraClassPath is set"
+    return None
+
+
 def _remove_abandoned(cache_dir: Path) -> None:
     """Archives being written by submits that were killed: a JVM writes its archive in the
     seconds before it exits, so one untouched for :data:`ABANDONED_SECONDS` is not being written."""

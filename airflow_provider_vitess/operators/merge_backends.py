@@ -108,6 +108,15 @@ class MergeBackend(Protocol):
         """Stop what :meth:`submit` started (the task is being killed)."""
 
 
+def _pyspark_home() -> str | None:
+    """The installed PySpark's directory: the ``SPARK_HOME`` its ``spark-submit`` finds."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return locations[0] if locations else None
+
+
 def _connection_host(conn_id: str) -> str | None:
     from airflow.sdk.bases.hook import BaseHook
 
@@ -226,6 +235,10 @@ class SparkSubmitMerge:
         env = {**os.environ, **{k: str(v) for k, v in (job.get("env_vars") or {}).items()}}
         java = class_archive.java_executable(env)
         if java is None:
+            return None
+        refused = class_archive.writing_refused(env, conf, env.get("SPARK_HOME") or _pyspark_home())
+        if refused is not None:
+            self.log.info("no class-data archive for the driver: %s", refused)
             return None
         jars = (job.get(k) for k in ("packages", "repositories", "exclude_packages", "jars"))
         key = (env.get("SPARK_HOME"), *jars)

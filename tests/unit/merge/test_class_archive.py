@@ -155,3 +155,27 @@ def test_a_cache_path_with_a_space_gets_no_archive(monkeypatch: pytest.MonkeyPat
     job = _local_job(monkeypatch, spaced, None)
     assert job["use"] is None
     assert job["job"]["conf"][DRIVER_JAVA_OPTIONS] == QUICK_JIT
+
+
+def test_no_archive_is_written_where_a_conf_dir_is_on_the_class_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A JVM writing an archive with a non-empty directory on its class path runs the job, then
+    fails as it exits (checked on the real spark-submit in the session-35 note): a conf dir that
+    spark-class puts there means no archive."""
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    assert class_archive.writing_refused({"SPARK_CONF_DIR": str(conf_dir)}, {}, None) is None  # empty
+    (conf_dir / "spark-defaults.conf").write_text("spark.jars.ivy /tmp/ivy\n")
+    refused = class_archive.writing_refused({"SPARK_CONF_DIR": str(conf_dir)}, {}, None)
+    assert refused is not None and "non-empty directory" in refused
+    home = tmp_path / "spark"
+    assert class_archive.writing_refused({}, {}, str(home)) is None  # <spark_home>/conf: not there
+    (home / "conf").mkdir(parents=True)
+    (home / "conf" / "log4j2.properties").write_text("")
+    assert class_archive.writing_refused({}, {}, str(home))
+    assert class_archive.writing_refused({"HADOOP_CONF_DIR": str(conf_dir)}, {}, None)
+    assert class_archive.writing_refused({"SPARK_DIST_CLASSPATH": "/opt/hadoop/etc"}, {}, None)
+    assert class_archive.writing_refused({}, {"spark.driver.extraClassPath": "/opt/x"}, None)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    assert _local_job(monkeypatch, tmp_path, None)["use"] is None
