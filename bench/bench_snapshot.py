@@ -60,7 +60,9 @@ from airflow_provider_vitess.vstream.window import capture_stop_position, table_
 
 TABLE = bw.TABLE
 SEED = bw.SEED
-RATIO_TARGET = 0.8  # snapshot rows/s over raw drain rows/s, at least
+# Snapshot rows/s over raw drain rows/s, at least: issue 42 asks 0.95 on the two-shard keyspace
+# (0.8 before it); one target for both keyspaces.
+RATIO_TARGET = 0.95
 SHARDS = {"commerce": ["0"], "customer": ["-80", "80-"]}
 ROW_EVENT = binlogdata_pb2.VEventType.ROW
 COPY_COMPLETED = binlogdata_pb2.VEventType.COPY_COMPLETED
