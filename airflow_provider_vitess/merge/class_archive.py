@@ -16,12 +16,15 @@ though, aborts the JVM: so an archive is written under a name of its own, checke
 maps it (``java -XX:SharedArchiveFile=... -version``, a fraction of a second), and only then
 renamed into place, atomically (:func:`settle`); and after a spark-submit that failed before its
 job reported, the archive it mapped is checked again and removed if it no longer maps.
+Each use marks an archive used; one unused for two weeks (a new Spark, jar set or JDK makes a
+new key) is removed when another is written.
 
 Pure file and process I/O on the machine that runs spark-submit; no Airflow, no Spark.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,6 +44,11 @@ ARCHIVE_AT_EXIT = "-XX:ArchiveClassesAtExit="
 # How long the check of a new archive may take (it maps the file and prints the version).
 CHECK_SECONDS = 60.0
 ABANDONED_SECONDS = 600.0
+# An archive no submit has mapped for this long is removed when another is written: each is
+# ~200 MB, and a new Spark, jar set or JDK makes a new key and leaves the old archive unused. A
+# submit that still names a removed archive starts as usual, mapping nothing (the JVM's default
+# -Xshare:auto), and writes it again next time.
+UNUSED_SECONDS = 14 * 24 * 3600.0
 # The JVM writing an archive warns of each class it leaves out (~1,400 lines in a merge task's log).
 QUIET_DUMP = "-Xlog:cds*=off"
 # The check's JVM aborts on a damaged archive: no crash report or core file left behind for it.
@@ -83,9 +91,10 @@ def archive_for(cache_dir: Path, key: Sequence[str | None], java: str) -> Archiv
     digest = hashlib.sha256(json.dumps([*key, real, stamp]).encode()).hexdigest()[:24]
     path = cache_dir / f"{digest}.jsa"
     if path.is_file():
+        _mark_used(path)
         return ArchiveUse(path, None, java)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(cache_dir)
+    _remove_stale(cache_dir)
     return ArchiveUse(path, cache_dir / f"{digest}.{uuid.uuid4().hex}.writing", java)
 
 
@@ -133,16 +142,26 @@ def writing_refused(env: Mapping[str, str], conf: Mapping[str, str], spark_home:
     return None
 
 
-def _remove_abandoned(cache_dir: Path) -> None:
-    """Archives being written by submits that were killed: a JVM writes its archive in the
-    seconds before it exits, so one untouched for :data:`ABANDONED_SECONDS` is not being written."""
+def _mark_used(archive: Path) -> None:
+    """Its modification time set to now: the last use :func:`_remove_stale` goes by (access
+    times are not kept on many mounts)."""
+    # A cache another user owns refuses it: the archive is still mapped, only aged sooner.
+    with contextlib.suppress(OSError):
+        os.utime(archive)
+
+
+def _remove_stale(cache_dir: Path) -> None:
+    """Archives being written by submits that were killed (a JVM writes its archive in the
+    seconds before it exits, so one untouched for :data:`ABANDONED_SECONDS` is not being
+    written), and archives no submit has mapped for :data:`UNUSED_SECONDS`."""
     now = time.time()
-    for stale in cache_dir.glob("*.writing"):
-        try:
-            if now - stale.stat().st_mtime > ABANDONED_SECONDS:
-                stale.unlink()
-        except OSError:
-            continue  # removed by another submit meanwhile
+    for pattern, age in (("*.writing", ABANDONED_SECONDS), ("*.jsa", UNUSED_SECONDS)):
+        for stale in cache_dir.glob(pattern):
+            try:
+                if now - stale.stat().st_mtime > age:
+                    stale.unlink()
+            except OSError:
+                continue  # removed by another submit meanwhile
 
 
 def _maps(java: str, archive: Path) -> bool:

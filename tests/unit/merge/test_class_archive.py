@@ -95,16 +95,35 @@ def test_a_damaged_archive_is_never_put_in_place_and_one_that_broke_is_removed(t
     assert class_archive.archive_for(tmp_path, KEY, JAVA).writing is not None  # written again
 
 
-def test_an_archive_left_by_a_killed_submit_is_removed_by_a_later_one(tmp_path: Path) -> None:
+def _aged(path: Path, seconds: float) -> Path:
+    path.write_bytes(b"part")
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def test_an_archive_left_by_a_killed_submit_or_unused_for_weeks_is_removed_by_a_later_one(
+    tmp_path: Path,
+) -> None:
     assert JAVA is not None
-    left = tmp_path / "0123.abandoned.writing"
-    left.write_bytes(b"part")
-    fresh = tmp_path / "0123.being-written.writing"
-    fresh.write_bytes(b"part")
-    old = time.time() - class_archive.ABANDONED_SECONDS - 60
-    os.utime(left, (old, old))
-    class_archive.archive_for(tmp_path, KEY, JAVA)
+    left = _aged(tmp_path / "0123.abandoned.writing", class_archive.ABANDONED_SECONDS + 60)
+    fresh = _aged(tmp_path / "0123.being-written.writing", 0)
+    unused = _aged(tmp_path / "4567.jsa", class_archive.UNUSED_SECONDS + 60)
+    recent = _aged(tmp_path / "89ab.jsa", class_archive.UNUSED_SECONDS - 3600)
+    class_archive.archive_for(tmp_path, KEY, JAVA)  # a new key: this submit writes its archive
     assert not left.exists() and fresh.exists()
+    assert not unused.exists() and recent.exists()
+
+
+def test_mapping_an_archive_marks_it_used(tmp_path: Path) -> None:
+    assert JAVA is not None
+    written = class_archive.archive_for(tmp_path, KEY, JAVA)
+    old = _aged(written.path, class_archive.UNUSED_SECONDS + 60)
+    use = class_archive.archive_for(tmp_path, KEY, JAVA)
+    assert use.writing is None and use.path == old
+    assert time.time() - old.stat().st_mtime < 60  # a submit of another key now keeps it
+    other = class_archive.archive_for(tmp_path, (*KEY[:-1], "other.jar"), JAVA)
+    assert other.writing is not None and old.exists()
 
 
 def _local_job(
