@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
-def _pyspark_home() -> str | None:
-    """The Spark inside the installed PySpark (its ``bin/spark-class``), if any."""
+def pyspark_home() -> str | None:
+    """The Spark inside the installed PySpark (its ``bin/spark-class``), if any: the
+    ``SPARK_HOME`` its ``spark-submit`` finds when none is set."""
     from importlib.util import find_spec
 
     spec = find_spec("pyspark")
@@ -36,7 +37,7 @@ def _pyspark_home() -> str | None:
 def spark_submit_problem(binary: str, env: Mapping[str, str]) -> str | None:
     """Why ``binary`` (a ``spark-submit``, by path or as found on ``env``'s PATH) run with ``env``
     would exit 127 before Spark starts, with the remedy; None when it can start."""
-    pyspark = _pyspark_home()
+    pyspark = pyspark_home()
     own = f" (this worker's PySpark has one: {pyspark})" if pyspark else ""
     home = env.get("SPARK_HOME")
     if home:

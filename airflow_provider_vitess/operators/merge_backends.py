@@ -48,7 +48,7 @@ from airflow_provider_vitess.merge.spark_conf import (
     packages_for,
     with_iceberg_extensions,
 )
-from airflow_provider_vitess.merge.submit_env import spark_submit_problem
+from airflow_provider_vitess.merge.submit_env import pyspark_home, spark_submit_problem
 from airflow_provider_vitess.utils.airflow_compat import AirflowException
 from airflow_provider_vitess.utils.failures import fail_permanently
 from airflow_provider_vitess.utils.task import log_group
@@ -106,15 +106,6 @@ class MergeBackend(Protocol):
 
     def on_kill(self) -> None:
         """Stop what :meth:`submit` started (the task is being killed)."""
-
-
-def _pyspark_home() -> str | None:
-    """The installed PySpark's directory: the ``SPARK_HOME`` its ``spark-submit`` finds."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyspark")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return locations[0] if locations else None
 
 
 def _connection_host(conn_id: str) -> str | None:
@@ -236,7 +227,7 @@ class SparkSubmitMerge:
         java = class_archive.java_executable(env)
         if java is None:
             return None
-        refused = class_archive.writing_refused(env, conf, env.get("SPARK_HOME") or _pyspark_home())
+        refused = class_archive.writing_refused(env, conf, env.get("SPARK_HOME") or pyspark_home())
         if refused is not None:
             self.log.info("no class-data archive for the driver: %s", refused)
             return None

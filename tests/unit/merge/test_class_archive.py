@@ -180,8 +180,9 @@ def test_no_archive_is_written_where_a_conf_dir_is_on_the_class_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A JVM writing an archive with a non-empty directory on its class path runs the job, then
-    fails as it exits (checked on the real spark-submit in the session-35 note): a conf dir that
-    spark-class puts there means no archive."""
+    fails as it exits (on the real spark-submit: the README DAG of
+    tests/integration/dags/test_s3_sync.py, whose SPARK_CONF_DIR holds spark-defaults.conf): a conf
+    dir that spark-class puts there means no archive."""
     conf_dir = tmp_path / "spark-conf"
     conf_dir.mkdir()
     assert class_archive.writing_refused({"SPARK_CONF_DIR": str(conf_dir)}, {}, None) is None  # empty
