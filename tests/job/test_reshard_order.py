@@ -18,8 +18,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_provider_vitess.merge.job import history, shapes, window_rows
+from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.support.delta_check import spark_session
+from tests.support.history_table import HistoryTable
 from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
 
 T0 = 1_800_000_000
@@ -88,3 +90,35 @@ def test_a_retired_shards_events_come_before_its_successors(
     log = shapes.changelog_rows(staged, KEYS, SCHEMA_OUT, log_shape, 9, snapshot=False, retired=retired)
     by_order = sorted((r[log_shape.name("order")], r["v"]) for r in log.collect() if r["id"] == 5)
     assert [v for _, v in by_order] == ["a", "b", "c"]
+
+
+def test_a_retired_shard_that_deleted_the_key_hands_nothing_on(spark: SparkSession) -> None:
+    """Key 5 inserted and deleted on the old shard just before its journal, inserted again on a
+    new shard after the switch (window 1), deleted there (window 2). Window 2's look-back has the
+    old shard's events (within seconds of its journal) but not the new shard's insert (older
+    than the look-back's seconds on that shard). The delete ends the version window 1 merged:
+    the old shard's deletion is not the new shard's holding (found by test_reshard's CI run: the
+    version stayed current)."""
+    old, new, retired = "0", "80-", {"0": ("-80", "80-")}
+    first = [
+        ("insert", old, T0, 1, 5, "a", None),
+        ("delete", old, T0 + 1, 2, 5, None, 5),
+        ("insert", new, T0 + 10, 3, 5, "b", None),
+    ]
+    second = [("delete", new, T0 + 20, 1, 5, None, 5)]
+    covered = {"-80": T0 + 20, "80-": T0 + 20}
+    shape, table = TargetShape(TargetMode.HISTORY), HistoryTable()
+    w1 = spark.createDataFrame(first, SCHEMA)
+    merged = history.versions(w1, None, KEYS, DATA, shape, 1, "t", covered=covered, retired=retired)
+    table.apply(merged.collect())
+    assert table.current() == {5: ["b"]}, table.versions
+
+    staged = spark.createDataFrame(second, SCHEMA)
+    context = spark.createDataFrame([(*r[:3], r[3] - SEQ_SHIFT, *r[4:]) for r in first[:2]], SCHEMA)
+    out = history.versions(staged, context, KEYS, DATA, shape, 2, "t", covered=covered, retired=retired)
+    table.apply(out.collect())
+    assert table.current() == {5: []}, table.versions
+    assert table.lives()[5] == [("a", False, True), ("b", False, True)], table.lives()
+    # The mirror's rule (each new shard's last event) agrees: the key is gone.
+    mirror = window_rows.last_per_key(staged, KEYS, DATA, context, retired, covered=covered)
+    assert [(r["id"], r["_op"]) for r in mirror.collect()] == [(5, "delete")]

@@ -12,7 +12,6 @@ same shapes through the real cluster and Delta).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from airflow_provider_vitess.merge.job import history, shapes, window_rows
 from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.support.delta_check import spark_session
+from tests.support.history_table import HistoryTable
 from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
 
 T0 = 1_800_000_000
@@ -58,45 +58,18 @@ SECOND: Staged = [
 
 
 def _history(spark: SparkSession, windows: list[Staged]) -> dict[int, list[tuple[Any, ...]]]:
-    """The windows merged one after another into an in-memory ``history`` table: per key, its
-    versions (v, valid_from, valid_to, current, deleted), applying each window's close and insert
-    rows as ``history.merge_statement``'s MERGE does. Key 6 and 7 were copied by a snapshot."""
-    table: dict[int, list[dict[str, Any]]] = {
-        k: [{"v": v, "valid_from": None, "valid_to": None, "current": True, "deleted": False}]
-        for k, v in ((6, "s6"), (7, "s7"))
-    }
-    n = SHAPE.name
+    """The windows merged one after another into an in-memory ``history`` table (each with the
+    windows before it as its look-back): per key, its versions (v, current, deleted). Key 6 and 7
+    were copied by a snapshot."""
+    table = HistoryTable(copied={6: "s6", 7: "s7"})
     for i, rows in enumerate(windows):
         context = None
         if i:
             context = _frame(spark, [r for w in windows[:i] for r in w], back=1)
         staged = _frame(spark, rows)
         out = history.versions(staged, context, KEYS, DATA, SHAPE, i + 1, "t", covered=COVERED)
-        merged = out.collect()
-        for r in merged:  # the MERGE's closes match the versions from before the window only
-            if r[history.ACTION] == history.CLOSE:
-                for v in table.get(r["id"], []):
-                    if v["current"]:
-                        v.update(valid_to=r[n("valid_to")], current=False, deleted=r[n("deleted")])
-        for r in merged:
-            if r[history.ACTION] == history.INSERT:
-                table.setdefault(r["id"], []).append(
-                    {
-                        "v": r["v"],
-                        "valid_from": r[n("valid_from")],
-                        "valid_to": r[n("valid_to")],
-                        "current": r[n("current")],
-                        "deleted": r[n("deleted")],
-                    }
-                )
-    return {
-        k: [(v["v"], v["current"], v["deleted"]) for v in sorted(vs, key=_version_order)]
-        for k, vs in table.items()
-    }
-
-
-def _version_order(v: dict[str, Any]) -> tuple[Any, ...]:
-    return (v["valid_from"] is not None, v["valid_from"] or datetime.min, v["current"])
+        table.apply(out.collect())
+    return table.lives()
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one window", "split by a window stop"])

@@ -8,9 +8,9 @@ throughout whichever half comes first). Per key, in event order:
 
 * a shard's holding before its first event is read off that event (an insert: not held; an
   update or a delete: held), so the holders after each event are a running sum;
-* a shard retired by a reshard hands its holding of a key to the new shard that has events of
-  it (:func:`_heirs`: its events count as that shard's), as the mirror drops a retired shard's
-  last event once a new shard has one;
+* a shard retired by a reshard that held a key at its last event hands that holding to the new
+  shard that has events of it (:func:`_heirs`: its events count as that shard's), as the mirror
+  drops a retired shard's last event once a new shard has one;
 * a delete followed by the key's next event, an upsert on another shard, at most
   :data:`~.lookback.CONTEXT_SECONDS` later, is the first half of a move: it counts right after
   that upsert (no deleted gap between the two versions);
@@ -111,16 +111,26 @@ def _events(
 
 def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str]]) -> DataFrame:
     """A retired shard's events of a key that a shard which replaced it has events of, counted
-    as that shard's: the new shard holds the old one's row from the switch on (its copy gave no
-    event), so its holding continues the old shard's. Counted apart, the old shard would hold a
-    key for ever after its last upsert (a key deleted on the new shard stays current). The heir:
-    the new shard whose earliest event of the key is not an insert (it had the row), else the
-    earliest; a retired shard's events all come before the new shards' (the journal)."""
+    as that shard's when the old shard held the key at its last event: the new shard holds the
+    old one's row from the switch on (its copy gave no event), so its holding continues the old
+    shard's. Counted apart, the old shard would hold a key for ever after its last upsert (a key
+    deleted on the new shard stays current). The heir: the new shard whose earliest event of the
+    key is not an insert (it had the row), else the earliest; a retired shard's events all come
+    before the new shards' (the journal).
+
+    An old shard whose last event deleted the key handed nothing on, and its events stay its own
+    (holding nothing after them): the new shard's holding starts from its own first event. Joined,
+    the new shard's first event would continue the old shard's deletion, and where the look-back
+    left out the new shard's insert after the switch (its own events older than the window's
+    look-back, the old shard's within seconds of its journal), a delete there would end nothing:
+    the version the earlier window merged stayed current."""
     by_key = Window.partitionBy(*[col(k) for k in keys])
     shard = col(SHARD)
     for old, new in retired.items():
         first = F.struct((col(CHANGE) == "insert").alias("insert"), col(ORD).alias("ord"), shard.alias("s"))
-        e = e.withColumn("_heir", F.min(F.when(shard.isin(list(new)), first)).over(by_key))
+        held = F.max(F.when(shard == old, F.struct(col(ORD).alias("ord"), col(UP).alias("up")))).over(by_key)
+        heir = F.min(F.when(shard.isin(list(new)), first)).over(by_key)
+        e = e.withColumn("_heir", F.when(held["up"], heir))
         heir = col("_heir")["s"]
         for c in (SHARD, order.NEXT + SHARD):  # the next event's shard too
             e = e.withColumn(c, F.when((col(c) == old) & heir.isNotNull(), heir).otherwise(col(c)))
