@@ -23,7 +23,7 @@ ICEBERG_PYSPARK ?= 4.1.3
 ICEBERG_SPARK ?= $(HOME)/.cache/airflow-provider-vitess/spark-$(ICEBERG_PYSPARK)
 ICEBERG_STAMP := $(ICEBERG_SPARK)/.installed
 
-.PHONY: demo test lint unit job integration soak soak-matrix vitess vitess-stop protos clean bench-peers test-compat \
+.PHONY: demo test lint unit job integration soak soak-matrix soak-reshard-model vitess vitess-stop protos clean bench-peers test-compat \
 	fleet fleet-stop test-fleet iceberg-spark
 
 demo: $(STAMP) protos vitess
@@ -111,6 +111,13 @@ soak: $(STAMP) protos vitess
 # starts at seed n, MATRIX_LOG=file keeps each seed's result.
 soak-matrix: $(STAMP) protos vitess
 	MATRIX_FULL=1 MATRIX_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/integration/operations/test_matrix_soak.py
+
+# The job tier's reshard model (tests/support/reshard_model.py) on more seeds than `make test`'s
+# one: per seed 40 scenarios of keys moved, deleted and re-inserted across a reshard's switch and
+# window stops, `history` and the mirror merged window by window against the source. No Vitess.
+# E.g. SEEDS=200; RESHARD_MODEL_FIRST=n starts at seed n.
+soak-reshard-model: $(STAMP) protos
+	RESHARD_MODEL_SEEDS=$(SEEDS) $(BIN)/pytest -q -p no:cacheprovider -m soak tests/job/test_reshard_property.py
 
 # Not part of `test`: every Airflow minor and every Spark/Delta pair of
 # airflow_provider_vitess/versions.py, each from the repo's wheel in a venv of its own (kept in
