@@ -18,11 +18,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_provider_vitess.merge.job import history, shapes, window_rows
-from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.support.delta_check import spark_session
 from tests.support.history_table import HistoryTable
-from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
+from tests.support.staged_frames import SCHEMA, SCHEMA_OUT, numbered
 
 T0 = 1_800_000_000
 KEYS, DATA = ["id"], ["id", "v"]
@@ -101,20 +100,20 @@ def test_a_retired_shard_that_deleted_the_key_hands_nothing_on(spark: SparkSessi
     version stayed current)."""
     old, new, retired = "0", "80-", {"0": ("-80", "80-")}
     first = [
-        ("insert", old, T0, 1, 5, "a", None),
-        ("delete", old, T0 + 1, 2, 5, None, 5),
-        ("insert", new, T0 + 10, 3, 5, "b", None),
+        ("insert", old, T0, 5, "a", None),
+        ("delete", old, T0 + 1, 5, None, 5),
+        ("insert", new, T0 + 10, 5, "b", None),
     ]
-    second = [("delete", new, T0 + 20, 1, 5, None, 5)]
+    second = [("delete", new, T0 + 20, 5, None, 5)]
     covered = {"-80": T0 + 20, "80-": T0 + 20}
     shape, table = TargetShape(TargetMode.HISTORY), HistoryTable()
-    w1 = spark.createDataFrame(first, SCHEMA)
+    w1 = spark.createDataFrame(numbered(first), SCHEMA)
     merged = history.versions(w1, None, KEYS, DATA, shape, 1, "t", covered=covered, retired=retired)
     table.apply(merged.collect())
     assert table.current() == {5: ["b"]}, table.versions
 
-    staged = spark.createDataFrame(second, SCHEMA)
-    context = spark.createDataFrame([(*r[:3], r[3] - SEQ_SHIFT, *r[4:]) for r in first[:2]], SCHEMA)
+    staged = spark.createDataFrame(numbered(second), SCHEMA)
+    context = spark.createDataFrame(numbered(first, back=1)[:2], SCHEMA)
     out = history.versions(staged, context, KEYS, DATA, shape, 2, "t", covered=covered, retired=retired)
     table.apply(out.collect())
     assert table.current() == {5: []}, table.versions

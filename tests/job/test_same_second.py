@@ -18,11 +18,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_provider_vitess.merge.job import history, shapes, window_rows
-from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 from airflow_provider_vitess.merge.modes import TargetMode, TargetShape
 from tests.support.delta_check import spark_session
 from tests.support.history_table import HistoryTable
-from tests.support.staged_frames import SCHEMA, SCHEMA_OUT
+from tests.support.staged_frames import SCHEMA, SCHEMA_OUT, numbered
 
 T0 = 1_800_000_000
 KEYS, DATA = ["id"], ["id", "v"]
@@ -38,8 +37,7 @@ def spark() -> Any:
 def _frame(spark: SparkSession, rows: Staged, back: int = 0) -> DataFrame:
     """Staged rows (op, shard, ts, id, v, before id) with ``_seq`` 1, 2, ...; ``back``: a
     context window that many windows before the merged one (the look-back's shifted ``_seq``)."""
-    data = [(op, s, ts, i - back * SEQ_SHIFT, k, v, b) for i, (op, s, ts, k, v, b) in enumerate(rows, 1)]
-    return spark.createDataFrame(data, SCHEMA)
+    return spark.createDataFrame(numbered(rows, back), SCHEMA)
 
 
 # Key 5 inserted and deleted in one second (two transactions); key 6 updated and deleted in one

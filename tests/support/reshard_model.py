@@ -16,10 +16,12 @@ before the window's first commit on.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS, SEQ_SHIFT
+from airflow_provider_vitess.merge.job.lookback import CONTEXT_SECONDS
+from tests.support.staged_frames import numbered
 
 T0 = 1_800_000_000
 OLD, NEW = "0", ("-80", "80-")
@@ -59,7 +61,16 @@ class Run:
     switch_at: int
     scenarios: list[Scenario]
     stops: list[float]
-    windows: list[list[Event]] = field(default_factory=list)
+
+    @cached_property
+    def windows(self) -> list[list[Event]]:
+        """Each window's events in commit order: those before its stop and at or after the one
+        before."""
+        out: list[list[Event]] = [[] for _ in range(len(self.stops) + 1)]
+        for s in self.scenarios:
+            for e in s.events:
+                out[sum(1 for stop in self.stops if e.at >= stop)].append(e)
+        return out
 
     @property
     def copied(self) -> dict[int, str]:
@@ -131,16 +142,13 @@ def draw(seed: int, scenarios: int = 40, transactions: int = 20) -> Run:
     drawn = [_scenario(rng, 100 * j, switch_at, transactions) for j in range(scenarios)]
     count = rng.choice([2, 3, 4])
     stops = sorted(T0 + rng.random() * transactions * 1.2 for _ in range(count - 1))
-    run = Run(switch_at, drawn, stops, [[] for _ in range(count)])
-    for s in drawn:
-        for e in s.events:
-            run.windows[sum(1 for stop in stops if e.at >= stop)].append(e)
-    return run
+    return Run(switch_at, drawn, stops)
 
 
-def staged(run: Run, w: int) -> list[Row]:
-    """Window ``w``'s staged rows, ``_seq`` 1, 2, ... in commit order (each shard's binlog order)."""
-    return [(e.op, e.shard, e.ts, i, e.key, e.v, e.before) for i, e in enumerate(run.windows[w], 1)]
+def staged(run: Run, w: int, back: int = 0) -> list[Row]:
+    """Window ``w``'s staged rows, ``_seq`` 1, 2, ... in commit order (each shard's binlog order);
+    ``back``: as the context of the window that many later."""
+    return numbered(((e.op, e.shard, e.ts, e.key, e.v, e.before) for e in run.windows[w]), back)
 
 
 def context(run: Run, w: int) -> list[Row]:
@@ -151,13 +159,14 @@ def context(run: Run, w: int) -> list[Row]:
     since = min(e.ts for e in mine) - CONTEXT_SECONDS
     out = []
     for back in range(1, w + 1):
-        earlier = staged(run, w - back)
+        earlier = staged(run, w - back, back)
         newest: dict[str, int] = {}
         for r in earlier:
             newest[r[1]] = max(newest.get(r[1], 0), r[2])
-        for op, shard, ts, seq, key, v, before in earlier:
+        for r in earlier:
+            shard, ts = r[1], r[2]
             if ts >= since or (back == 1 and ts >= newest[shard] - CONTEXT_SECONDS):
-                out.append((op, shard, ts, seq - back * SEQ_SHIFT, key, v, before))
+                out.append(r)
     return out
 
 

@@ -3,7 +3,12 @@ for the job tier's local Spark frames: ``SCHEMA`` staged, ``SCHEMA_OUT`` the tab
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from pyspark.sql import types as T
+
+from airflow_provider_vitess.merge.job.lookback import SEQ_SHIFT
 
 SCHEMA = T.StructType(
     [
@@ -17,3 +22,10 @@ SCHEMA = T.StructType(
     ]
 )
 SCHEMA_OUT = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+
+
+def numbered(rows: Iterable[tuple[Any, ...]], back: int = 0) -> list[tuple[Any, ...]]:
+    """Rows (op, shard, commit second, id, v, before id) of one window as ``SCHEMA`` has them,
+    ``_seq`` 1, 2, ... in their order; ``back``: read as the look-back's context of a window that
+    many windows later (``_seq`` shifted as ``window_rows.read_window`` shifts it)."""
+    return [(op, s, ts, i - back * SEQ_SHIFT, k, v, b) for i, (op, s, ts, k, v, b) in enumerate(rows, 1)]

@@ -129,8 +129,8 @@ def _heirs(e: DataFrame, keys: Sequence[str], retired: Mapping[str, Sequence[str
     for old, new in retired.items():
         first = F.struct((col(CHANGE) == "insert").alias("insert"), col(ORD).alias("ord"), shard.alias("s"))
         held = F.max(F.when(shard == old, F.struct(col(ORD).alias("ord"), col(UP).alias("up")))).over(by_key)
-        heir = F.min(F.when(shard.isin(list(new)), first)).over(by_key)
-        e = e.withColumn("_heir", F.when(held["up"], heir))
+        earliest = F.min(F.when(shard.isin(list(new)), first)).over(by_key)
+        e = e.withColumn("_heir", F.when(held["up"], earliest))
         heir = col("_heir")["s"]
         for c in (SHARD, order.NEXT + SHARD):  # the next event's shard too
             e = e.withColumn(c, F.when((col(c) == old) & heir.isNotNull(), heir).otherwise(col(c)))
