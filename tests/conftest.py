@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import connect_server
 from tests.support.local import (
     REPO,
     LocalS3,
@@ -135,16 +136,24 @@ def s3() -> Iterator[LocalS3]:
 
 @pytest.fixture(scope="session")
 def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (``dev/spark_connect.sh``) for the session's tests, requiring a
-    token as servers users share must: its URL with the token as Airflow's Spark Connect hook
-    writes it (``;token=`` URL-encoded). The token has the characters of a base64 secret."""
-    yield from _connect_server(tmp_path_factory, {})
+    """A Spark Connect server for the session's tests, requiring a token as servers users share
+    must: its URL with the token as Airflow's Spark Connect hook writes it (``;token=``
+    URL-encoded). The server is the worker's test JVM (``tests/support/connect_server.py``),
+    else one ``dev/spark_connect.sh`` starts."""
+    if not connect_server.in_process():
+        yield from _connect_server(tmp_path_factory, {})
+        return
+    from tests.support.delta_check import spark_session
+
+    spark_session()  # its JVM is the server
+    yield connect_server.endpoint().url
 
 
 @pytest.fixture(scope="session")
 def spark_connect_iceberg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server with Iceberg (``SPARK_CONNECT_ICEBERG``), as :func:`spark_connect`;
-    on the Spark line of this process's PySpark, which must have an Iceberg runtime."""
+    """A Spark Connect server with Iceberg (``SPARK_CONNECT_ICEBERG``), started by
+    ``dev/spark_connect.sh`` and requiring a token (the characters of a base64 secret), on the
+    Spark line of this process's PySpark, which must have an Iceberg runtime."""
     yield from _connect_server(tmp_path_factory, {"SPARK_CONNECT_ICEBERG": "1"})
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from tests.support import connect_server
 
 _STOP_AT_EXIT: list[Any] = []
 # py4j logs from __del__ at interpreter exit, after pytest closed its streams.
@@ -36,9 +37,10 @@ TEST_SESSION_CONF: dict[str, str] = {
 
 
 def spark_session() -> Any:
-    """This process's SparkSession with Delta (one per process; reused across tests). A session
-    whose JVM has died is replaced, so one lost JVM fails the test it happened in, not every test
-    after it on that worker."""
+    """This process's SparkSession with Delta (one per process; reused across tests), whose JVM
+    also serves this process's Spark Connect clients (:mod:`.connect_server`). A session whose
+    JVM has died is replaced, so one lost JVM fails the test it happened in, not every test after
+    it on that worker."""
     from pyspark.sql import SparkSession
 
     from airflow_provider_vitess.merge.iceberg_catalog import DRIVERS
@@ -52,8 +54,14 @@ def spark_session() -> Any:
     # Iceberg's runtime where the installed Spark line has one (tests/job/test_table_formats.py).
     iceberg = installed_spark_line().iceberg is not None
     conf = {**spark_conf(extra=LOCAL_CONF, iceberg=iceberg), **TEST_SESSION_CONF}
+    packages = conf["spark.jars.packages"].split(",")
     if iceberg:  # and PostgreSQL's driver, for Iceberg's JDBC catalog
-        conf["spark.jars.packages"] += "," + DRIVERS["postgres"][1]
+        packages.append(DRIVERS["postgres"][1])
+    if connect_server.in_process():
+        served, server_packages = connect_server.server_conf()
+        conf.update(served)
+        packages += [p for p in server_packages if p not in packages]
+    conf["spark.jars.packages"] = ",".join(packages)
     ivy = os.environ.get("VITESS_SPARK_IVY")
     if ivy:
         conf["spark.jars.ivy"] = ivy
