@@ -15,7 +15,6 @@ this file keeps the fixtures and the pytest hooks.
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -162,7 +161,7 @@ def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, s
 
     from tests.support.databases import free_port
 
-    token = f"{secrets.token_hex(6)}/{secrets.token_hex(6)}+{secrets.token_hex(6)}="
+    token = connect_server.new_token()
     env = {
         **os.environ,
         "SPARK_CONNECT_PORT": str(free_port()),

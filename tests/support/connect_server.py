@@ -52,12 +52,17 @@ def in_process() -> bool:
     return not installed_spark_line().pyspark.startswith("3.")
 
 
+def new_token() -> str:
+    """A server's token, with the characters of a base64 secret (``/``, ``+``, ``=``): the URL
+    must carry it encoded."""
+    return f"{secrets.token_hex(6)}/{secrets.token_hex(6)}+{secrets.token_hex(6)}="
+
+
 @functools.cache
 def endpoint() -> ConnectEndpoint:
-    """This process's endpoint: a free port and a token with the characters of a base64 secret,
-    chosen once (a JVM that replaces a dead one listens where it did)."""
-    token = f"{secrets.token_hex(6)}/{secrets.token_hex(6)}+{secrets.token_hex(6)}="
-    return ConnectEndpoint(free_port(), token)
+    """This process's endpoint: a free port and a token, chosen once (a JVM that replaces a dead
+    one listens where it did)."""
+    return ConnectEndpoint(free_port(), new_token())
 
 
 def server_conf() -> tuple[dict[str, str], list[str]]:
