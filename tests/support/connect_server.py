@@ -23,7 +23,6 @@ import secrets
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from airflow_provider_vitess.merge.job.connect import server_args
 from airflow_provider_vitess.merge.spark_conf import installed_spark_line
 from tests.support.databases import free_port
 
@@ -68,6 +67,10 @@ def endpoint() -> ConnectEndpoint:
 def server_conf() -> tuple[dict[str, str], list[str]]:
     """The test JVM's settings as this process's Connect server, and the packages the server
     needs: the product's local server settings (``server_args``), the plugin, and the token."""
+    # Imported here: the module brings PySpark and the merge job, which conftest (this module's
+    # importer in every pytest process, unit tier too) has no need of.
+    from airflow_provider_vitess.merge.job.connect import server_args
+
     args = server_args(port=endpoint().port, local=True)
     conf: dict[str, str] = {}
     packages: list[str] = []
