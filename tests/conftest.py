@@ -157,8 +157,6 @@ def spark_connect_iceberg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, str]) -> Iterator[str]:
-    from urllib.parse import quote
-
     from tests.support.databases import free_port
 
     token = connect_server.new_token()
@@ -177,7 +175,7 @@ def _connect_server(tmp_path_factory: pytest.TempPathFactory, extra: dict[str, s
     url = started.stdout.strip().splitlines()[-1]
     assert token not in started.stdout + started.stderr
     try:
-        yield f"{url}/;token={quote(token)}"
+        yield connect_server.with_token(url, token)
     finally:
         subprocess.run([script, "stop"], env=env, capture_output=True, check=False)
 

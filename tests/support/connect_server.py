@@ -40,8 +40,13 @@ class ConnectEndpoint:
 
     @property
     def url(self) -> str:
-        """The URL as Airflow's Spark Connect hook writes it (``;token=`` URL-encoded)."""
-        return f"sc://localhost:{self.port}/;token={quote(self.token)}"
+        return with_token(f"sc://localhost:{self.port}", self.token)
+
+
+def with_token(url: str, token: str) -> str:
+    """A server's ``url`` with its token as Airflow's Spark Connect hook writes it (``;token=``
+    URL-encoded)."""
+    return f"{url}/;token={quote(token)}"
 
 
 def in_process() -> bool:
