@@ -48,10 +48,13 @@ $(ICEBERG_STAMP): | $(STAMP)
 
 # dev/constraints.txt: the AWS client releases that agree (pip alone backtracks past its limit).
 $(STAMP): pyproject.toml setup.py dev/constraints.txt $(wildcard protos/*.proto)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c dev/constraints.txt -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)" \
-		"pyspark[connect]==$(PYSPARK_VERSION)" "delta-spark==$(DELTA_VERSION)"
+	@echo "[setup] installing the Python packages into $(VENV) (cold: minutes; pip's cache: less)"
+	@began=$$(date +%s) \
+		&& { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); } \
+		&& $(BIN)/pip install -q --upgrade pip \
+		&& $(BIN)/pip install -q -c dev/constraints.txt -e ".[spark,s3,test]" "apache-airflow==$(AIRFLOW_VERSION)" \
+			"pyspark[connect]==$(PYSPARK_VERSION)" "delta-spark==$(DELTA_VERSION)" \
+		&& echo "[setup] installed the Python packages in $$(( $$(date +%s) - began )) s"
 	touch $@
 
 # The editable install leaves an *.egg-info in the checkout. Any process with the checkout on

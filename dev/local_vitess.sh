@@ -39,11 +39,13 @@ ensure_mariadb() {
         return
     fi
     log "installing MariaDB server from Debian"
+    local began=$SECONDS
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
         mariadb-server mariadb-client >/dev/null
     # Debian may start its own server on 3306; ours runs on its own ports and socket.
     as_root service mariadb stop >/dev/null 2>&1 || true
+    log "installed MariaDB in $((SECONDS - began)) s"
 }
 
 ensure_vitess_built() {
@@ -183,8 +185,9 @@ start() {
         ${VITESS_EXTRA_MY_CNF:+--extra-my-cnf "$VITESS_EXTRA_MY_CNF"} \
         >"$log_file" 2>&1 </dev/null &
     echo $! >"$pid_file"
+    local began=$SECONDS
     wait_ready
-    log "ready"
+    log "ready in $((SECONDS - began)) s"
     print_ports
 }
 

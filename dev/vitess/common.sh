@@ -76,5 +76,7 @@ build_vitess() {
     command -v go >/dev/null 2>&1 || { log "Go is required to build Vitess"; exit 1; }
     log "building Vitess $vitess_version with Go $go_toolchain (cold: minutes; warm: seconds)"
     mkdir -p "$vtroot/libexec"
+    local began=$SECONDS
     (cd "$here/vitess" && GOTOOLCHAIN="$go_toolchain" GOFLAGS=-mod=mod GOBIN="$vtroot/libexec" go install tool)
+    log "built Vitess in $((SECONDS - began)) s"
 }
