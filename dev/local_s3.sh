@@ -55,7 +55,9 @@ ensure_built() {
     command -v go >/dev/null 2>&1 || { log "Go is required to build the S3 server"; exit 1; }
     log "building versitygw $server_version (cold: a few minutes; warm: seconds)"
     mkdir -p "$(dirname "$bin")"
+    local began=$SECONDS
     (cd "$here/s3" && GOFLAGS=-mod=mod GOBIN="$(dirname "$bin")" go install tool)
+    log "built versitygw in $((SECONDS - began)) s"
 }
 
 ready() {
