@@ -1,0 +1,150 @@
+"""Where a command's CPU goes: runs it and prints the CPU seconds the machine's processes spent
+while it ran, summed by kind of process (a merge's spark-submit JVM, the pytest worker's JVM, the
+warm DAG runner, vtcombo, ...), next to the machine's busy and idle time.
+
+    .venv/bin/python bench/cpu_by_process.py -- make test
+    .venv/bin/python bench/cpu_by_process.py --out cpu.txt -- .venv/bin/pytest -n 2 tests/integration/merge
+
+Every process is sampled twice a second from ``/proc`` (its own user and system time, all its
+threads): a process that lives less than half a second is missed, so the kinds add up to a little
+less than the busy time. A process is counted from its first sample (one that started before the
+command: only what it spent meanwhile). Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+# (a substring of the command line, its kind): the first that matches names the process.
+KINDS: tuple[tuple[str, str], ...] = (
+    ("pyspark-shell", "JVM of a test process's SparkSession (and its Connect server)"),
+    ("SparkConnectServer", "JVM of a Spark Connect server"),
+    ("spark_jobs", "JVM of a merge's spark-submit"),
+    ("org.apache.spark.deploy", "JVM of another spark-submit"),
+    ("debezium", "Debezium"),
+    ("tests.support.run_dag", "warm DAG runner (dag.test())"),
+    ("capture_child", "capture child process"),
+    ("merge_child", "merge child process"),
+    ("xdist", "pytest worker"),
+    ("pytest", "pytest"),
+    ("airflow worker", "Airflow task (executor's worker)"),
+    ("bin/airflow", "Airflow CLI or service"),
+    ("pyspark.daemon", "PySpark Python worker"),
+    ("pyspark/daemon", "PySpark Python worker"),
+)
+BINARIES = ("vtcombo", "vtgate", "vttablet", "vtctld", "etcd", "mariadbd", "mysqld", "postgres", "versitygw")
+
+
+@dataclass
+class Process:
+    kind: str
+    comm: str
+    ticks: int
+    before: int  # ticks spent before the first sample of a process already running at the start
+
+
+def kind_of(argv: list[str], comm: str) -> str:
+    line = " ".join(argv)
+    for needle, kind in KINDS:
+        if needle in line:
+            return kind
+    name = Path(argv[0]).name if argv else comm
+    for binary in BINARIES:
+        if name.startswith(binary):
+            return binary
+    if name == "java":
+        return "JVM, other"
+    if name.startswith("python"):
+        return "Python, other"
+    return name or comm
+
+
+def _read(pid: str) -> tuple[str, str, int] | None:
+    """(start time, command name, user + system ticks) of a process, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    close = stat.rindex(")")
+    fields = stat[close + 2 :].split()  # from field 3 (state) on
+    return fields[19], stat[stat.index("(") + 1 : close], int(fields[11]) + int(fields[12])
+
+
+def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        read = _read(pid)
+        if read is None:
+            continue
+        start, comm, ticks = read
+        known = seen.get((pid, start))
+        # A changed name is an exec (spark-submit's shell becoming its JVM): classified again.
+        if known is not None and known.comm == comm:
+            known.ticks = ticks
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        except OSError:
+            continue
+        before = ticks if first else (known.before if known else 0)
+        seen[(pid, start)] = Process(kind_of(argv, comm), comm, ticks, before)
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, idle) ticks of all CPUs since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle and iowait
+    return sum(values) - idle, idle
+
+
+def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: float) -> str:
+    by_kind: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for process in seen.values():
+        by_kind[process.kind] += (process.ticks - process.before) / TICK
+        count[process.kind] += 1
+    lines = [f"wall {wall:.0f} s; CPU busy {busy / TICK:.0f} s, idle {idle / TICK:.0f} s", ""]
+    lines.append(f"{'CPU s':>8}  {'share':>6}  {'processes':>9}  kind")
+    total = sum(by_kind.values())
+    for kind, seconds in by_kind.most_common():
+        if seconds >= 0.5:
+            lines.append(f"{seconds:8.1f}  {seconds / busy * TICK:6.1%}  {count[kind]:9d}  {kind}")
+    lines.append(f"{total:8.1f}  {total / busy * TICK:6.1%}  {'':9}  sampled, of the busy time")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    seen: dict[tuple[str, str], Process] = {}
+    sample(seen, first=True)
+    busy0, idle0 = machine_ticks()
+    began = time.monotonic()
+    child = subprocess.Popen(command)
+    while child.poll() is None:
+        time.sleep(0.5)
+        sample(seen, first=False)
+    busy1, idle1 = machine_ticks()
+    table = report(seen, busy1 - busy0, idle1 - idle0, time.monotonic() - began)
+    print(f"[cpu_by_process] {' '.join(command)}: exit {child.returncode}\n{table}")
+    if args.out:
+        args.out.write_text(table + "\n")
+    return child.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
