@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.support.delta_check import _plain, delta_txns, spark_session
+from tests.support.delta_check import _plain, delta_txns, spark_dicts, table_dicts
 from tests.support.modes_workload import Record, State
 
 P = "_vitess_"
@@ -25,12 +25,9 @@ Row = dict[str, Any]
 
 
 def delta_dicts(path: str | Path, spark: Any = None, version: int | None = None) -> list[Row]:
-    """The Delta table's rows (at ``version``: time travel, a consistent cut's)."""
-    reader = (spark or spark_session()).read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    df = reader.load(str(path))
-    return [{k: _plain(v) for k, v in r.asDict().items()} for r in df.collect()]
+    """The Delta table's rows (at ``version``: time travel, a consistent cut's): read by ``spark``
+    if given, else as :func:`~tests.support.delta_check.table_dicts` reads them."""
+    return table_dicts(path, version) if spark is None else spark_dicts(spark, path, version)
 
 
 def source_dicts(hook: VitessHook, keyspace: str, table: str) -> list[Row]:
