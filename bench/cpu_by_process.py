@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +107,7 @@ def machine_ticks() -> tuple[int, int]:
 
 
 def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: float) -> str:
-    by_kind: Counter[str] = Counter()
+    by_kind: defaultdict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
     for process in seen.values():
         by_kind[process.kind] += (process.ticks - process.before) / TICK
@@ -115,7 +115,7 @@ def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: flo
     lines = [f"wall {wall:.0f} s; CPU busy {busy / TICK:.0f} s, idle {idle / TICK:.0f} s", ""]
     lines.append(f"{'CPU s':>8}  {'share':>6}  {'processes':>9}  kind")
     total = sum(by_kind.values())
-    for kind, seconds in by_kind.most_common():
+    for kind, seconds in sorted(by_kind.items(), key=lambda item: -item[1]):
         if seconds >= 0.5:
             lines.append(f"{seconds:8.1f}  {seconds / busy * TICK:6.1%}  {count[kind]:9d}  {kind}")
     lines.append(f"{total:8.1f}  {total / busy * TICK:6.1%}  {'':9}  sampled, of the busy time")
