@@ -28,6 +28,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 KINDS: tuple[tuple[str, str], ...] = (
     ("pyspark-shell", "JVM of a test process's SparkSession (and its Connect server)"),
     ("SparkConnectServer", "JVM of a Spark Connect server"),
+    ("--plan-file", "JVM of a merge's spark-submit"),  # the merge job's argument (merge_backends.py)
     ("spark_jobs", "JVM of a merge's spark-submit"),
     ("org.apache.spark.deploy", "JVM of another spark-submit"),
     ("debezium", "Debezium"),
