@@ -128,7 +128,8 @@ def delta_rows(path: str | Path, spark: Any = None) -> set[tuple[Any, ...]]:
 
 
 # Reader features delta-rs 1.6's Arrow reader reads right (docs/reading-the-tables.md: it refuses
-# deletion vectors and type widening, and reads an added column of a column-mapped table as NULL).
+# deletion vectors and type widening, and reads the columns a mapped table stores under physical
+# names as NULL: every column of a table created with mapping, tests/job/test_oracle_reads.py).
 _DELTA_RS_READS = frozenset({"timestampNtz"})
 
 
@@ -137,8 +138,9 @@ def table_dicts(path: str | Path, version: int | None = None) -> list[dict[str, 
     ``collect()`` gives it (after :func:`_plain`): read by delta-rs, or by this process's
     SparkSession where the table has a reader feature outside :data:`_DELTA_RS_READS`.
 
-    The suite's oracle reads go through here: a warm Spark read of a small table took ~0.17 s on a
-    quiet machine and delta-rs ~0.006 s (session 40), over several hundred reads a run."""
+    The suite's oracle reads go through here rather than through the worker's JVM, which runs the
+    suite's merges: a warm Spark read of a small table took ~0.17 s on a quiet machine and
+    delta-rs ~0.006 s (session 40; bench/results/2026-12-06-cpu_by_process-make-test.md)."""
     from deltalake import DeltaTable
 
     table = DeltaTable(str(path), version=version)
