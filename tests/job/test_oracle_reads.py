@@ -2,7 +2,8 @@
 it reads a table right, else the test SparkSession) gives what Spark gives, value for value: on
 a table of the types whose Python values differ between the two (a Delta TIMESTAMP, binary,
 decimals, dates), at a past version, and on the tables delta-rs 1.6 must not read (column mapping,
-whose added column its Arrow reader reads as NULL; deletion vectors, which it refuses)."""
+whose columns under physical names its Arrow reader reads as NULL; deletion vectors, which it
+refuses)."""
 
 from __future__ import annotations
 

@@ -121,10 +121,8 @@ def _plain(value: Any) -> Any:
 
 def delta_rows(path: str | Path, spark: Any = None) -> set[tuple[Any, ...]]:
     """The table's rows: read by ``spark`` if given, else as :func:`table_dicts` reads them."""
-    if spark is None:
-        return {tuple(row.values()) for row in table_dicts(path)}
-    df = spark.read.format("delta").load(str(path))
-    return {tuple(_plain(v) for v in row) for row in df.collect()}
+    rows = table_dicts(path) if spark is None else spark_dicts(spark, path)
+    return {tuple(row.values()) for row in rows}
 
 
 # Reader features delta-rs 1.6's Arrow reader reads right (docs/reading-the-tables.md: it refuses
