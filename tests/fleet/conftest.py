@@ -41,11 +41,14 @@ _LOG_TAIL = 3000
 CONTROL_PARTS = ("redis", "postgres", "api-server", "scheduler", "dag-processor", "triggerer", "triggerer-2")
 
 # A grouped sync on the fleet's S3 and store; a new DAG (sync) id for each test, as the fleet may
-# have run the test before (its store and bucket then hold that sync's windows).
+# have run the test before (its store and bucket then hold that sync's windows). ``pre_execute`` is
+# ``MEET`` for a test that needs the two groups at once (``tests.support.group_meeting``), else None.
 STORE = 'checkpoint_conn_id="fleet_store",'
+MEET = "meeting(2)"
 SYNC_DAG = """
 from datetime import timedelta
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
+from tests.support.group_meeting import meeting
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -58,7 +61,11 @@ dag = vitess_sync_dag(
     schedule=None,
     capture_parallelism=2,
     wait_for_changes=False,
-    default_args={{"retries": {retries}, "retry_delay": timedelta(seconds={retry_delay})}},
+    default_args={{
+        "retries": {retries},
+        "retry_delay": timedelta(seconds={retry_delay}),
+        "pre_execute": {pre_execute},
+    }},
     merge_kwargs={{"spark_connect_conn_id": "spark_connect_default"}},
 )
 """

@@ -72,7 +72,13 @@ def test_a_broker_restarted_mid_run_loses_no_task_and_delta_equals_the_source(
     create_orders(hook, f"customer.{table}", CUSTOMERS)
     shard_of = shards_of_customers(hook, f"customer.{table}")
     source = SYNC_DAG.format(
-        dag_id=dag_id, table=table, bucket=fleet.bucket, store=STORE, retries=1, retry_delay=5
+        dag_id=dag_id,
+        table=table,
+        bucket=fleet.bucket,
+        store=STORE,
+        retries=1,
+        retry_delay=5,
+        pre_execute=None,
     )
     api.deploy(dag_id, source, tmp_path)
     api.wait_for_dag(dag_id)

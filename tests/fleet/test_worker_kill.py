@@ -129,7 +129,13 @@ def test_a_worker_killed_mid_group_is_retried_on_the_other_and_delta_equals_the_
     create_orders(hook, table, CUSTOMERS)
     shard_of = shards_of_customers(hook, table)
     source = SYNC_DAG.format(
-        dag_id=dag_id, table=TABLE, bucket=fleet.bucket, store=STORE, retries=1, retry_delay=RETRY_DELAY
+        dag_id=dag_id,
+        table=TABLE,
+        bucket=fleet.bucket,
+        store=STORE,
+        retries=1,
+        retry_delay=RETRY_DELAY,
+        pre_execute=None,
     )
     api.deploy(dag_id, source, tmp_path)
     api.wait_for_dag(dag_id)
@@ -185,6 +191,7 @@ def test_a_worker_killed_mid_copy_of_a_grouped_snapshot_is_retried_on_the_other_
         store=STORE,
         retries=1,
         retry_delay=RETRY_DELAY,
+        pre_execute=None,
     )
     api.deploy(dag_id, source, tmp_path)
     api.wait_for_dag(dag_id)

@@ -69,33 +69,15 @@ dag = vitess_sync_dag(
 
 # A sync read by two shard groups (one per shard of ``customer``), run by the scheduler: its
 # runs are triggered by the test, one at a time; no sensor, so a run goes straight to its window.
-# Each group's reading takes under a second, so on a loaded machine the executor may start the
-# second worker after the first is done (CI saw it: 57 ms apart). The DAG file's pre_execute hook
-# holds each ``catch_up`` until the other one has started (for up to 120 s): two groups the
-# executor and the DAG let run at once then do run at once, and groups run one after the other
-# still do not overlap, so the test fails on them as before.
+# Its DAG file's pre_execute hook (``tests.support.group_meeting``) holds each ``catch_up`` until
+# the other group has started: whether two queued tasks overlap is otherwise up to the load.
 GROUPED_DAG_ID = GROUPED_SYNC = "grouped_local_executor_sync"
 GROUPED_TABLE = "lx_group_orders"
 GROUPED_CUSTOMERS = range(1, 13)
 FILLER_BASE = 500_000  # order ids of the filler rows (each group's window has real work)
 GROUPED_DAG_FILE = """
-import os
-import time
-from pathlib import Path
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
-
-
-def meet_the_other_group(context):
-    ti = context["ti"]
-    if ti.task_id != "catch_up":
-        return
-    started = Path("{lake}/started") / ti.run_id
-    started.mkdir(parents=True, exist_ok=True)
-    (started / str(ti.map_index)).touch()
-    deadline = time.monotonic() + 120
-    while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-
+from tests.support.group_meeting import meeting
 
 dag = vitess_sync_dag(
     "{dag_id}",
@@ -106,7 +88,7 @@ dag = vitess_sync_dag(
     schedule=None,
     capture_parallelism=2,
     wait_for_changes=False,
-    default_args={{"retries": 0, "pre_execute": meet_the_other_group}},
+    default_args={{"retries": 0, "pre_execute": meeting(2)}},
     merge_kwargs={merge_kwargs},
 )
 """
