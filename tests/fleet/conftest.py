@@ -42,9 +42,8 @@ CONTROL_PARTS = ("redis", "postgres", "api-server", "scheduler", "dag-processor"
 
 # A grouped sync on the fleet's S3 and store; a new DAG (sync) id for each test, as the fleet may
 # have run the test before (its store and bucket then hold that sync's windows). ``pre_execute`` is
-# ``MEET`` for a test that needs the two groups at once (``tests.support.group_meeting``), else None.
+# ``meeting(2)`` where a test needs the two groups at once, else None (``Fleet.deploy_sync``).
 STORE = 'checkpoint_conn_id="fleet_store",'
-MEET = "meeting(2)"
 SYNC_DAG = """
 from datetime import timedelta
 from airflow_provider_vitess.dag_factory import vitess_sync_dag
@@ -171,6 +170,32 @@ class Fleet:
     @property
     def store_url(self) -> str:
         return self.values["FLEET_STORE_URL"]
+
+    def deploy_sync(
+        self,
+        dag_id: str,
+        table: str,
+        tmp_path: Path,
+        *,
+        retries: int = 0,
+        retry_delay: int = 1,
+        store: str = STORE,
+        meet: bool = False,
+    ) -> None:
+        """:data:`SYNC_DAG` of ``table`` deployed, parsed and unpaused; ``meet``: its groups'
+        ``catch_up`` tasks wait for each other (``tests.support.group_meeting``)."""
+        source = SYNC_DAG.format(
+            dag_id=dag_id,
+            table=table,
+            bucket=self.bucket,
+            store=store,
+            retries=retries,
+            retry_delay=retry_delay,
+            pre_execute="meeting(2)" if meet else None,
+        )
+        self.api.deploy(dag_id, source, tmp_path)
+        self.api.wait_for_dag(dag_id)
+        self.api.unpause(dag_id)
 
 
 @pytest.fixture(scope="session")

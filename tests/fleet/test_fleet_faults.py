@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script, kill_host
+from tests.fleet.conftest import STORE, Fleet, assert_synced, fleet_script, kill_host
 from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
@@ -71,18 +71,7 @@ def test_a_broker_restarted_mid_run_loses_no_task_and_delta_equals_the_source(
     dag_id, table = f"fleet_broker_{secrets.token_hex(3)}", "fleet_broker_orders"
     create_orders(hook, f"customer.{table}", CUSTOMERS)
     shard_of = shards_of_customers(hook, f"customer.{table}")
-    source = SYNC_DAG.format(
-        dag_id=dag_id,
-        table=table,
-        bucket=fleet.bucket,
-        store=STORE,
-        retries=1,
-        retry_delay=5,
-        pre_execute=None,
-    )
-    api.deploy(dag_id, source, tmp_path)
-    api.wait_for_dag(dag_id)
-    api.unpause(dag_id)
+    fleet.deploy_sync(dag_id, table, tmp_path, retries=1, retry_delay=5)
     first = api.run(dag_id)  # the snapshot
     assert first["state"] == "success", api.explain_run(dag_id, first["dag_run_id"])
 

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
 from airflow_provider_vitess.staging.files import open_location
-from tests.fleet.conftest import MEET, STORE, SYNC_DAG, Fleet, assert_synced, select_count
+from tests.fleet.conftest import Fleet, assert_synced, select_count
 from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
@@ -42,12 +42,7 @@ def test_a_grouped_sync_runs_its_groups_on_both_workers_through_s3_and_postgresq
     create_orders(hook, table, CUSTOMERS)
     shard_of = shards_of_customers(hook, table)
     assert sorted(set(shard_of.values())) == ["-80", "80-"]
-    source = SYNC_DAG.format(
-        dag_id=dag_id, table=TABLE, bucket=bucket, store=STORE, retries=0, retry_delay=1, pre_execute=MEET
-    )
-    api.deploy(dag_id, source, tmp_path)
-    api.wait_for_dag(dag_id)
-    api.unpause(dag_id)
+    fleet.deploy_sync(dag_id, TABLE, tmp_path, meet=True)
 
     first = api.run(dag_id)  # the snapshot (and a first, nearly empty, grouped window)
     assert first["state"] == "success", api.explain_run(dag_id, first["dag_run_id"])
@@ -96,15 +91,7 @@ def test_a_sync_on_the_sqlite_default_store_is_refused_on_the_fleet(fleet: Fleet
     default fails the run's first task, naming the setting; no worker made a store of its own."""
     api, bucket = fleet.api, fleet.bucket
     dag_id = f"fleet_sqlite_{secrets.token_hex(3)}"
-    api.deploy(
-        dag_id,
-        SYNC_DAG.format(
-            dag_id=dag_id, table=TABLE, bucket=bucket, store="", retries=0, retry_delay=1, pre_execute=None
-        ),
-        tmp_path,
-    )
-    api.wait_for_dag(dag_id)
-    api.unpause(dag_id)
+    fleet.deploy_sync(dag_id, TABLE, tmp_path, store="")
     run = api.run(dag_id)
     assert run["state"] == "failed"
     tis = api.task_instances(dag_id, run["dag_run_id"])

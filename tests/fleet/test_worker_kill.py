@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_vitess.checkpoints import CheckpointStore, WindowState
 from airflow_provider_vitess.hooks.vitess import VitessHook
-from tests.fleet.conftest import STORE, SYNC_DAG, Fleet, assert_synced, fleet_script, kill_host
+from tests.fleet.conftest import Fleet, assert_synced, fleet_script, kill_host
 from tests.support.group_workload import Workload, create_orders, insert_filler, shards_of_customers
 
 pytestmark = pytest.mark.integration
@@ -128,18 +128,7 @@ def test_a_worker_killed_mid_group_is_retried_on_the_other_and_delta_equals_the_
     table = f"customer.{TABLE}"
     create_orders(hook, table, CUSTOMERS)
     shard_of = shards_of_customers(hook, table)
-    source = SYNC_DAG.format(
-        dag_id=dag_id,
-        table=TABLE,
-        bucket=fleet.bucket,
-        store=STORE,
-        retries=1,
-        retry_delay=RETRY_DELAY,
-        pre_execute=None,
-    )
-    api.deploy(dag_id, source, tmp_path)
-    api.wait_for_dag(dag_id)
-    api.unpause(dag_id)
+    fleet.deploy_sync(dag_id, TABLE, tmp_path, retries=1, retry_delay=RETRY_DELAY)
     first = api.run(dag_id)  # the snapshot
     assert first["state"] == "success", api.explain_run(dag_id, first["dag_run_id"])
 
@@ -184,18 +173,7 @@ def test_a_worker_killed_mid_copy_of_a_grouped_snapshot_is_retried_on_the_other_
     create_orders(hook, table, CUSTOMERS)
     for start in range(FILLER_BASE, FILLER_BASE + SNAPSHOT_ROWS, 4000):
         insert_filler(hook, table, CUSTOMERS, start, 4000, "copy filler")
-    source = SYNC_DAG.format(
-        dag_id=dag_id,
-        table=SNAPSHOT_TABLE,
-        bucket=fleet.bucket,
-        store=STORE,
-        retries=1,
-        retry_delay=RETRY_DELAY,
-        pre_execute=None,
-    )
-    api.deploy(dag_id, source, tmp_path)
-    api.wait_for_dag(dag_id)
-    api.unpause(dag_id)
+    fleet.deploy_sync(dag_id, SNAPSHOT_TABLE, tmp_path, retries=1, retry_delay=RETRY_DELAY)
 
     run_id = api.trigger(dag_id)["dag_run_id"]  # the snapshot, copied by two groups
     kill = kill_a_reading_group(fleet, dag_id, run_id, "snapshot", worker_back)
