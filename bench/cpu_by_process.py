@@ -1,6 +1,8 @@
 """Where a command's CPU goes: runs it and prints the CPU seconds the machine's processes spent
 while it ran, summed by kind of process (a merge's spark-submit JVM, the pytest worker's JVM, the
-warm DAG runner, vtcombo, ...), next to the machine's busy and idle time.
+warm DAG runner, vtcombo, ...), next to the machine's busy and idle time. Then each test's merges
+through spark-submit: how many and their CPU seconds, the test being the one its pytest-xdist worker
+was running when the merge started (the worker's process title names it; ``-n 0`` runs show none).
 
     .venv/bin/python bench/cpu_by_process.py -- make test
     .venv/bin/python bench/cpu_by_process.py --out cpu.txt -- .venv/bin/pytest -n 2 tests/integration/merge
@@ -24,12 +26,16 @@ from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
 
+MERGE = "JVM of a merge's spark-submit"
+_RUNNING = "[pytest-xdist running] "  # a pytest-xdist worker's process title, then the test's node id
+
+
 # (a substring of the command line, its kind): the first that matches names the process.
 KINDS: tuple[tuple[str, str], ...] = (
     ("pyspark-shell", "JVM of a test process's SparkSession (and its Connect server)"),
     ("SparkConnectServer", "JVM of a Spark Connect server"),
-    ("--plan-file", "JVM of a merge's spark-submit"),  # the merge job's argument (merge_backends.py)
-    ("spark_jobs", "JVM of a merge's spark-submit"),
+    ("--plan-file", MERGE),  # the merge job's argument (merge_backends.py)
+    ("spark_jobs", MERGE),
     ("org.apache.spark.deploy", "JVM of another spark-submit"),
     ("debezium", "Debezium"),
     ("tests.support.run_dag", "warm DAG runner (dag.test())"),
@@ -51,6 +57,7 @@ class Process:
     comm: str
     ticks: int
     before: int  # ticks spent before the first sample of a process already running at the start
+    merge: tuple[str, str] | None = None  # a merge's (plan file, test that started it)
 
 
 def kind_of(argv: list[str], comm: str) -> str:
@@ -80,6 +87,36 @@ def _read(pid: str) -> tuple[str, str, int] | None:
     return fields[19], stat[stat.index("(") + 1 : close], int(fields[11]) + int(fields[12])
 
 
+def _argv(pid: str) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def running_test(pid: str) -> str:
+    """The test a pytest-xdist worker among the process's ancestors is running, else ``""``."""
+    for _ in range(12):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return ""
+        pid = stat[stat.rindex(")") + 2 :].split()[1]
+        if pid in ("0", "1"):
+            return ""
+        title = " ".join(_argv(pid) or [])
+        if title.startswith(_RUNNING):
+            return title[len(_RUNNING) :].split(" ")[0]
+    return ""
+
+
+def _merge_of(argv: list[str], pid: str) -> tuple[str, str] | None:
+    if "--plan-file" not in argv[:-1]:
+        return None
+    return argv[argv.index("--plan-file") + 1], running_test(pid)
+
+
 def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         read = _read(pid)
@@ -91,13 +128,12 @@ def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
         if known is not None and known.comm == comm:
             known.ticks = ticks
             continue
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-            argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-        except OSError:
+        argv = _argv(pid)
+        if argv is None:
             continue
         before = ticks if first else (known.before if known else 0)
-        seen[(pid, start)] = Process(kind_of(argv, comm), comm, ticks, before)
+        merge = (known.merge if known else None) or _merge_of(argv, pid)
+        seen[(pid, start)] = Process(kind_of(argv, comm), comm, ticks, before, merge)
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -107,6 +143,24 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, idle
 
 
+def merges_by_test(seen: dict[tuple[str, str], Process]) -> list[str]:
+    """A line per test that merged through spark-submit: its CPU s and number of merges (plan
+    files; a merge's shell and JVM are one), most CPU first."""
+    seconds: defaultdict[str, float] = defaultdict(float)
+    plans: defaultdict[str, set[str]] = defaultdict(set)
+    for process in seen.values():
+        if process.merge is not None:
+            plan, test = process.merge
+            seconds[test or "(no pytest-xdist worker)"] += (process.ticks - process.before) / TICK
+            plans[test or "(no pytest-xdist worker)"].add(plan)
+    lines = [f"{'CPU s':>8}  {'merges':>6}  test (spark-submit merges)"]
+    for test, cpu in sorted(seconds.items(), key=lambda item: -item[1]):
+        lines.append(f"{cpu:8.1f}  {len(plans[test]):6d}  {test}")
+    total = sum(len(p) for p in plans.values())
+    lines.append(f"{sum(seconds.values()):8.1f}  {total:6d}  in all")
+    return lines
+
+
 def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: float) -> str:
     by_kind: defaultdict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
@@ -114,13 +168,14 @@ def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: flo
         by_kind[process.kind] += (process.ticks - process.before) / TICK
         count[process.kind] += 1
     lines = [f"wall {wall:.0f} s; CPU busy {busy / TICK:.0f} s, idle {idle / TICK:.0f} s", ""]
+    busy = max(busy, 1)  # a command too short to tick
     lines.append(f"{'CPU s':>8}  {'share':>6}  {'processes':>9}  kind")
     total = sum(by_kind.values())
     for kind, seconds in sorted(by_kind.items(), key=lambda item: -item[1]):
         if seconds >= 0.5:
             lines.append(f"{seconds:8.1f}  {seconds / busy * TICK:6.1%}  {count[kind]:9d}  {kind}")
     lines.append(f"{total:8.1f}  {total / busy * TICK:6.1%}  {'':9}  sampled, of the busy time")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *merges_by_test(seen)])
 
 
 def main() -> int:
