@@ -76,15 +76,16 @@ def kind_of(argv: list[str], comm: str) -> str:
     return name or comm
 
 
-def _read(pid: str) -> tuple[str, str, int] | None:
-    """(start time, command name, user + system ticks) of a process, or None if it is gone."""
+def _read(pid: str) -> tuple[str, str, int, str] | None:
+    """(start time, command name, user + system ticks, parent pid) of a process, or None if it
+    is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     close = stat.rindex(")")
     fields = stat[close + 2 :].split()  # from field 3 (state) on
-    return fields[19], stat[stat.index("(") + 1 : close], int(fields[11]) + int(fields[12])
+    return fields[19], stat[stat.index("(") + 1 : close], int(fields[11]) + int(fields[12]), fields[1]
 
 
 def _argv(pid: str) -> list[str] | None:
@@ -98,11 +99,10 @@ def _argv(pid: str) -> list[str] | None:
 def running_test(pid: str) -> str:
     """The test a pytest-xdist worker among the process's ancestors is running, else ``""``."""
     for _ in range(12):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        read = _read(pid)
+        if read is None:
             return ""
-        pid = stat[stat.rindex(")") + 2 :].split()[1]
+        pid = read[3]
         if pid in ("0", "1"):
             return ""
         title = " ".join(_argv(pid) or [])
@@ -122,7 +122,7 @@ def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
         read = _read(pid)
         if read is None:
             continue
-        start, comm, ticks = read
+        start, comm, ticks, _ = read
         known = seen.get((pid, start))
         # A changed name is an exec (spark-submit's shell becoming its JVM): classified again.
         if known is not None and known.comm == comm:
@@ -151,8 +151,9 @@ def merges_by_test(seen: dict[tuple[str, str], Process]) -> list[str]:
     for process in seen.values():
         if process.merge is not None:
             plan, test = process.merge
-            seconds[test or "(no pytest-xdist worker)"] += (process.ticks - process.before) / TICK
-            plans[test or "(no pytest-xdist worker)"].add(plan)
+            test = test or "(no pytest-xdist worker)"
+            seconds[test] += (process.ticks - process.before) / TICK
+            plans[test].add(plan)
     lines = [f"{'CPU s':>8}  {'merges':>6}  test (spark-submit merges)"]
     for test, cpu in sorted(seconds.items(), key=lambda item: -item[1]):
         lines.append(f"{cpu:8.1f}  {len(plans[test]):6d}  {test}")

@@ -197,15 +197,17 @@ def test_a_begin_inside_a_transaction_drops_the_cut_partial_one() -> None:
     assert asm.discarded_rows == 1
 
 
-def _released(units: list[ShardTransaction], beat_after: int | None) -> list[tuple[tuple[str, str], int]]:
-    """The units pushed in the order given, a vtgate heartbeat (both shards idle, 60 s later than
-    every unit) after the ``beat_after``-th if given; the (shard, commit second) release order."""
+def _released(
+    units: list[tuple[tuple[str, str], int]], beat_after: int | None
+) -> list[tuple[tuple[str, str], int]]:
+    """Units of these (shard, commit second) pushed in this order, a vtgate heartbeat (both shards
+    idle, 60 s later than every unit) after the ``beat_after``-th if given; their release order."""
     merger = ShardMerger([A, B])
     released: list[ShardTransaction] = []
-    for i, u in enumerate(units):
-        released.extend(merger.push(unit(u.key, u.commit_ts)))
+    for i, (key, ts) in enumerate(units):
+        released.extend(merger.push(unit(key, ts)))
         if beat_after == i:
-            released.extend(merger.heartbeat(max(x.commit_ts for x in units) + 60, open_shards=set()))
+            released.extend(merger.heartbeat(max(t for _, t in units) + 60, open_shards=set()))
     released.extend(merger.drain())
     return [(u.key, u.commit_ts) for u in released]
 
@@ -219,5 +221,5 @@ def _released(units: list[ShardTransaction], beat_after: int | None) -> list[tup
 def test_a_heartbeat_between_units_does_not_change_the_order() -> None:
     """docs/design.md, "Event order": re-reading a window from the same start gives the same rows.
     A heartbeat arrives when vtgate has nothing to send, at a time no read controls."""
-    units = [unit(A, 10), unit(B, 10), unit(B, 11), unit(A, 12)]
+    units = [(A, 10), (B, 10), (B, 11), (A, 12)]
     assert _released(units, beat_after=1) == _released(units, beat_after=None)
