@@ -11,8 +11,12 @@ Two pieces, both pure:
   with other shards' events), or a lone position/marker event. Each unit carries its shard's
   VGTID entry, i.e. the shard's position *after* the unit.
 * :class:`ShardMerger` buffers units per shard and releases them in merged order as soon as no
-  other shard can still produce an earlier unit: its watermark (the commit time of its latest
-  unit, or a vtgate heartbeat when it has nothing open) has passed. Memory is bounded in bytes
+  other shard can still produce an earlier unit: that shard's watermark (the order time of its
+  latest unit) has passed, or it reached its stop. A vtgate heartbeat never releases a unit: it
+  is vtgate's wall clock, and a shard's next unit can carry an older second (a transaction's
+  binlog events carry its statements' start, and a re-read gets heartbeats at other moments);
+  released on one, that unit would sort differently when read again. Every shard a window still
+  waits for has units before its stop, so the wait always ends. Memory is bounded in bytes
   (rows as a second guard, :class:`~.spill.MemoryLimits`): past ``max_buffered_bytes`` buffered
   units (and, in the assembler, a transaction past ``transaction_bytes`` as it arrives) move to
   spill files (:mod:`.spill`), so the order never depends on memory. ``close()`` on both frees
@@ -98,11 +102,8 @@ class _Open:
 
 
 class TransactionAssembler:
-    """Turns a stream of events into completed per-shard units (plus stream-level markers).
-
-    ``push`` returns the units completed by the event, and heartbeats are returned as they come
-    (they belong to no shard).
-    """
+    """Turns a stream of events into completed per-shard units: ``push`` returns the units the
+    event completed."""
 
     def __init__(self, limits: MemoryLimits | None = None) -> None:
         limits = limits or MemoryLimits()
@@ -126,9 +127,9 @@ class TransactionAssembler:
         """Shards with a transaction begun and not yet committed."""
         return {k for k, o in self._open.items() if o.in_transaction}
 
-    def push(self, event: VStreamEvent) -> list[ShardTransaction | HeartbeatEvent]:
+    def push(self, event: VStreamEvent) -> list[ShardTransaction]:
         if isinstance(event, HeartbeatEvent):
-            return [event]
+            return []  # vtgate's, of no shard: it completes no unit
         key = (event.keyspace, event.shard)
         unit = self._open.get(key)
         if unit is None:
@@ -166,7 +167,7 @@ class TransactionAssembler:
             return self._close(key)  # markers: keep them in their shard's order, release promptly
         return []
 
-    def _close(self, key: ShardKey) -> list[ShardTransaction | HeartbeatEvent]:
+    def _close(self, key: ShardKey) -> list[ShardTransaction]:
         unit = self._open.pop(key)
         return [
             ShardTransaction(
@@ -198,7 +199,6 @@ class ShardMerger:
     :param shards: the shards that must be waited for (``mark_done`` releases one of them).
     :param max_buffered_bytes: bytes held in memory (see :func:`event_bytes`); past it, or past
         ``max_buffered_rows``, buffered units move to disk (the order is never given up for memory).
-    :param heartbeat_grace: seconds a shard may still lag behind a vtgate heartbeat.
     :param ordered: False passes units through in arrival order (a snapshot's copy: copied keys
         are disjoint across shards, and each shard's own order is kept anyway).
     """
@@ -209,7 +209,6 @@ class ShardMerger:
         *,
         max_buffered_bytes: int = MemoryLimits.max_buffered_bytes,
         max_buffered_rows: int = MemoryLimits.max_buffered_rows,
-        heartbeat_grace: int = 1,
         ordered: bool = True,
     ) -> None:
         self._ordered = ordered  # False: units pass straight through, in arrival order
@@ -221,7 +220,6 @@ class ShardMerger:
         self._buffered_bytes = 0
         self._max_buffered_rows = max_buffered_rows
         self._max_buffered_bytes = max_buffered_bytes
-        self._grace = heartbeat_grace
         self._last_released: tuple[int, str, str, int] | None = None
         self._released_positions: dict[ShardKey, binlogdata_pb2.ShardGtid] = {}
         self.stats = MergeStats()
@@ -268,14 +266,6 @@ class ShardMerger:
         if not self._ordered:
             yield self._pop(unit)
             return
-        yield from self._release()
-
-    def heartbeat(self, timestamp: int, open_shards: set[ShardKey]) -> Iterator[ShardTransaction]:
-        """vtgate had nothing to send: shards with no open transaction are caught up to about now."""
-        floor = timestamp - self._grace
-        for key in self._queues:
-            if key not in open_shards and self._watermark.get(key, 0) < floor:
-                self._watermark[key] = floor
         yield from self._release()
 
     def join(self, key: ShardKey, watermark: int) -> None:

@@ -227,12 +227,7 @@ class WindowReader:
             for event in events:
                 self._source_ts_max = max(self._source_ts_max, event.timestamp)
                 for item in self._assembler.push(event):
-                    if isinstance(item, HeartbeatEvent):
-                        self._stage(self._merger.heartbeat(item.timestamp, self._assembler.open_shards()))
-                        self._push_unheld()
-                        if self._stop is not None and self._all_done():
-                            return self._close(None)
-                    elif self._accept(item):
+                    if self._accept(item):
                         return self._close(None)
                     if self._early_stop is not None:
                         return self._close(self._early_stop)
@@ -350,7 +345,8 @@ class WindowReader:
         from its BEGIN by the next window and cut again, and the sync would never pass it (empty
         windows, every run green). vttablet may send heartbeats while it reads a large
         transaction from the binlog, before its BEGIN: hence "got anything" too. (Units the merge
-        holds back for another shard are something: that shard's heartbeats move it.)"""
+        holds back for another shard are something: that shard's next unit or its stop
+        releases them.)"""
         if self._early_stop is not None:
             return self._early_stop
         if self._bounds.max_seconds is None or self._clock() - started < self._bounds.max_seconds:
