@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_vitess.hooks.vitess import VitessHook
+from airflow_provider_vitess.merge.spark_conf import QUICK_JIT
 from tests.support import connect_server
 
 _STOP_AT_EXIT: list[Any] = []
@@ -25,14 +26,18 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 # A JVM that crashes writes its report here (not into the checkout, the JVM's working directory).
 JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%p.log"
 # The in-process session lives as long as its pytest worker (half an hour, a few hundred
-# tests), so it gets the settings of a long-running JVM, not those of a one-window spark-submit:
-# the tiered JIT (the quick tier alone fills the code cache of a JVM that compiles this many
-# queries, and Spark then stops its context) and a heap that holds the DeltaLog snapshots of
-# every table the worker touched, 2 GiB instead of 1. (The JVM of one CI worker died mid-suite
-# with the old settings, stop 46; why was not recorded, hence the error file.)
+# tests), and a heap that holds the DeltaLog snapshots of every table the worker touched: 2 GiB
+# instead of 1. It compiles with the quick JIT tier only, as a one-window spark-submit does
+# (QUICK_JIT, which keeps the 240 MiB code cache: the quick tier's own 48 MiB default fills and
+# Spark then stops its context). Spark generates new classes for each query, so C2 never stops
+# compiling here: it took 27-36% of the worker JVMs' CPU, more than the quick tier's slower code
+# costs (session 42, a JVM's CPU by thread: tests/job 213 s wall and 362 CPU s tiered, 144 s and
+# 226 s quick; test_target_modes + test_merge_delta 498 s and 551 s, 475 s and 487 s). (The JVM
+# of one CI worker died mid-suite with older settings, stop 46; why was not recorded, hence the
+# error file.)
 TEST_SESSION_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
-    "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE}",
+    "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE} {QUICK_JIT}",
     "spark.pyspark.python": sys.executable,
 }
 
