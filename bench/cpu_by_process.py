@@ -3,6 +3,8 @@ while it ran, summed by kind of process (a merge's spark-submit JVM, the pytest 
 warm DAG runner, vtcombo, ...), next to the machine's busy and idle time. Then each test's merges
 through spark-submit: how many and their CPU seconds, the test being the one its pytest-xdist worker
 was running when the merge started (the worker's process title names it; ``-n 0`` runs show none).
+Last, each kind of JVM's CPU by thread: the JIT compilers (C2, C1), garbage collection and the VM's
+own threads, the rest (Spark's work, and threads that ended between two samples).
 
     .venv/bin/python bench/cpu_by_process.py -- make test
     .venv/bin/python bench/cpu_by_process.py --out cpu.txt -- .venv/bin/pytest -n 2 tests/integration/merge
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -58,6 +60,19 @@ class Process:
     ticks: int
     before: int  # ticks spent before the first sample of a process already running at the start
     merge: tuple[str, str] | None = None  # a merge's (plan file, test that started it)
+    # A JVM's threads: thread id -> (its kind, its ticks at its last sample).
+    threads: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+# A JVM thread's name prefix (HotSpot's), and its kind: the rest of a JVM's CPU is "other".
+THREAD_KINDS: tuple[tuple[str, str], ...] = (
+    ("C2 CompilerThre", "C2 JIT"),
+    ("C1 CompilerThre", "C1 JIT"),
+    ("GC Thread", "GC and VM"),
+    ("G1 ", "GC and VM"),
+    ("VM Thread", "GC and VM"),
+    ("VM Periodic", "GC and VM"),
+)
 
 
 def kind_of(argv: list[str], comm: str) -> str:
@@ -117,6 +132,20 @@ def _merge_of(argv: list[str], pid: str) -> tuple[str, str] | None:
     return argv[argv.index("--plan-file") + 1], running_test(pid)
 
 
+def _sample_threads(pid: str, process: Process) -> None:
+    """A JVM's threads, each with its kind and CPU so far (a thread that ends keeps its last)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        read = _read(f"{pid}/task/{tid}")
+        if read is not None:
+            name = read[1]
+            kind = next((k for prefix, k in THREAD_KINDS if name.startswith(prefix)), "other")
+            process.threads[tid] = (kind, read[2])
+
+
 def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         read = _read(pid)
@@ -127,6 +156,8 @@ def sample(seen: dict[tuple[str, str], Process], first: bool) -> None:
         # A changed name is an exec (spark-submit's shell becoming its JVM): classified again.
         if known is not None and known.comm == comm:
             known.ticks = ticks
+            if comm == "java" and not known.before:
+                _sample_threads(pid, known)
             continue
         argv = _argv(pid)
         if argv is None:
@@ -162,6 +193,30 @@ def merges_by_test(seen: dict[tuple[str, str], Process]) -> list[str]:
     return lines
 
 
+def jvm_threads(seen: dict[tuple[str, str], Process]) -> list[str]:
+    """A line per kind of JVM started during the command: its CPU s by kind of thread."""
+    columns = ("C2 JIT", "C1 JIT", "GC and VM", "other")
+    ticks: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    jvms: Counter[str] = Counter()
+    for process in seen.values():
+        if not process.threads:
+            continue
+        named: Counter[str] = Counter()
+        for thread_kind, thread_ticks in process.threads.values():
+            if thread_kind != "other":
+                named[thread_kind] += thread_ticks
+        named["other"] = process.ticks - sum(named.values())  # ended threads' CPU too
+        ticks[process.kind].update(named)
+        jvms[process.kind] += 1
+    header = "  ".join(f"{c:>10}" for c in columns)
+    lines = [f"{'CPU s':>8}  {header}  {'JVMs':>4}  kind (by thread)"]
+    for kind, by_thread in sorted(ticks.items(), key=lambda item: -sum(item[1].values())):
+        total = max(sum(by_thread.values()), 1)
+        cells = "  ".join(f"{by_thread[c] / TICK:6.0f} {by_thread[c] / total:3.0%}" for c in columns)
+        lines.append(f"{total / TICK:8.1f}  {cells}  {jvms[kind]:4d}  {kind}")
+    return lines
+
+
 def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: float) -> str:
     by_kind: defaultdict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
@@ -176,7 +231,7 @@ def report(seen: dict[tuple[str, str], Process], busy: int, idle: int, wall: flo
         if seconds >= 0.5:
             lines.append(f"{seconds:8.1f}  {seconds / busy * TICK:6.1%}  {count[kind]:9d}  {kind}")
     lines.append(f"{total:8.1f}  {total / busy * TICK:6.1%}  {'':9}  sampled, of the busy time")
-    return "\n".join([*lines, "", *merges_by_test(seen)])
+    return "\n".join([*lines, "", *merges_by_test(seen), "", *jvm_threads(seen)])
 
 
 def main() -> int:
