@@ -30,11 +30,11 @@ JVM_ERROR_FILE = Path(tempfile.gettempdir()) / "vitess-tests-jvm" / "hs_err_pid%
 # instead of 1. It compiles with the quick JIT tier only, as a one-window spark-submit does
 # (QUICK_JIT, which keeps the 240 MiB code cache: the quick tier's own 48 MiB default fills and
 # Spark then stops its context). Spark generates new classes for each query, so C2 never stops
-# compiling here: it took 27-36% of the worker JVMs' CPU, more than the quick tier's slower code
-# costs (session 42, a JVM's CPU by thread: tests/job 213 s wall and 362 CPU s tiered, 144 s and
-# 226 s quick; test_target_modes + test_merge_delta 498 s and 551 s, 475 s and 487 s). (The JVM
-# of one CI worker died mid-suite with older settings, stop 46; why was not recorded, hence the
-# error file.)
+# compiling here: it took 26-36% of the worker JVMs' CPU, more than the quick tier's slower code
+# costs. Three pairs of runs side by side spent 37%, 12% and 15% less CPU in these JVMs on the
+# quick tier (session 42: bench/results/2026-12-07-cpu_by_process-quick-jit-test-session.md).
+# (The JVM of one CI worker died mid-suite with older settings, stop 46; why was not recorded,
+# hence the error file.)
 TEST_SESSION_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": f"-XX:ErrorFile={JVM_ERROR_FILE} {QUICK_JIT}",
